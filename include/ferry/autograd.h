@@ -1,0 +1,55 @@
+// ferry/autograd.h — define-by-run reverse mode: each op that sees an input requiring grad records
+// a Node; Tensor::backward() walks the nodes in reverse topological order. No double backward.
+#pragma once
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "ferry/tensor.h"
+
+namespace ferry::autograd {
+
+// One recorded op: its inputs (edges to where gradients flow) and how to turn the gradient of its
+// output into gradients of its inputs (undefined Tensor = no gradient for that input).
+struct Node {
+  std::string name;            // the op, for error messages and anomaly mode
+  std::vector<Tensor> inputs;  // kept alive until backward has run
+  std::function<std::vector<Tensor>(const Tensor& grad_output)> backward;
+};
+
+bool grad_enabled();
+void set_grad_enabled(bool enabled);
+
+// While alive, ops record no history (PyTorch's torch::NoGradGuard).
+class NoGradGuard {
+ public:
+  NoGradGuard() : previous_(grad_enabled()) { set_grad_enabled(false); }
+  ~NoGradGuard() { set_grad_enabled(previous_); }
+  NoGradGuard(const NoGradGuard&) = delete;
+  NoGradGuard& operator=(const NoGradGuard&) = delete;
+
+ private:
+  bool previous_;
+};
+
+// True when grad mode is on and any input requires grad.
+bool needs_grad(std::initializer_list<const Tensor*> inputs);
+bool needs_grad(const std::vector<Tensor>& inputs);
+
+// Attach a node to `output` (which then requires grad). Call only when needs_grad(inputs).
+void record(const char* name, std::vector<Tensor> inputs, Tensor& output,
+            std::function<std::vector<Tensor>(const Tensor& grad_output)> backward);
+
+// Sum `grad` down to `shape` (undoing broadcasting).
+Tensor reduce_to_shape(const Tensor& grad, const Shape& shape);
+
+// Run backward from `root` with d(root)/d(root) = gradient.
+void run_backward(const Tensor& root, const Tensor& gradient);
+
+// Anomaly mode: every op checks its output, and backward every gradient, for NaN/Inf and throws
+// naming the first op where it appeared.
+void set_detect_anomaly(bool enabled);
+bool detect_anomaly();
+
+}  // namespace ferry::autograd

@@ -1,0 +1,212 @@
+// ferry/backend.h — the one interface every device implements (cpu, sim, cuda), and its registry.
+// Backends see raw strided memory (KernelTensor); shape rules, device checks and autograd live above.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "ferry/device.h"
+#include "ferry/dtype.h"
+
+namespace ferry {
+
+inline constexpr int kMaxDims = 8;
+
+// A view of device memory handed to a kernel. No ownership. `data` points at element 0 of the view.
+struct KernelTensor {
+  void* data = nullptr;
+  DType dtype = DType::Float32;
+  int ndim = 0;
+  std::array<std::int64_t, kMaxDims> shape{};    // elements per dim
+  std::array<std::int64_t, kMaxDims> strides{};  // elements (not bytes) between neighbours; 0 = broadcast
+
+  std::int64_t numel() const {
+    std::int64_t n = 1;
+    for (int d = 0; d < ndim; ++d) n *= shape[d];
+    return n;
+  }
+  bool is_contiguous() const {
+    std::int64_t expected = 1;
+    for (int d = ndim - 1; d >= 0; --d) {
+      if (shape[d] != 1 && strides[d] != expected) return false;
+      expected *= shape[d];
+    }
+    return true;
+  }
+  template <typename T> T* ptr() const { return static_cast<T*>(data); }
+};
+
+// A queue of work on one device. cpu and sim run work at once, so their streams are empty handles;
+// on cuda `handle` is a cudaStream_t.
+struct Stream {
+  Device device;
+  void* handle = nullptr;
+};
+
+struct MemoryStats {
+  std::int64_t allocated = 0;  // bytes held by live tensors
+  std::int64_t reserved = 0;   // bytes the allocator holds from the device (>= allocated)
+  std::int64_t peak = 0;       // highest `allocated` since the last reset_peak_memory_stats
+  std::int64_t free = 0;       // bytes the device reports free (0 when it cannot say)
+  std::int64_t total = 0;      // bytes of device memory (0 when it cannot say)
+  std::int64_t allocations = 0;  // number of allocate calls
+};
+
+// What ferry::devices reports about a device; enough for the sheet's speedup formula (Ex 2.3).
+struct DeviceProperties {
+  std::string name;
+  int cores = 0;                 // cpu: hardware threads; cuda: CUDA cores (SMs x cores per SM)
+  double clock_hz = 0;           // nominal clock
+  int multiprocessors = 0;       // cuda SMs
+  std::int64_t memory_bytes = 0;
+  double link_bytes_per_second = 0;  // host link (PCIe rate, or the sim link setting); 0 for cpu
+  std::string link;              // "PCIe Gen5 x16", "simulated", ""
+  double memory_bytes_per_second = 0;  // device memory bandwidth where known
+};
+
+enum class UnaryOp : std::uint8_t {
+  Copy,  // out = in, with dtype conversion when the dtypes differ
+  Neg, Exp, Log, Sqrt, Rsqrt, Abs, Sign, Relu, Sigmoid, Tanh, Square, Reciprocal, LogicalNot,
+};
+enum class BinaryOp : std::uint8_t {
+  Add, Sub, Mul, Div, Pow, Maximum, Minimum,
+  Eq, Ne, Lt, Le, Gt, Ge,  // write bool
+  ReluBackward,            // out = a * (b > 0): grad, relu input
+  ThresholdMask,           // out = (a > 0) ? b : 0  (same as ReluBackward, mask first)
+};
+enum class ReduceOp : std::uint8_t { Sum, Mean, Max, Min, ArgMax, ArgMin };
+enum class RandomKind : std::uint8_t { Uniform, Normal, Integer };
+
+// One interface, one final implementation per device type. Ops are enums, not one virtual per op.
+// Every call that enqueues work takes its stream. Capabilities a device lacks throw NotSupported.
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual DeviceType type() const = 0;
+  virtual int device_count() const = 0;
+  virtual DeviceProperties properties(int index) const = 0;
+
+  // --- memory ------------------------------------------------------------------------------------
+  // Throws OutOfMemory with the numbers when the request cannot be met.
+  virtual void* allocate(std::size_t bytes, int index) = 0;
+  virtual void deallocate(void* ptr, std::size_t bytes, int index) noexcept = 0;
+  virtual MemoryStats memory_stats(int index) const = 0;
+  virtual void reset_peak_memory_stats(int index) = 0;
+  virtual void empty_cache(int /*index*/) {}
+  // Page-locked host memory the device can DMA from; only accelerators with a link have it.
+  virtual void* allocate_pinned(std::size_t bytes);
+  virtual void deallocate_pinned(void* ptr) noexcept;
+
+  // --- streams and events ------------------------------------------------------------------------
+  virtual Stream compute_stream(int index) = 0;
+  virtual Stream copy_stream(int index) = 0;
+  virtual void synchronize(const Stream& stream) = 0;  // host waits for the stream
+  virtual void synchronize_device(int index) = 0;      // host waits for every stream of the device
+  // Make `waiter` wait (on the device, not the host) for work enqueued so far on `producer`.
+  virtual void stream_wait(const Stream& waiter, const Stream& producer) = 0;
+
+  // --- copies ------------------------------------------------------------------------------------
+  // Copy `bytes` contiguous bytes. One of src/dst is this backend's device; the other is this
+  // device, another device of this type, or host memory (cpu). `pinned` says host memory is
+  // page-locked; `non_blocking` allows the call to return before the copy is done. Called only from
+  // ferry's one door (src/core/transfer.cpp), which records every crossing in the ledger.
+  virtual void copy(void* dst, Device dst_device, const void* src, Device src_device, std::size_t bytes,
+                    const Stream& stream, bool pinned, bool non_blocking) = 0;
+
+  // --- kernels -----------------------------------------------------------------------------------
+  // Shapes of `out` and inputs agree (inputs are broadcast by stride 0); dtypes as the op layer chose.
+  virtual void fill(const KernelTensor& out, double value, const Stream& stream) = 0;
+  virtual void arange(const KernelTensor& out, double start, double step, const Stream& stream) = 0;
+  // Counter-based (Philox 4x32-10): element i of the result depends only on (seed, offset + i), so
+  // every device draws the same numbers. Uniform in [low, high); Normal(mean=low, std=high);
+  // Integer uniform in [low, high).
+  virtual void random(const KernelTensor& out, RandomKind kind, double low, double high,
+                      std::uint64_t seed, std::uint64_t offset, const Stream& stream) = 0;
+  virtual void unary(UnaryOp op, const KernelTensor& out, const KernelTensor& in, const Stream& stream) = 0;
+  virtual void binary(BinaryOp op, const KernelTensor& out, const KernelTensor& a, const KernelTensor& b,
+                      const Stream& stream) = 0;
+  // out = op(a, scalar) (or op(scalar, a) when scalar_first).
+  virtual void binary_scalar(BinaryOp op, const KernelTensor& out, const KernelTensor& a, double scalar,
+                             bool scalar_first, const Stream& stream) = 0;
+  // out = cond ? a : b
+  virtual void where(const KernelTensor& out, const KernelTensor& cond, const KernelTensor& a,
+                     const KernelTensor& b, const Stream& stream) = 0;
+  // in is contiguous (outer, reduce, inner); out is contiguous (outer, inner). Arg ops write int64.
+  virtual void reduce(ReduceOp op, const KernelTensor& out, const KernelTensor& in, std::int64_t outer,
+                      std::int64_t reduce, std::int64_t inner, const Stream& stream) = 0;
+  // Batched strided GEMM, row-major: C[b] = alpha * op(A[b]) @ op(B[b]) + beta * C[b];
+  // op(A) is (m, k), op(B) is (k, n), C is (m, n); lda/ldb/ldc are row strides in elements.
+  struct GemmArgs {
+    bool trans_a = false, trans_b = false;
+    std::int64_t m = 0, n = 0, k = 0;
+    float alpha = 1, beta = 0;
+    const void* a = nullptr; std::int64_t lda = 0, stride_a = 0;
+    const void* b = nullptr; std::int64_t ldb = 0, stride_b = 0;
+    void* c = nullptr; std::int64_t ldc = 0, stride_c = 0;
+    std::int64_t batch = 1;
+    DType dtype = DType::Float32;
+  };
+  virtual void gemm(const GemmArgs& args, const Stream& stream) = 0;
+  // in contiguous (outer, n_in, inner), index int64 (n_out) -> out contiguous (outer, n_out, inner):
+  // out[o, j, i] = in[o, index[j], i]. Indices are checked: out-of-range throws InvalidArgument
+  // (cpu) or is reported at the next sync (cuda).
+  virtual void index_select(const KernelTensor& out, const KernelTensor& in, const KernelTensor& index,
+                            std::int64_t outer, std::int64_t n_in, std::int64_t inner,
+                            const Stream& stream) = 0;
+  // out (outer, n_out, inner) += scattered: out[o, index[j], i] += src[o, j, i]. The backward of
+  // index_select.
+  virtual void index_add(const KernelTensor& out, const KernelTensor& src, const KernelTensor& index,
+                         std::int64_t outer, std::int64_t n_out, std::int64_t inner, const Stream& stream) = 0;
+  // Along the last dim of contiguous (rows, classes) logits with int64 targets (rows):
+  // loss_rows[r] = logsumexp(logits[r]) - logits[r, target[r]]; grad (rows, classes) =
+  // (softmax(logits) - onehot(target)) * grad_scale, written only when grad.data != nullptr.
+  virtual void cross_entropy(const KernelTensor& loss_rows, const KernelTensor& grad, const KernelTensor& logits,
+                             const KernelTensor& target, double grad_scale, const Stream& stream) = 0;
+
+  // --- convolution and pooling (NCHW, contiguous) -------------------------------------------------
+  struct Conv2dShape {
+    std::int64_t batch = 0, in_channels = 0, height = 0, width = 0;
+    std::int64_t out_channels = 0, kernel_h = 0, kernel_w = 0;
+    std::int64_t stride_h = 1, stride_w = 1, pad_h = 0, pad_w = 0, dilation_h = 1, dilation_w = 1;
+    std::int64_t out_h() const { return (height + 2 * pad_h - dilation_h * (kernel_h - 1) - 1) / stride_h + 1; }
+    std::int64_t out_w() const { return (width + 2 * pad_w - dilation_w * (kernel_w - 1) - 1) / stride_w + 1; }
+  };
+  // image (C, H, W) of one sample -> columns (C*kh*kw, out_h*out_w).
+  virtual void im2col(const KernelTensor& columns, const KernelTensor& image, const Conv2dShape& shape,
+                      const Stream& stream) = 0;
+  // columns (C*kh*kw, out_h*out_w) -> image (C, H, W), summing overlaps; image is overwritten.
+  virtual void col2im(const KernelTensor& image, const KernelTensor& columns, const Conv2dShape& shape,
+                      const Stream& stream) = 0;
+  struct Pool2dShape {
+    std::int64_t planes = 0, height = 0, width = 0;  // planes = N * C
+    std::int64_t kernel_h = 0, kernel_w = 0, stride_h = 1, stride_w = 1, pad_h = 0, pad_w = 0;
+    std::int64_t out_h() const { return (height + 2 * pad_h - kernel_h) / stride_h + 1; }
+    std::int64_t out_w() const { return (width + 2 * pad_w - kernel_w) / stride_w + 1; }
+  };
+  // max: out (planes, oh, ow) and argmax int64 flat index into each (H, W) plane.
+  virtual void max_pool2d(const KernelTensor& out, const KernelTensor& argmax, const KernelTensor& in,
+                          const Pool2dShape& shape, const Stream& stream) = 0;
+  virtual void max_pool2d_backward(const KernelTensor& grad_in, const KernelTensor& grad_out,
+                                   const KernelTensor& argmax, const Pool2dShape& shape, const Stream& stream) = 0;
+  // average with count_include_pad = true (PyTorch's default).
+  virtual void avg_pool2d(const KernelTensor& out, const KernelTensor& in, const Pool2dShape& shape,
+                          const Stream& stream) = 0;
+  virtual void avg_pool2d_backward(const KernelTensor& grad_in, const KernelTensor& grad_out,
+                                   const Pool2dShape& shape, const Stream& stream) = 0;
+};
+
+// The registry: one backend per device type, created on first use. Throws DeviceUnavailable for a
+// type this build lacks (cuda without FERRY_CUDA).
+Backend& backend(DeviceType type);
+inline Backend& backend(Device device) { return backend(device.type); }
+
+// --- the sim device's settings (host-memory accelerator; see ferry/device.h) ----------------------
+// Link bandwidth in bytes/s (default 16e9, the sheet's PCIe figure; env FERRY_SIM_LINK, e.g. "8GB/s";
+// 0 = unthrottled) and device count (default 2; env FERRY_SIM_DEVICES).
+void set_sim_link_bandwidth(double bytes_per_second);
+double sim_link_bandwidth();
+void set_sim_device_count(int count);
+
+}  // namespace ferry

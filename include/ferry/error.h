@@ -1,0 +1,66 @@
+// ferry/error.h — the typed errors ferry throws, and the FERRY_CHECK / FERRY_ASSERT macros.
+// Libraries throw; only a program's main() turns these into exit codes (tools/ferry/main.cpp).
+#pragma once
+
+#include <sstream>
+#include <stdexcept>
+#include <string>
+
+namespace ferry {
+
+// Base of every error ferry throws. what() is the whole message, ready for a user.
+class Error : public std::runtime_error {
+ public:
+  explicit Error(const std::string& message) : std::runtime_error(message) {}
+};
+
+// A bad argument from the user: a malformed string, a negative size, an unknown option value.
+class InvalidArgument : public Error { using Error::Error; };
+// Operands live on different devices (DESIGN.md invariant 4).
+class DeviceMismatch : public Error { using Error::Error; };
+// Operands have shapes that cannot be combined.
+class ShapeMismatch : public Error { using Error::Error; };
+// Operands have dtypes an op does not accept together.
+class DTypeMismatch : public Error { using Error::Error; };
+// A device was named that this machine does not have.
+class DeviceUnavailable : public Error { using Error::Error; };
+// An allocation could not be met; the message carries the numbers.
+class OutOfMemory : public Error { using Error::Error; };
+// A host sync or copy broke a policy or budget set by the user (ferry/ledger.h).
+class SyncPolicyViolation : public Error { using Error::Error; };
+// A file could not be read, or is malformed (checkpoints, datasets).
+class FormatError : public Error { using Error::Error; };
+class IoError : public Error { using Error::Error; };
+// A device runtime (CUDA, cuBLAS, cuDNN, NCCL, MPI) reported a failure.
+class BackendError : public Error { using Error::Error; };
+// An optional capability (pinned memory, events) that a device does not have.
+class NotSupported : public Error { using Error::Error; };
+// A broken internal invariant: a bug in ferry, not a user mistake.
+class InternalError : public Error { using Error::Error; };
+
+namespace detail {
+template <typename... Parts>
+std::string concat(const Parts&... parts) {
+  std::ostringstream out;
+  (out << ... << parts);
+  return out.str();
+}
+}  // namespace detail
+
+}  // namespace ferry
+
+// FERRY_CHECK(cond, ErrorType, parts...): a user mistake; throws ErrorType with the parts joined.
+//   FERRY_CHECK(n >= 0, InvalidArgument, "Expected a non-negative size, got ", n);
+#define FERRY_CHECK(cond, ErrorType, ...)                                   \
+  do {                                                                      \
+    if (!(cond)) throw ::ferry::ErrorType(::ferry::detail::concat(__VA_ARGS__)); \
+  } while (0)
+
+// FERRY_ASSERT(cond, parts...): an internal invariant; a failure is a ferry bug.
+#define FERRY_ASSERT(cond, ...)                                                        \
+  do {                                                                                 \
+    if (!(cond))                                                                       \
+      throw ::ferry::InternalError(::ferry::detail::concat(                            \
+          "ferry internal error at ", __FILE__, ":", __LINE__, ": ", #cond, " failed. " \
+          __VA_OPT__(, ) __VA_ARGS__));                                                \
+  } while (0)

@@ -1,0 +1,40 @@
+// ferry/factories.h — make tensors: empty, zeros, ones, full, arange, rand, randn, randint, from_vector.
+// Factories take options (DESIGN.md invariant 2); random ones follow invariant 8 (see ferry/random.h).
+#pragma once
+
+#include <vector>
+
+#include "ferry/tensor.h"
+
+namespace ferry {
+
+Tensor empty(const Shape& shape, const TensorOptions& options = {});
+Tensor zeros(const Shape& shape, const TensorOptions& options = {});
+Tensor ones(const Shape& shape, const TensorOptions& options = {});
+Tensor full(const Shape& shape, double value, const TensorOptions& options = {});
+Tensor zeros_like(const Tensor& like);
+Tensor ones_like(const Tensor& like);
+Tensor empty_like(const Tensor& like);
+// [start, end) by step; dtype defaults to int64 when start, end and step are whole numbers and
+// options.dtype is left at its default float32 — pass options.dtype explicitly to choose.
+Tensor arange(double end, const TensorOptions& options = {});
+Tensor arange(double start, double end, double step, const TensorOptions& options = {});
+Tensor rand(const Shape& shape, const TensorOptions& options = {});   // uniform [0, 1)
+Tensor randn(const Shape& shape, const TensorOptions& options = {});  // normal(0, 1)
+Tensor randint(std::int64_t low, std::int64_t high, const Shape& shape, const TensorOptions& options = {});  // int64 by default
+Tensor uniform(const Shape& shape, double low, double high, const TensorOptions& options = {});
+Tensor normal(const Shape& shape, double mean, double std, const TensorOptions& options = {});
+// A random permutation of 0..n-1 (int64, on options.device), from the generator.
+Tensor randperm(std::int64_t n, const TensorOptions& options = {});
+
+// Host values -> tensor on options.device (options.dtype is ignored: the dtype is T's).
+template <typename T>
+Tensor from_vector(const std::vector<T>& values, const Shape& shape, const TensorOptions& options = {});
+template <typename T>
+Tensor from_vector(const std::vector<T>& values, const TensorOptions& options = {}) {
+  return from_vector(values, Shape{static_cast<std::int64_t>(values.size())}, options);
+}
+// Wraps scalar `value` as a 0-d tensor.
+Tensor scalar_tensor(double value, const TensorOptions& options = {});
+
+}  // namespace ferry

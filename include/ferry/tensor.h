@@ -1,0 +1,147 @@
+// ferry/tensor.h — Tensor: a shape, a dtype and strides over storage that lives on one device.
+// Not here: the ops (ferry/ops.h), factories (ferry/factories.h), gradients (ferry/autograd.h).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <iosfwd>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ferry/device.h"
+#include "ferry/dtype.h"
+
+namespace ferry {
+
+using Shape = std::vector<std::int64_t>;  // elements per dim, outermost first
+
+std::string shape_str(const Shape& shape);  // "[2, 3]"
+std::int64_t shape_numel(const Shape& shape);  // throws InvalidArgument on negative dims or overflow
+
+struct TensorOptions {
+  Device device = kCPU;
+  DType dtype = DType::Float32;
+  bool requires_grad = false;
+  bool pinned = false;  // host tensors only: page-locked memory for fast async copies
+};
+
+namespace autograd { struct Node; }
+
+// A block of bytes on one device, freed through its backend when the last tensor lets go.
+class Storage {
+ public:
+  Storage(std::size_t nbytes, Device device, bool pinned = false);
+  ~Storage();
+  Storage(const Storage&) = delete;
+  Storage& operator=(const Storage&) = delete;
+
+  void* data() const { return data_; }
+  std::size_t nbytes() const { return nbytes_; }  // bytes
+  Device device() const { return device_; }
+  bool pinned() const { return pinned_; }
+
+ private:
+  void* data_ = nullptr;
+  std::size_t nbytes_ = 0;
+  Device device_;
+  bool pinned_ = false;
+};
+
+struct TensorImpl {
+  std::shared_ptr<Storage> storage;
+  Shape shape;
+  std::vector<std::int64_t> strides;  // elements
+  std::int64_t offset = 0;            // elements from the start of storage
+  DType dtype = DType::Float32;
+  // autograd
+  bool requires_grad = false;
+  std::shared_ptr<TensorImpl> grad;
+  std::shared_ptr<autograd::Node> grad_fn;
+  int output_index = 0;
+  std::uint64_t version = 0;  // bumped by in-place writes
+};
+
+class Tensor {
+ public:
+  Tensor() = default;  // an undefined tensor
+  explicit Tensor(std::shared_ptr<TensorImpl> impl) : impl_(std::move(impl)) {}
+
+  bool defined() const { return impl_ != nullptr; }
+  const Shape& shape() const;
+  std::int64_t size(int dim) const;  // negative dims count from the end
+  int dim() const;
+  const std::vector<std::int64_t>& strides() const;
+  std::int64_t offset() const;
+  DType dtype() const;
+  Device device() const;
+  std::int64_t numel() const;
+  std::size_t element_size() const;
+  std::size_t nbytes() const;  // numel * element_size: the bytes a move of this tensor carries
+  bool is_contiguous() const;
+  bool is_pinned() const;
+  const std::shared_ptr<Storage>& storage() const;
+  void* data_ptr() const;  // address of element 0 (device memory for cuda and sim)
+  template <typename T> T* data() const { return static_cast<T*>(data_ptr()); }
+  TensorImpl* impl() const { return impl_.get(); }
+  const std::shared_ptr<TensorImpl>& impl_ptr() const { return impl_; }
+  bool is_same(const Tensor& other) const { return impl_ == other.impl_; }
+
+  // --- views: share storage, never copy ----------------------------------------------------------
+  Tensor view(const Shape& shape) const;      // contiguous tensors only; one dim may be -1
+  Tensor reshape(const Shape& shape) const;   // a view when possible, else a copy
+  Tensor transpose(int dim0, int dim1) const;
+  Tensor t() const { return transpose(0, 1); }
+  Tensor permute(const std::vector<int>& dims) const;
+  Tensor narrow(int dim, std::int64_t start, std::int64_t length) const;
+  Tensor slice(int dim, std::int64_t start, std::int64_t end) const;  // [start, end), negatives wrap
+  Tensor select(int dim, std::int64_t index) const;                   // drops `dim`
+  Tensor unsqueeze(int dim) const;
+  Tensor squeeze(int dim) const;
+  Tensor expand(const Shape& shape) const;  // broadcast by stride 0
+  Tensor flatten(int start_dim = 0, int end_dim = -1) const;
+  Tensor contiguous() const;  // itself when already contiguous
+  Tensor clone() const;
+
+  // --- moves (DESIGN.md invariant 3: never mutate; already there = an alias, no copy) -----------
+  Tensor to(Device device, bool non_blocking = false) const;
+  Tensor to(DType dtype) const;
+  Tensor cpu() const { return to(kCPU); }
+  Tensor cuda(int index = 0) const;
+  Tensor pin_memory() const;  // a page-locked host copy (cpu tensors; needs a cuda device)
+
+  // --- values (host syncs on accelerators; written to the ledger) -------------------------------
+  template <typename T = double> T item() const;
+  template <typename T> std::vector<T> to_vector() const;
+  std::string str() const;  // PyTorch-like printing
+
+  // --- autograd ----------------------------------------------------------------------------------
+  bool requires_grad() const;
+  Tensor& requires_grad_(bool enabled = true);
+  Tensor grad() const;               // undefined until backward() reaches this leaf
+  void set_grad(const Tensor& grad) const;
+  void backward(const Tensor& gradient = Tensor()) const;  // gradient needed unless scalar
+  Tensor detach() const;             // same storage, no history
+  bool is_leaf() const;
+
+  // --- in place (no history; bumps the version) --------------------------------------------------
+  Tensor& fill_(double value);
+  Tensor& zero_() { return fill_(0); }
+  Tensor& copy_(const Tensor& src, bool non_blocking = false);  // same shape (broadcast ok); any device
+  Tensor& add_(const Tensor& other, double alpha = 1);
+  Tensor& mul_(double scalar);
+
+ private:
+  std::shared_ptr<TensorImpl> impl_;
+};
+
+std::ostream& operator<<(std::ostream& out, const Tensor& tensor);
+
+// Make a tensor that owns fresh (uninitialised) storage on options.device.
+Tensor make_tensor(const Shape& shape, const TensorOptions& options);
+// A view over existing storage.
+Tensor make_view(const Tensor& base, const Shape& shape, const std::vector<std::int64_t>& strides,
+                 std::int64_t offset);
+std::vector<std::int64_t> contiguous_strides(const Shape& shape);
+
+}  // namespace ferry

@@ -1,0 +1,155 @@
+// engine.cpp — grad mode, recording nodes, and the backward pass (reverse topological order).
+#include <algorithm>
+#include <cmath>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "ferry/autograd.h"
+#include "ferry/error.h"
+#include "ferry/factories.h"
+#include "ferry/ops.h"
+
+namespace ferry::autograd {
+
+namespace {
+thread_local bool t_grad_enabled = true;
+bool g_detect_anomaly = false;
+
+bool all_finite(const Tensor& t) {
+  if (!is_floating(t.dtype()) || t.numel() == 0) return true;
+  NoGradGuard no_grad;
+  // |x| < inf is false for NaN and for +-Inf.
+  return ferry::sum(logical_not(lt(abs(t), INFINITY))).item<std::int64_t>() == 0;
+}
+}  // namespace
+
+bool grad_enabled() { return t_grad_enabled; }
+void set_grad_enabled(bool enabled) { t_grad_enabled = enabled; }
+void set_detect_anomaly(bool enabled) { g_detect_anomaly = enabled; }
+bool detect_anomaly() { return g_detect_anomaly; }
+
+bool needs_grad(std::initializer_list<const Tensor*> inputs) {
+  if (!t_grad_enabled) return false;
+  for (const Tensor* t : inputs) if (t->requires_grad()) return true;
+  return false;
+}
+bool needs_grad(const std::vector<Tensor>& inputs) {
+  if (!t_grad_enabled) return false;
+  for (const Tensor& t : inputs) if (t.requires_grad()) return true;
+  return false;
+}
+
+void record(const char* name, std::vector<Tensor> inputs, Tensor& output,
+            std::function<std::vector<Tensor>(const Tensor& grad_output)> backward) {
+  if (g_detect_anomaly && !all_finite(output)) {
+    throw Error(detail::concat("Anomaly: the output of '", name, "' holds NaN or Inf (shape ",
+                               shape_str(output.shape()), ")"));
+  }
+  auto node = std::make_shared<Node>();
+  node->name = name;
+  node->inputs = std::move(inputs);
+  node->backward = std::move(backward);
+  output.impl()->requires_grad = true;
+  output.impl()->grad_fn = std::move(node);
+}
+
+Tensor reduce_to_shape(const Tensor& grad, const Shape& shape) {
+  if (grad.shape() == shape) return grad;
+  const int extra = grad.dim() - static_cast<int>(shape.size());
+  std::vector<int> dims;
+  for (int d = 0; d < grad.dim(); ++d) {
+    if (d < extra || (shape[d - extra] == 1 && grad.shape()[d] != 1)) dims.push_back(d);
+  }
+  Tensor reduced = dims.empty() ? grad : ferry::sum(grad, dims, true);
+  return reduced.reshape(shape);
+}
+
+namespace {
+void accumulate(Tensor& slot, const Tensor& grad) {
+  if (!slot.defined()) slot = grad;
+  else slot = add(slot, grad);
+}
+}  // namespace
+
+void run_backward(const Tensor& root, const Tensor& gradient) {
+  FERRY_CHECK(root.requires_grad(), InvalidArgument,
+              "backward(): the tensor does not require grad and has no grad_fn (did you forget "
+              "requires_grad_() on a leaf, or run the forward pass under NoGradGuard?)");
+  Tensor seed = gradient;
+  if (!seed.defined()) {
+    FERRY_CHECK(root.numel() == 1, InvalidArgument, "backward(): grad can be implicitly created only for scalar ",
+                "outputs; this one has shape ", shape_str(root.shape()), ": pass a gradient of that shape");
+    seed = ones(root.shape(), {.device = root.device(), .dtype = root.dtype()});
+  }
+  FERRY_CHECK(seed.shape() == root.shape(), ShapeMismatch, "backward(): gradient shape ", shape_str(seed.shape()),
+              " does not match the output's ", shape_str(root.shape()));
+  check_same_device("backward", {&root, &seed});
+  NoGradGuard no_grad;
+
+  // A leaf accumulates into .grad. A fresh gradient nobody else holds is kept as is; one that may
+  // alias another tensor (an expand, the seed, a gradient passed to two inputs) is copied first.
+  auto accumulate_leaf = [](const Tensor& leaf, Tensor grad) {
+    if (grad.shape() != leaf.shape()) grad = grad.reshape(leaf.shape());
+    Tensor existing = leaf.grad();
+    if (existing.defined()) {
+      existing.add_(grad);
+      return;
+    }
+    const bool owned = grad.impl_ptr().use_count() == 1 && grad.storage().use_count() == 1 && grad.is_contiguous();
+    leaf.set_grad(owned ? grad : grad.clone());
+  };
+  Node* root_node = root.impl()->grad_fn.get();
+  if (!root_node) {
+    accumulate_leaf(root, std::move(seed));
+    return;
+  }
+
+  // Topological order by depth-first search from the root.
+  std::vector<Node*> order;
+  std::unordered_set<Node*> seen;
+  std::vector<std::pair<Node*, std::size_t>> stack{{root_node, 0}};
+  seen.insert(root_node);
+  while (!stack.empty()) {
+    auto& [node, next] = stack.back();
+    if (next < node->inputs.size()) {
+      const Tensor& input = node->inputs[next++];
+      Node* child = input.defined() ? input.impl()->grad_fn.get() : nullptr;
+      if (child && seen.insert(child).second) stack.push_back({child, 0});
+    } else {
+      order.push_back(node);
+      stack.pop_back();
+    }
+  }
+
+  std::unordered_map<Node*, Tensor> pending;  // gradient flowing into each node's output
+  pending[root_node] = seed;
+  for (auto it = order.rbegin(); it != order.rend(); ++it) {
+    Node* node = *it;
+    auto found = pending.find(node);
+    if (found == pending.end()) continue;
+    FERRY_CHECK(node->backward != nullptr, InvalidArgument, "backward(): trying to backward through the graph a ",
+                "second time (at '", node->name, "'); its saved tensors were freed after the first backward");
+    std::vector<Tensor> grads;
+    {
+      const Tensor grad_output = std::move(found->second);
+      pending.erase(found);
+      grads = node->backward(grad_output);
+    }
+    FERRY_ASSERT(grads.size() == node->inputs.size(), "node '", node->name, "' returned ", grads.size(),
+                 " gradients for ", node->inputs.size(), " inputs");
+    for (std::size_t i = 0; i < grads.size(); ++i) {
+      const Tensor& input = node->inputs[i];
+      if (!grads[i].defined() || !input.defined() || !input.requires_grad()) continue;
+      if (g_detect_anomaly && !all_finite(grads[i])) {
+        throw Error(detail::concat("Anomaly: the gradient that '", node->name, "' passes to its input ", i,
+                                   " holds NaN or Inf (shape ", shape_str(grads[i].shape()), ")"));
+      }
+      if (Node* child = input.impl()->grad_fn.get()) accumulate(pending[child], grads[i]);
+      else accumulate_leaf(input, std::move(grads[i]));
+    }
+    node->inputs.clear();  // free what the graph held: it runs once
+    node->backward = nullptr;
+  }
+}
+
+}  // namespace ferry::autograd

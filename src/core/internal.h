@@ -1,0 +1,29 @@
+// internal.h — helpers shared by the op implementations; not part of the public API.
+#pragma once
+
+#include <string>
+
+#include "ferry/backend.h"
+#include "ferry/error.h"
+#include "ferry/tensor.h"
+
+namespace ferry::detail {
+
+// The tensor as a kernel sees it.
+KernelTensor kernel_view(const Tensor& t);
+// The tensor broadcast (stride 0) to `shape` (right-aligned).
+KernelTensor kernel_broadcast(const Tensor& t, const Shape& shape);
+// A 0-element or flat view: shape (numel,) over contiguous memory.
+KernelTensor kernel_flat(const Tensor& t);
+
+inline Stream compute_stream(Device device) { return backend(device).compute_stream(device.index); }
+
+// The one door: every copy between two devices passes here and is written to the ledger.
+// `label` names who asked ("to()", "item()", "cpu()", "print", "checkpoint", ...).
+Tensor transfer(const Tensor& src, Device target, bool non_blocking, const char* label);
+// Copy src's bytes into dst (same shape, dtype, both contiguous; any two devices).
+void copy_between(const Tensor& dst, const Tensor& src, bool non_blocking, const char* label);
+// Host waits for `device`; recorded as a sync with `reason` (policy-checked first).
+void host_sync(Device device, const char* reason);
+
+}  // namespace ferry::detail

@@ -1,0 +1,699 @@
+// ops.cpp — the tensor ops of ferry/ops.h: check devices, shapes and dtypes, pick the result dtype,
+// dispatch one backend kernel, and record the backward formula when an input requires grad.
+#include "ferry/ops.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "ferry/autograd.h"
+#include "ferry/backend.h"
+#include "ferry/factories.h"
+#include "ferry/ledger.h"
+#include "internal.h"
+
+namespace ferry {
+
+using autograd::needs_grad;
+using autograd::record;
+using autograd::reduce_to_shape;
+using Grads = std::vector<Tensor>;
+
+// --- checks -------------------------------------------------------------------------------------
+
+int normalize_dim(int dim, int ndim, const char* op) {
+  const int lo = ndim == 0 ? -1 : -ndim, hi = ndim == 0 ? 0 : ndim - 1;
+  FERRY_CHECK(dim >= lo && dim <= hi, InvalidArgument, op, ": dimension out of range (expected to be in range of [",
+              lo, ", ", hi, "], but got ", dim, ")");
+  return dim < 0 ? dim + std::max(ndim, 1) : dim;
+}
+
+namespace {
+// Bytes per second assumed for a move between two devices in hints: the sim link's setting, else the
+// sheet's PCIe figure (16 GB/s).
+double assumed_link_rate(Device a, Device b) {
+  if (a.type == DeviceType::Sim || b.type == DeviceType::Sim) {
+    const double rate = sim_link_bandwidth();
+    return rate > 0 ? rate : 16e9;
+  }
+  return 16e9;
+}
+
+std::string move_hint(const Tensor& first, const Tensor& other) {
+  const double bytes = static_cast<double>(other.nbytes());
+  const double rate = assumed_link_rate(first.device(), other.device());
+  const double ms = bytes / rate * 1e3;
+  return detail::concat("\nHint: move the operand first with the portable `other = other.to(x.device())` (",
+                        static_cast<long long>(bytes), " bytes ", other.device().str(), " -> ",
+                        first.device().str(), ", about ", ms, " ms at ", rate / 1e9,
+                        " GB/s). Better: create it on that device, and keep data resident across steps.");
+}
+}  // namespace
+
+void check_same_device(const char* op, std::initializer_list<const Tensor*> tensors) {
+  const Tensor* first = nullptr;
+  for (const Tensor* t : tensors) {
+    if (!t->defined()) continue;
+    if (!first) {
+      first = t;
+      continue;
+    }
+    if (t->device() != first->device()) {
+      throw DeviceMismatch(detail::concat(
+          "Expected all tensors to be on the same device, but found at least two devices, ", first->device().str(),
+          " and ", t->device().str(), "! (in ", op, ")", move_hint(*first, *t)));
+    }
+  }
+}
+
+Shape broadcast_shapes(const char* op, const Shape& a, const Shape& b) {
+  const std::size_t n = std::max(a.size(), b.size());
+  Shape out(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    const std::int64_t da = i < n - a.size() ? 1 : a[i - (n - a.size())];
+    const std::int64_t db = i < n - b.size() ? 1 : b[i - (n - b.size())];
+    FERRY_CHECK(da == db || da == 1 || db == 1, ShapeMismatch, "The size of tensor a (", da,
+                ") must match the size of tensor b (", db, ") at non-singleton dimension ", i, " (in ", op,
+                ": shapes ", shape_str(a), " and ", shape_str(b), ")");
+    out[i] = da == 1 ? db : da;
+  }
+  return out;
+}
+
+void synchronize(Device device, const char* reason) { detail::host_sync(device, reason); }
+
+// --- elementwise --------------------------------------------------------------------------------
+
+namespace {
+bool is_comparison(BinaryOp op) {
+  return op == BinaryOp::Eq || op == BinaryOp::Ne || op == BinaryOp::Lt || op == BinaryOp::Le ||
+         op == BinaryOp::Gt || op == BinaryOp::Ge;
+}
+
+Tensor binary_forward(BinaryOp op, const Tensor& a_in, const Tensor& b_in, const char* name) {
+  check_same_device(name, {&a_in, &b_in});
+  const Shape shape = broadcast_shapes(name, a_in.shape(), b_in.shape());
+  DType compute = promote_types(a_in.dtype(), b_in.dtype());
+  if ((op == BinaryOp::Div || op == BinaryOp::Pow) && !is_floating(compute)) compute = DType::Float32;
+  const Tensor a = a_in.dtype() == compute ? a_in : a_in.detach().to(compute);
+  const Tensor b = b_in.dtype() == compute ? b_in : b_in.detach().to(compute);
+  Tensor out = make_tensor(shape, {.device = a.device(), .dtype = is_comparison(op) ? DType::Bool : compute});
+  backend(out.device()).binary(op, detail::kernel_view(out), detail::kernel_broadcast(a, shape),
+                               detail::kernel_broadcast(b, shape), detail::compute_stream(out.device()));
+  return out;
+}
+
+Tensor scalar_forward(BinaryOp op, const Tensor& a_in, double scalar, bool scalar_first) {
+  DType compute = a_in.dtype();
+  const bool whole = std::floor(scalar) == scalar;
+  if (!is_floating(compute) && (!whole || op == BinaryOp::Div || op == BinaryOp::Pow)) compute = DType::Float32;
+  if (compute == DType::Bool && !is_comparison(op)) compute = DType::Int64;
+  const Tensor a = a_in.dtype() == compute ? a_in : a_in.detach().to(compute);
+  Tensor out = make_tensor(a.shape(), {.device = a.device(), .dtype = is_comparison(op) ? DType::Bool : compute});
+  backend(out.device()).binary_scalar(op, detail::kernel_view(out), detail::kernel_view(a), scalar, scalar_first,
+                                      detail::compute_stream(out.device()));
+  return out;
+}
+
+Tensor unary_forward(UnaryOp op, const Tensor& a_in, bool needs_float) {
+  const Tensor a = (needs_float && !is_floating(a_in.dtype())) ? a_in.detach().to(DType::Float32) : a_in;
+  Tensor out = make_tensor(a.shape(), {.device = a.device(), .dtype = op == UnaryOp::LogicalNot ? DType::Bool : a.dtype()});
+  backend(out.device()).unary(op, detail::kernel_view(out), detail::kernel_view(a), detail::compute_stream(out.device()));
+  return out;
+}
+}  // namespace
+
+Tensor add(const Tensor& a, const Tensor& b, double alpha) {
+  Tensor out;
+  if (alpha == 1) {
+    out = binary_forward(BinaryOp::Add, a, b, "add");
+  } else {
+    autograd::NoGradGuard no_grad;
+    out = binary_forward(BinaryOp::Add, a, mul(b, alpha), "add");
+  }
+  if (needs_grad({&a, &b})) {
+    record("add", {a, b}, out, [sa = a.shape(), sb = b.shape(), alpha](const Tensor& g) {
+      return Grads{reduce_to_shape(g, sa), reduce_to_shape(alpha == 1 ? g : mul(g, alpha), sb)};
+    });
+  }
+  return out;
+}
+
+Tensor sub(const Tensor& a, const Tensor& b, double alpha) {
+  Tensor out;
+  if (alpha == 1) {
+    out = binary_forward(BinaryOp::Sub, a, b, "sub");
+  } else {
+    autograd::NoGradGuard no_grad;
+    out = binary_forward(BinaryOp::Sub, a, mul(b, alpha), "sub");
+  }
+  if (needs_grad({&a, &b})) {
+    record("sub", {a, b}, out, [sa = a.shape(), sb = b.shape(), alpha](const Tensor& g) {
+      return Grads{reduce_to_shape(g, sa), reduce_to_shape(mul(g, -alpha), sb)};
+    });
+  }
+  return out;
+}
+
+Tensor mul(const Tensor& a, const Tensor& b) {
+  Tensor out = binary_forward(BinaryOp::Mul, a, b, "mul");
+  if (needs_grad({&a, &b})) {
+    record("mul", {a, b}, out, [a = a.detach(), b = b.detach()](const Tensor& g) {
+      return Grads{reduce_to_shape(mul(g, b), a.shape()), reduce_to_shape(mul(g, a), b.shape())};
+    });
+  }
+  return out;
+}
+
+Tensor div(const Tensor& a, const Tensor& b) {
+  Tensor out = binary_forward(BinaryOp::Div, a, b, "div");
+  if (needs_grad({&a, &b})) {
+    record("div", {a, b}, out, [a = a.detach(), b = b.detach()](const Tensor& g) {
+      Tensor ga = div(g, b);
+      return Grads{reduce_to_shape(ga, a.shape()), reduce_to_shape(neg(mul(ga, div(a, b))), b.shape())};
+    });
+  }
+  return out;
+}
+
+Tensor pow(const Tensor& a, const Tensor& b) {
+  Tensor out = binary_forward(BinaryOp::Pow, a, b, "pow");
+  if (needs_grad({&a, &b})) {
+    record("pow", {a, b}, out, [a = a.detach(), b = b.detach(), o = out.detach()](const Tensor& g) {
+      Tensor ga = mul(g, mul(b, pow(a, sub(b, 1.0))));
+      Tensor gb = mul(g, mul(o, log(a)));
+      return Grads{reduce_to_shape(ga, a.shape()), reduce_to_shape(gb, b.shape())};
+    });
+  }
+  return out;
+}
+
+namespace {
+Tensor extremum(BinaryOp op, const Tensor& a, const Tensor& b, const char* name) {
+  Tensor out = binary_forward(op, a, b, name);
+  if (needs_grad({&a, &b})) {
+    record(name, {a, b}, out, [a = a.detach(), b = b.detach(), op](const Tensor& g) {
+      // The larger (smaller) operand takes the gradient; ties share it evenly, as PyTorch does.
+      Tensor a_wins = op == BinaryOp::Maximum ? gt(a, b) : lt(a, b);
+      Tensor tie = eq(a, b);
+      Tensor share = add(a_wins.to(g.dtype()), mul(tie.to(g.dtype()), 0.5));
+      Tensor ga = mul(g, share);
+      Tensor gb = sub(g, ga);
+      return Grads{reduce_to_shape(ga, a.shape()), reduce_to_shape(gb, b.shape())};
+    });
+  }
+  return out;
+}
+}  // namespace
+
+Tensor maximum(const Tensor& a, const Tensor& b) { return extremum(BinaryOp::Maximum, a, b, "maximum"); }
+Tensor minimum(const Tensor& a, const Tensor& b) { return extremum(BinaryOp::Minimum, a, b, "minimum"); }
+
+Tensor add(const Tensor& a, double b) {
+  Tensor out = scalar_forward(BinaryOp::Add, a, b, false);
+  if (needs_grad({&a})) record("add_scalar", {a}, out, [](const Tensor& g) { return Grads{g}; });
+  return out;
+}
+Tensor sub(const Tensor& a, double b) { return add(a, -b); }
+Tensor mul(const Tensor& a, double b) {
+  Tensor out = scalar_forward(BinaryOp::Mul, a, b, false);
+  if (needs_grad({&a})) record("mul_scalar", {a}, out, [b](const Tensor& g) { return Grads{mul(g, b)}; });
+  return out;
+}
+Tensor div(const Tensor& a, double b) {
+  Tensor out = scalar_forward(BinaryOp::Div, a, b, false);
+  if (needs_grad({&a})) record("div_scalar", {a}, out, [b](const Tensor& g) { return Grads{div(g, b)}; });
+  return out;
+}
+Tensor rsub(const Tensor& a, double b) {
+  Tensor out = scalar_forward(BinaryOp::Sub, a, b, true);
+  if (needs_grad({&a})) record("rsub", {a}, out, [](const Tensor& g) { return Grads{neg(g)}; });
+  return out;
+}
+Tensor rdiv(const Tensor& a, double b) {
+  Tensor out = scalar_forward(BinaryOp::Div, a, b, true);
+  if (needs_grad({&a})) {
+    record("rdiv", {a}, out, [a = a.detach(), o = out.detach()](const Tensor& g) {
+      return Grads{neg(div(mul(g, o), a))};
+    });
+  }
+  return out;
+}
+Tensor pow(const Tensor& a, double exponent) {
+  Tensor out = scalar_forward(BinaryOp::Pow, a, exponent, false);
+  if (needs_grad({&a})) {
+    record("pow_scalar", {a}, out, [a = a.detach(), exponent](const Tensor& g) {
+      return Grads{mul(g, mul(pow(a, exponent - 1), exponent))};
+    });
+  }
+  return out;
+}
+
+Tensor neg(const Tensor& a) {
+  Tensor out = unary_forward(UnaryOp::Neg, a, false);
+  if (needs_grad({&a})) record("neg", {a}, out, [](const Tensor& g) { return Grads{neg(g)}; });
+  return out;
+}
+Tensor exp(const Tensor& a) {
+  Tensor out = unary_forward(UnaryOp::Exp, a, true);
+  if (needs_grad({&a})) record("exp", {a}, out, [o = out.detach()](const Tensor& g) { return Grads{mul(g, o)}; });
+  return out;
+}
+Tensor log(const Tensor& a) {
+  Tensor out = unary_forward(UnaryOp::Log, a, true);
+  if (needs_grad({&a})) record("log", {a}, out, [a = a.detach()](const Tensor& g) { return Grads{div(g, a)}; });
+  return out;
+}
+Tensor sqrt(const Tensor& a) {
+  Tensor out = unary_forward(UnaryOp::Sqrt, a, true);
+  if (needs_grad({&a}))
+    record("sqrt", {a}, out, [o = out.detach()](const Tensor& g) { return Grads{div(g, mul(o, 2.0))}; });
+  return out;
+}
+Tensor rsqrt(const Tensor& a) {
+  Tensor out = unary_forward(UnaryOp::Rsqrt, a, true);
+  if (needs_grad({&a}))
+    record("rsqrt", {a}, out, [o = out.detach()](const Tensor& g) { return Grads{mul(g, mul(pow(o, 3.0), -0.5))}; });
+  return out;
+}
+Tensor abs(const Tensor& a) {
+  Tensor out = unary_forward(UnaryOp::Abs, a, false);
+  if (needs_grad({&a})) record("abs", {a}, out, [a = a.detach()](const Tensor& g) { return Grads{mul(g, sign(a))}; });
+  return out;
+}
+Tensor sign(const Tensor& a) {
+  Tensor out = unary_forward(UnaryOp::Sign, a, false);
+  if (needs_grad({&a})) record("sign", {a}, out, [](const Tensor& g) { return Grads{zeros_like(g)}; });
+  return out;
+}
+Tensor relu(const Tensor& a) {
+  Tensor out = unary_forward(UnaryOp::Relu, a, false);
+  if (needs_grad({&a})) {
+    record("relu", {a}, out, [o = out.detach()](const Tensor& g) {
+      Tensor grad = make_tensor(g.shape(), {.device = g.device(), .dtype = g.dtype()});
+      backend(g.device()).binary(BinaryOp::ReluBackward, detail::kernel_view(grad), detail::kernel_view(g),
+                                 detail::kernel_view(o), detail::compute_stream(g.device()));
+      return Grads{grad};
+    });
+  }
+  return out;
+}
+Tensor sigmoid(const Tensor& a) {
+  Tensor out = unary_forward(UnaryOp::Sigmoid, a, true);
+  if (needs_grad({&a}))
+    record("sigmoid", {a}, out, [o = out.detach()](const Tensor& g) { return Grads{mul(g, mul(o, rsub(o, 1.0)))}; });
+  return out;
+}
+Tensor tanh(const Tensor& a) {
+  Tensor out = unary_forward(UnaryOp::Tanh, a, true);
+  if (needs_grad({&a}))
+    record("tanh", {a}, out, [o = out.detach()](const Tensor& g) { return Grads{mul(g, rsub(square(o), 1.0))}; });
+  return out;
+}
+Tensor square(const Tensor& a) {
+  Tensor out = unary_forward(UnaryOp::Square, a, false);
+  if (needs_grad({&a}))
+    record("square", {a}, out, [a = a.detach()](const Tensor& g) { return Grads{mul(g, mul(a, 2.0))}; });
+  return out;
+}
+
+Tensor eq(const Tensor& a, const Tensor& b) { return binary_forward(BinaryOp::Eq, a, b, "eq"); }
+Tensor ne(const Tensor& a, const Tensor& b) { return binary_forward(BinaryOp::Ne, a, b, "ne"); }
+Tensor lt(const Tensor& a, const Tensor& b) { return binary_forward(BinaryOp::Lt, a, b, "lt"); }
+Tensor le(const Tensor& a, const Tensor& b) { return binary_forward(BinaryOp::Le, a, b, "le"); }
+Tensor gt(const Tensor& a, const Tensor& b) { return binary_forward(BinaryOp::Gt, a, b, "gt"); }
+Tensor ge(const Tensor& a, const Tensor& b) { return binary_forward(BinaryOp::Ge, a, b, "ge"); }
+Tensor eq(const Tensor& a, double b) { return scalar_forward(BinaryOp::Eq, a, b, false); }
+Tensor ne(const Tensor& a, double b) { return scalar_forward(BinaryOp::Ne, a, b, false); }
+Tensor lt(const Tensor& a, double b) { return scalar_forward(BinaryOp::Lt, a, b, false); }
+Tensor le(const Tensor& a, double b) { return scalar_forward(BinaryOp::Le, a, b, false); }
+Tensor gt(const Tensor& a, double b) { return scalar_forward(BinaryOp::Gt, a, b, false); }
+Tensor ge(const Tensor& a, double b) { return scalar_forward(BinaryOp::Ge, a, b, false); }
+Tensor logical_not(const Tensor& a) { return unary_forward(UnaryOp::LogicalNot, a, false); }
+
+Tensor where(const Tensor& condition, const Tensor& a_in, const Tensor& b_in) {
+  check_same_device("where", {&condition, &a_in, &b_in});
+  const Shape shape = broadcast_shapes("where", broadcast_shapes("where", condition.shape(), a_in.shape()), b_in.shape());
+  const DType dtype = promote_types(a_in.dtype(), b_in.dtype());
+  const Tensor a = a_in.detach().to(dtype), b = b_in.detach().to(dtype), c = condition.to(DType::Bool);
+  Tensor out = make_tensor(shape, {.device = a.device(), .dtype = dtype});
+  backend(out.device()).where(detail::kernel_view(out), detail::kernel_broadcast(c, shape),
+                              detail::kernel_broadcast(a, shape), detail::kernel_broadcast(b, shape),
+                              detail::compute_stream(out.device()));
+  if (needs_grad({&a_in, &b_in})) {
+    record("where", {a_in, b_in}, out, [c = c.detach(), sa = a_in.shape(), sb = b_in.shape()](const Tensor& g) {
+      Tensor zero = zeros({}, {.device = g.device(), .dtype = g.dtype()});
+      return Grads{reduce_to_shape(where(c, g, zero), sa), reduce_to_shape(where(c, zero, g), sb)};
+    });
+  }
+  return out;
+}
+
+// --- reductions ---------------------------------------------------------------------------------
+
+namespace {
+struct ReducePlan {
+  Tensor input;  // contiguous, laid out (outer, reduce, inner)
+  std::int64_t outer = 1, reduce = 1, inner = 1;
+  Shape out_shape;       // without kept dims
+  Shape keepdim_shape;   // with reduced dims as 1
+};
+
+ReducePlan plan_reduce(const Tensor& a, std::vector<int> dims, const char* op) {
+  const int nd = a.dim();
+  if (dims.empty()) {
+    dims.resize(nd);
+    std::iota(dims.begin(), dims.end(), 0);
+  }
+  std::vector<bool> reduced(std::max(nd, 1), false);
+  for (int& d : dims) {
+    d = normalize_dim(d, nd, op);
+    FERRY_CHECK(!(nd > 0 && reduced[d]), InvalidArgument, op, ": dim ", d, " appears more than once");
+    if (nd > 0) reduced[d] = true;
+  }
+  ReducePlan plan;
+  for (int d = 0; d < nd; ++d) {
+    plan.keepdim_shape.push_back(reduced[d] ? 1 : a.shape()[d]);
+    if (!reduced[d]) plan.out_shape.push_back(a.shape()[d]);
+  }
+  // Reduced dims form one block [first, last]? Then no permute is needed.
+  int first = nd, last = -1;
+  for (int d = 0; d < nd; ++d) if (reduced[d]) { first = std::min(first, d); last = d; }
+  bool block = true;
+  for (int d = first; d <= last; ++d) block = block && reduced[d];
+  if (block) {
+    plan.input = a.detach().contiguous();
+    for (int d = 0; d < nd; ++d) {
+      if (d < first) plan.outer *= a.shape()[d];
+      else if (d <= last) plan.reduce *= a.shape()[d];
+      else plan.inner *= a.shape()[d];
+    }
+  } else {
+    std::vector<int> order;
+    for (int d = 0; d < nd; ++d) if (!reduced[d]) { order.push_back(d); plan.outer *= a.shape()[d]; }
+    for (int d = 0; d < nd; ++d) if (reduced[d]) { order.push_back(d); plan.reduce *= a.shape()[d]; }
+    plan.input = a.detach().permute(order).contiguous();
+  }
+  return plan;
+}
+
+Tensor reduce_forward(ReduceOp op, const ReducePlan& plan, DType out_dtype, bool keepdim) {
+  const Tensor& in = plan.input;
+  Tensor out = make_tensor(keepdim ? plan.keepdim_shape : plan.out_shape, {.device = in.device(), .dtype = out_dtype});
+  FERRY_CHECK(plan.reduce > 0 || op == ReduceOp::Sum || op == ReduceOp::Mean, InvalidArgument,
+              "Cannot take max/min/argmax/argmin over an empty dimension");
+  backend(in.device()).reduce(op, detail::kernel_view(out), detail::kernel_view(in), plan.outer, plan.reduce,
+                              plan.inner, detail::compute_stream(in.device()));
+  return out;
+}
+}  // namespace
+
+Tensor sum(const Tensor& a, std::vector<int> dims, bool keepdim) {
+  ReducePlan plan = plan_reduce(a, dims, "sum");
+  const DType dtype = is_floating(a.dtype()) ? a.dtype() : DType::Int64;
+  Tensor input = plan.input.dtype() == dtype ? plan.input : plan.input.to(dtype);
+  plan.input = input;
+  Tensor out = reduce_forward(ReduceOp::Sum, plan, dtype, keepdim);
+  if (needs_grad({&a})) {
+    record("sum", {a}, out, [shape = a.shape(), kd = plan.keepdim_shape](const Tensor& g) {
+      return Grads{g.reshape(kd).expand(shape)};
+    });
+  }
+  return out;
+}
+
+Tensor mean(const Tensor& a, std::vector<int> dims, bool keepdim) {
+  FERRY_CHECK(is_floating(a.dtype()), InvalidArgument, "mean(): expected a floating point input, got ",
+              dtype_name(a.dtype()));
+  ReducePlan plan = plan_reduce(a, dims, "mean");
+  Tensor out = reduce_forward(ReduceOp::Mean, plan, a.dtype(), keepdim);
+  if (needs_grad({&a})) {
+    record("mean", {a}, out, [shape = a.shape(), kd = plan.keepdim_shape, n = plan.reduce](const Tensor& g) {
+      return Grads{div(g.reshape(kd), static_cast<double>(n)).expand(shape)};
+    });
+  }
+  return out;
+}
+
+Tensor var(const Tensor& a, std::vector<int> dims, bool unbiased, bool keepdim) {
+  const ReducePlan plan = plan_reduce(a, dims, "var");
+  const Tensor centered = sub(a, mean(a, dims, true));
+  const double n = static_cast<double>(plan.reduce);
+  return div(sum(square(centered), dims, keepdim), unbiased ? std::max(n - 1, 0.0) : n);
+}
+
+namespace {
+Tensor extremum_all(ReduceOp op, const Tensor& a, const char* name) {
+  FERRY_CHECK(a.numel() > 0, InvalidArgument, name, "(): cannot reduce an empty tensor");
+  ReducePlan plan = plan_reduce(a, {}, name);
+  Tensor out = reduce_forward(op, plan, a.dtype(), false);
+  if (needs_grad({&a})) {
+    record(name, {a}, out, [a = a.detach(), o = out.detach()](const Tensor& g) {
+      Tensor mask = eq(a, o).to(g.dtype());  // ties share the gradient evenly
+      return Grads{mul(div(mask, sum(mask)), g)};
+    });
+  }
+  return out;
+}
+
+std::pair<Tensor, Tensor> extremum_dim(ReduceOp value_op, ReduceOp index_op, const Tensor& a, int dim, bool keepdim,
+                                       const char* name) {
+  ReducePlan plan = plan_reduce(a, {dim}, name);
+  Tensor values, indices;
+  {
+    autograd::NoGradGuard no_grad;
+    values = reduce_forward(value_op, plan, a.dtype(), keepdim);
+    indices = reduce_forward(index_op, plan, DType::Int64, keepdim);
+  }
+  if (needs_grad({&a})) {
+    const int d = normalize_dim(dim, a.dim(), name);
+    record(name, {a}, values, [shape = a.shape(), kd = plan.keepdim_shape, idx = indices, d](const Tensor& g) {
+      Tensor positions = arange(0, static_cast<double>(shape[d]), 1, {.device = g.device(), .dtype = DType::Int64});
+      Shape pos_shape(shape.size(), 1);
+      pos_shape[d] = shape[d];
+      Tensor onehot = eq(positions.reshape(pos_shape), idx.reshape(kd)).to(g.dtype());
+      return Grads{mul(onehot, g.reshape(kd))};
+    });
+  }
+  return {values, indices};
+}
+}  // namespace
+
+Tensor max(const Tensor& a) { return extremum_all(ReduceOp::Max, a, "max"); }
+Tensor min(const Tensor& a) { return extremum_all(ReduceOp::Min, a, "min"); }
+std::pair<Tensor, Tensor> max(const Tensor& a, int dim, bool keepdim) {
+  return extremum_dim(ReduceOp::Max, ReduceOp::ArgMax, a, dim, keepdim, "max");
+}
+std::pair<Tensor, Tensor> min(const Tensor& a, int dim, bool keepdim) {
+  return extremum_dim(ReduceOp::Min, ReduceOp::ArgMin, a, dim, keepdim, "min");
+}
+Tensor argmax(const Tensor& a, int dim, bool keepdim) {
+  return reduce_forward(ReduceOp::ArgMax, plan_reduce(a, {dim}, "argmax"), DType::Int64, keepdim);
+}
+Tensor argmin(const Tensor& a, int dim, bool keepdim) {
+  return reduce_forward(ReduceOp::ArgMin, plan_reduce(a, {dim}, "argmin"), DType::Int64, keepdim);
+}
+
+// --- linear algebra -----------------------------------------------------------------------------
+
+namespace {
+// A 2-d operand as GEMM wants it: row-major with a leading dimension, possibly transposed.
+struct GemmOperand {
+  Tensor storage;  // keeps the memory alive
+  bool transposed = false;
+  std::int64_t ld = 0;
+};
+GemmOperand gemm_operand(const Tensor& t) {
+  const auto& st = t.strides();
+  const std::int64_t rows = t.size(0), cols = t.size(1);
+  if ((st[1] == 1 || cols == 1) && st[0] >= std::max<std::int64_t>(cols, 1)) return {t, false, st[0]};
+  if ((st[0] == 1 || rows == 1) && st[1] >= std::max<std::int64_t>(rows, 1)) return {t, true, st[1]};
+  Tensor c = t.contiguous();
+  return {c, false, std::max<std::int64_t>(cols, 1)};
+}
+
+Tensor mm_forward(const Tensor& a, const Tensor& b) {
+  const std::int64_t n = a.size(0), k = a.size(1), m = b.size(1);
+  Tensor out = make_tensor({n, m}, {.device = a.device(), .dtype = a.dtype()});
+  if (out.numel() == 0) return out;
+  if (k == 0) return out.fill_(0);
+  const GemmOperand ga = gemm_operand(a), gb = gemm_operand(b);
+  Backend::GemmArgs args;
+  args.trans_a = ga.transposed;
+  args.trans_b = gb.transposed;
+  args.m = n; args.n = m; args.k = k;
+  args.a = ga.storage.data_ptr(); args.lda = ga.ld;
+  args.b = gb.storage.data_ptr(); args.ldb = gb.ld;
+  args.c = out.data_ptr(); args.ldc = m;
+  args.dtype = a.dtype();
+  backend(a.device()).gemm(args, detail::compute_stream(a.device()));
+  return out;
+}
+
+Tensor bmm_forward(const Tensor& a_in, const Tensor& b_in) {
+  const Tensor a = a_in.contiguous(), b = b_in.contiguous();
+  const std::int64_t batch = a.size(0), n = a.size(1), k = a.size(2), m = b.size(2);
+  Tensor out = make_tensor({batch, n, m}, {.device = a.device(), .dtype = a.dtype()});
+  if (out.numel() == 0) return out;
+  if (k == 0) return out.fill_(0);
+  Backend::GemmArgs args;
+  args.m = n; args.n = m; args.k = k;
+  args.a = a.data_ptr(); args.lda = k; args.stride_a = n * k;
+  args.b = b.data_ptr(); args.ldb = m; args.stride_b = k * m;
+  args.c = out.data_ptr(); args.ldc = m; args.stride_c = n * m;
+  args.batch = batch;
+  args.dtype = a.dtype();
+  backend(a.device()).gemm(args, detail::compute_stream(a.device()));
+  return out;
+}
+
+void check_matmul_dtypes(const Tensor& a, const Tensor& b, const char* op) {
+  FERRY_CHECK(a.dtype() == b.dtype(), DTypeMismatch, op, ": expected both operands to have the same dtype, got ",
+              dtype_name(a.dtype()), " and ", dtype_name(b.dtype()));
+  FERRY_CHECK(is_floating(a.dtype()), DTypeMismatch, op, ": expected float32 or float64 operands, got ",
+              dtype_name(a.dtype()));
+}
+}  // namespace
+
+Tensor bmm(const Tensor& a, const Tensor& b) {
+  check_same_device("bmm", {&a, &b});
+  check_matmul_dtypes(a, b, "bmm");
+  FERRY_CHECK(a.dim() == 3 && b.dim() == 3 && a.size(0) == b.size(0) && a.size(2) == b.size(1), ShapeMismatch,
+              "bmm: expected (B, n, k) and (B, k, m), got ", shape_str(a.shape()), " and ", shape_str(b.shape()));
+  Tensor out = bmm_forward(a, b);
+  if (needs_grad({&a, &b})) {
+    record("bmm", {a, b}, out, [a = a.detach(), b = b.detach()](const Tensor& g) {
+      return Grads{bmm(g, b.transpose(1, 2)), bmm(a.transpose(1, 2), g)};
+    });
+  }
+  return out;
+}
+
+Tensor matmul(const Tensor& a, const Tensor& b) {
+  check_same_device("matmul", {&a, &b});
+  check_matmul_dtypes(a, b, "matmul");
+  FERRY_CHECK(a.dim() >= 1 && b.dim() >= 1, ShapeMismatch, "matmul: both arguments need at least 1 dim, got ",
+              shape_str(a.shape()), " and ", shape_str(b.shape()));
+  if (a.dim() == 1) return matmul(a.unsqueeze(0), b).squeeze(-2);
+  if (b.dim() == 1) return matmul(a, b.unsqueeze(1)).squeeze(-1);
+  FERRY_CHECK(a.size(-1) == b.size(-2), ShapeMismatch, "mat1 and mat2 shapes cannot be multiplied (",
+              a.size(-2), "x", a.size(-1), " and ", b.size(-2), "x", b.size(-1), ") (in matmul: shapes ",
+              shape_str(a.shape()), " and ", shape_str(b.shape()), ")");
+  if (a.dim() == 2 && b.dim() == 2) {
+    Tensor out = mm_forward(a, b);
+    if (needs_grad({&a, &b})) {
+      record("mm", {a, b}, out, [a = a.detach(), b = b.detach(), ra = a.requires_grad(), rb = b.requires_grad()](const Tensor& g) {
+        return Grads{ra ? matmul(g, b.t()) : Tensor(), rb ? matmul(a.t(), g) : Tensor()};
+      });
+    }
+    return out;
+  }
+  if (b.dim() == 2) {  // (..., n, k) @ (k, m): fold the batch into rows
+    Shape out_shape = a.shape();
+    out_shape.back() = b.size(1);
+    return matmul(a.reshape({-1, a.size(-1)}), b).reshape(out_shape);
+  }
+  // Broadcast the batch dims, then one batched GEMM.
+  const Shape batch_a(a.shape().begin(), a.shape().end() - 2), batch_b(b.shape().begin(), b.shape().end() - 2);
+  Shape batch = broadcast_shapes("matmul", batch_a, batch_b);
+  Shape sa = batch, sb = batch;
+  sa.push_back(a.size(-2)); sa.push_back(a.size(-1));
+  sb.push_back(b.size(-2)); sb.push_back(b.size(-1));
+  const std::int64_t nb = shape_numel(batch);
+  Tensor out = bmm(a.expand(sa).reshape({nb, a.size(-2), a.size(-1)}), b.expand(sb).reshape({nb, b.size(-2), b.size(-1)}));
+  Shape out_shape = batch;
+  out_shape.push_back(a.size(-2));
+  out_shape.push_back(b.size(-1));
+  return out.reshape(out_shape);
+}
+
+// --- indexing and joining -----------------------------------------------------------------------
+
+Tensor index_select(const Tensor& a_in, int dim, const Tensor& index) {
+  check_same_device("index_select", {&a_in, &index});
+  FERRY_CHECK(index.dtype() == DType::Int64 || index.dtype() == DType::Int32, DTypeMismatch,
+              "index_select: expected an int64 index, got ", dtype_name(index.dtype()));
+  FERRY_CHECK(index.dim() <= 1, ShapeMismatch, "index_select: expected a 1-d index, got shape ",
+              shape_str(index.shape()));
+  const int d = normalize_dim(dim, a_in.dim(), "index_select");
+  const Tensor a = a_in.detach().contiguous();
+  const Tensor idx = index.to(DType::Int64).contiguous();
+  Shape shape = a.shape();
+  if (a.dim() > 0) shape[d] = idx.numel();
+  std::int64_t outer = 1, inner = 1;
+  for (int i = 0; i < d; ++i) outer *= a.shape()[i];
+  for (int i = d + 1; i < a.dim(); ++i) inner *= a.shape()[i];
+  const std::int64_t n_in = a.dim() > 0 ? a.shape()[d] : 1;
+  Tensor out = make_tensor(shape, {.device = a.device(), .dtype = a.dtype()});
+  backend(a.device()).index_select(detail::kernel_view(out), detail::kernel_view(a), detail::kernel_flat(idx), outer,
+                                   n_in, inner, detail::compute_stream(a.device()));
+  if (needs_grad({&a_in})) {
+    record("index_select", {a_in}, out, [shape = a.shape(), idx, outer, n_in, inner](const Tensor& g_in) {
+      Tensor g = g_in.contiguous();
+      Tensor grad = zeros(shape, {.device = g.device(), .dtype = g.dtype()});
+      backend(g.device()).index_add(detail::kernel_view(grad), detail::kernel_view(g), detail::kernel_flat(idx), outer,
+                                    n_in, inner, detail::compute_stream(g.device()));
+      return Grads{grad};
+    });
+  }
+  return out;
+}
+
+Tensor cat(const std::vector<Tensor>& tensors, int dim) {
+  FERRY_CHECK(!tensors.empty(), InvalidArgument, "cat: expected a non-empty list of tensors");
+  const Tensor& first = tensors[0];
+  const int d = normalize_dim(dim, first.dim(), "cat");
+  Shape shape = first.shape();
+  shape[d] = 0;
+  DType dtype = first.dtype();
+  for (std::size_t i = 0; i < tensors.size(); ++i) {
+    const Tensor& t = tensors[i];
+    check_same_device("cat", {&first, &t});
+    FERRY_CHECK(t.dim() == first.dim(), ShapeMismatch, "cat: tensor ", i, " has ", t.dim(), " dims, tensor 0 has ",
+                first.dim());
+    for (int j = 0; j < t.dim(); ++j) {
+      FERRY_CHECK(j == d || t.shape()[j] == first.shape()[j], ShapeMismatch, "cat: sizes of tensors must match except in dimension ",
+                  d, ". Expected size ", first.shape()[j], " but got size ", t.shape()[j], " for tensor number ", i,
+                  " in the list");
+    }
+    shape[d] += t.shape()[d];
+    dtype = promote_types(dtype, t.dtype());
+  }
+  Tensor out = make_tensor(shape, {.device = first.device(), .dtype = dtype});
+  std::int64_t offset = 0;
+  std::vector<std::int64_t> sizes;
+  {
+    autograd::NoGradGuard no_grad;
+    for (const Tensor& t : tensors) {
+      out.narrow(d, offset, t.shape()[d]).copy_(t);
+      sizes.push_back(t.shape()[d]);
+      offset += t.shape()[d];
+    }
+  }
+  if (needs_grad(tensors)) {
+    record("cat", tensors, out, [d, sizes](const Tensor& g) {
+      Grads grads;
+      std::int64_t at = 0;
+      for (std::int64_t s : sizes) {
+        grads.push_back(g.narrow(d, at, s));
+        at += s;
+      }
+      return grads;
+    });
+  }
+  return out;
+}
+
+Tensor stack(const std::vector<Tensor>& tensors, int dim) {
+  FERRY_CHECK(!tensors.empty(), InvalidArgument, "stack: expected a non-empty list of tensors");
+  const int d = normalize_dim(dim, tensors[0].dim() + 1, "stack");
+  std::vector<Tensor> expanded;
+  for (std::size_t i = 0; i < tensors.size(); ++i) {
+    FERRY_CHECK(tensors[i].shape() == tensors[0].shape(), ShapeMismatch, "stack expects each tensor to be equal size, but got ",
+                shape_str(tensors[0].shape()), " at entry 0 and ", shape_str(tensors[i].shape()), " at entry ", i);
+    expanded.push_back(tensors[i].unsqueeze(d));
+  }
+  return cat(expanded, d);
+}
+
+}  // namespace ferry

@@ -1,0 +1,80 @@
+// registry.cpp — one backend per device type, created on first use; the default capabilities.
+#include <array>
+#include <mutex>
+
+#include "internal.h"
+#include "registry.h"
+
+namespace ferry {
+
+void* Backend::allocate_pinned(std::size_t) {
+  throw NotSupported(detail::concat("Pinned host memory needs a CUDA device; this build or machine has none (devices: ",
+                                    available_devices_text(), ")"));
+}
+void Backend::deallocate_pinned(void*) noexcept {}
+
+Backend& backend(DeviceType type) {
+  static std::array<std::unique_ptr<Backend>, kDeviceTypeCount> table;
+  static std::array<std::once_flag, kDeviceTypeCount> once;
+  const auto slot = static_cast<std::size_t>(type);
+  std::call_once(once[slot], [&] {
+    switch (type) {
+      case DeviceType::CPU: table[slot] = cpu::make_cpu_backend(); break;
+      case DeviceType::Sim: table[slot] = sim::make_sim_backend(); break;
+      case DeviceType::CUDA:
+#ifdef FERRY_HAVE_CUDA
+        table[slot] = cuda::make_cuda_backend();
+#endif
+        break;
+    }
+  });
+  if (!table[slot]) {
+    throw DeviceUnavailable("This build of ferry has no CUDA backend (configure with -DFERRY_CUDA=ON on a machine "
+                            "with the CUDA toolkit)");
+  }
+  return *table[slot];
+}
+
+namespace detail {
+
+KernelTensor kernel_view(const Tensor& t) {
+  KernelTensor k;
+  k.data = t.data_ptr();
+  k.dtype = t.dtype();
+  k.ndim = t.dim();
+  FERRY_CHECK(k.ndim <= kMaxDims, InvalidArgument, "Tensors have at most ", kMaxDims, " dims, got ",
+              shape_str(t.shape()));
+  for (int d = 0; d < k.ndim; ++d) {
+    k.shape[d] = t.shape()[d];
+    k.strides[d] = t.strides()[d];
+  }
+  return k;
+}
+
+KernelTensor kernel_broadcast(const Tensor& t, const Shape& shape) {
+  KernelTensor k;
+  k.data = t.data_ptr();
+  k.dtype = t.dtype();
+  k.ndim = static_cast<int>(shape.size());
+  FERRY_CHECK(k.ndim <= kMaxDims, InvalidArgument, "Tensors have at most ", kMaxDims, " dims, got ", shape_str(shape));
+  const int shift = k.ndim - t.dim();
+  for (int d = 0; d < k.ndim; ++d) {
+    k.shape[d] = shape[d];
+    const int src = d - shift;
+    k.strides[d] = (src < 0 || t.shape()[src] == 1) ? 0 : t.strides()[src];
+  }
+  return k;
+}
+
+KernelTensor kernel_flat(const Tensor& t) {
+  KernelTensor k;
+  k.data = t.data_ptr();
+  k.dtype = t.dtype();
+  k.ndim = 1;
+  k.shape[0] = t.numel();
+  k.strides[0] = 1;
+  return k;
+}
+
+}  // namespace detail
+}  // namespace ferry

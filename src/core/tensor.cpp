@@ -1,0 +1,510 @@
+// tensor.cpp — Tensor's shape bookkeeping, views, moves and value access.
+// The ops live in ops.cpp; the one door for crossings in transfer.cpp.
+#include "ferry/tensor.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <iomanip>
+#include <limits>
+#include <numeric>
+#include <ostream>
+#include <sstream>
+
+#include "ferry/autograd.h"
+#include "ferry/backend.h"
+#include "ferry/error.h"
+#include "ferry/factories.h"
+#include "ferry/ops.h"
+#include "internal.h"
+
+namespace ferry {
+
+std::string shape_str(const Shape& shape) {
+  std::string text = "[";
+  for (std::size_t i = 0; i < shape.size(); ++i) {
+    if (i) text += ", ";
+    text += std::to_string(shape[i]);
+  }
+  return text + "]";
+}
+
+std::int64_t shape_numel(const Shape& shape) {
+  std::int64_t n = 1;
+  for (std::int64_t d : shape) {
+    FERRY_CHECK(d >= 0, InvalidArgument, "Expected non-negative sizes, got shape ", shape_str(shape));
+    if (d != 0 && n > std::numeric_limits<std::int64_t>::max() / d)
+      throw InvalidArgument("Shape " + shape_str(shape) + " has more elements than fit in int64");
+    n *= d;
+  }
+  return n;
+}
+
+std::vector<std::int64_t> contiguous_strides(const Shape& shape) {
+  std::vector<std::int64_t> strides(shape.size());
+  std::int64_t s = 1;
+  for (int d = static_cast<int>(shape.size()) - 1; d >= 0; --d) {
+    strides[d] = s;
+    s *= std::max<std::int64_t>(shape[d], 1);
+  }
+  return strides;
+}
+
+// --- Storage ------------------------------------------------------------------------------------
+
+Storage::Storage(std::size_t nbytes, Device device, bool pinned) : nbytes_(nbytes), device_(device), pinned_(pinned) {
+  if (nbytes == 0) return;
+  if (pinned) {
+    FERRY_CHECK(device.is_cpu(), InvalidArgument, "Pinned memory is host memory; asked for it on ", device.str());
+    data_ = backend(DeviceType::CUDA).allocate_pinned(nbytes);
+  } else {
+    data_ = backend(device).allocate(nbytes, device.index);
+  }
+}
+
+Storage::~Storage() {
+  if (!data_) return;
+  if (pinned_) backend(DeviceType::CUDA).deallocate_pinned(data_);
+  else backend(device_).deallocate(data_, nbytes_, device_.index);
+}
+
+// --- construction -------------------------------------------------------------------------------
+
+Tensor make_tensor(const Shape& shape, const TensorOptions& options) {
+  const std::int64_t n = shape_numel(shape);
+  FERRY_CHECK(static_cast<int>(shape.size()) <= kMaxDims, InvalidArgument, "Tensors have at most ", kMaxDims,
+              " dims, got shape ", shape_str(shape));
+  auto impl = std::make_shared<TensorImpl>();
+  impl->storage = std::make_shared<Storage>(static_cast<std::size_t>(n) * element_size(options.dtype),
+                                            options.device, options.pinned);
+  impl->shape = shape;
+  impl->strides = contiguous_strides(shape);
+  impl->dtype = options.dtype;
+  impl->requires_grad = options.requires_grad;
+  return Tensor(std::move(impl));
+}
+
+Tensor make_view(const Tensor& base, const Shape& shape, const std::vector<std::int64_t>& strides,
+                 std::int64_t offset) {
+  auto impl = std::make_shared<TensorImpl>();
+  impl->storage = base.storage();
+  impl->shape = shape;
+  impl->strides = strides;
+  impl->offset = offset;
+  impl->dtype = base.dtype();
+  return Tensor(std::move(impl));
+}
+
+// --- accessors ----------------------------------------------------------------------------------
+
+#define FERRY_DEFINED() FERRY_CHECK(impl_ != nullptr, InvalidArgument, "Tensor is undefined (default-constructed)")
+
+const Shape& Tensor::shape() const { FERRY_DEFINED(); return impl_->shape; }
+int Tensor::dim() const { return static_cast<int>(shape().size()); }
+std::int64_t Tensor::size(int d) const { return shape()[normalize_dim(d, dim(), "size")]; }
+const std::vector<std::int64_t>& Tensor::strides() const { FERRY_DEFINED(); return impl_->strides; }
+std::int64_t Tensor::offset() const { FERRY_DEFINED(); return impl_->offset; }
+DType Tensor::dtype() const { FERRY_DEFINED(); return impl_->dtype; }
+Device Tensor::device() const { FERRY_DEFINED(); return impl_->storage->device(); }
+std::int64_t Tensor::numel() const { return shape_numel(shape()); }
+std::size_t Tensor::element_size() const { return ferry::element_size(dtype()); }
+std::size_t Tensor::nbytes() const { return static_cast<std::size_t>(numel()) * element_size(); }
+bool Tensor::is_pinned() const { FERRY_DEFINED(); return impl_->storage->pinned(); }
+const std::shared_ptr<Storage>& Tensor::storage() const { FERRY_DEFINED(); return impl_->storage; }
+void* Tensor::data_ptr() const {
+  FERRY_DEFINED();
+  return static_cast<char*>(impl_->storage->data()) + impl_->offset * static_cast<std::int64_t>(element_size());
+}
+
+bool Tensor::is_contiguous() const {
+  const Shape& s = shape();
+  std::int64_t expected = 1;
+  for (int d = dim() - 1; d >= 0; --d) {
+    if (s[d] != 1 && impl_->strides[d] != expected) return false;
+    expected *= s[d];
+  }
+  return true;
+}
+
+// --- views --------------------------------------------------------------------------------------
+
+namespace {
+Shape infer_shape(const Shape& requested, std::int64_t numel, const Shape& from) {
+  Shape shape = requested;
+  int infer = -1;
+  std::int64_t known = 1;
+  for (std::size_t i = 0; i < shape.size(); ++i) {
+    if (shape[i] == -1) {
+      FERRY_CHECK(infer < 0, InvalidArgument, "Only one dimension can be inferred (-1), got ", shape_str(requested));
+      infer = static_cast<int>(i);
+    } else {
+      FERRY_CHECK(shape[i] >= 0, InvalidArgument, "Invalid shape dimension ", shape[i], " in ", shape_str(requested));
+      known *= shape[i];
+    }
+  }
+  if (infer >= 0) {
+    FERRY_CHECK(known != 0 && numel % known == 0, ShapeMismatch, "Shape ", shape_str(requested),
+                " is invalid for input of size ", numel);
+    shape[infer] = numel / known;
+  }
+  FERRY_CHECK(shape_numel(shape) == numel, ShapeMismatch, "Shape ", shape_str(requested),
+              " is invalid for input of size ", numel, " (shape ", shape_str(from), ")");
+  return shape;
+}
+
+// Differentiable view: the gradient of a view is the gradient reshaped/placed back.
+Tensor record_view(const Tensor& base, Tensor view, const char* name,
+                   std::function<std::vector<Tensor>(const Tensor&)> backward) {
+  view.impl()->version = base.impl()->version;
+  if (autograd::needs_grad({&base})) autograd::record(name, {base}, view, std::move(backward));
+  return view;
+}
+}  // namespace
+
+Tensor Tensor::view(const Shape& requested) const {
+  Shape shape = infer_shape(requested, numel(), this->shape());
+  FERRY_CHECK(is_contiguous(), InvalidArgument, "view() needs a contiguous tensor (shape ",
+              shape_str(this->shape()), " is strided); use reshape() or contiguous()");
+  Shape from = this->shape();
+  return record_view(*this, make_view(*this, shape, contiguous_strides(shape), offset()), "view",
+                     [from](const Tensor& g) { return std::vector<Tensor>{g.reshape(from)}; });
+}
+
+Tensor Tensor::reshape(const Shape& requested) const {
+  if (is_contiguous()) return view(requested);
+  return contiguous().view(requested);
+}
+
+Tensor Tensor::transpose(int dim0, int dim1) const {
+  std::vector<int> order(dim());
+  std::iota(order.begin(), order.end(), 0);
+  std::swap(order[normalize_dim(dim0, dim(), "transpose")], order[normalize_dim(dim1, dim(), "transpose")]);
+  return permute(order);
+}
+
+Tensor Tensor::permute(const std::vector<int>& dims) const {
+  FERRY_CHECK(static_cast<int>(dims.size()) == dim(), InvalidArgument, "permute: expected ", dim(),
+              " dims, got ", dims.size());
+  Shape shape(dims.size());
+  std::vector<std::int64_t> strides(dims.size());
+  std::vector<int> inverse(dims.size(), -1);
+  for (std::size_t i = 0; i < dims.size(); ++i) {
+    const int d = normalize_dim(dims[i], dim(), "permute");
+    FERRY_CHECK(inverse[d] < 0, InvalidArgument, "permute: dim ", d, " repeated");
+    inverse[d] = static_cast<int>(i);
+    shape[i] = this->shape()[d];
+    strides[i] = this->strides()[d];
+  }
+  return record_view(*this, make_view(*this, shape, strides, offset()), "permute",
+                     [inverse](const Tensor& g) { return std::vector<Tensor>{g.permute(inverse)}; });
+}
+
+Tensor Tensor::narrow(int d, std::int64_t start, std::int64_t length) const {
+  d = normalize_dim(d, dim(), "narrow");
+  const std::int64_t n = shape()[d];
+  FERRY_CHECK(start >= 0 && length >= 0 && start + length <= n, InvalidArgument, "narrow: [", start, ", ",
+              start + length, ") is out of range for dim ", d, " of size ", n);
+  Shape shape = this->shape();
+  shape[d] = length;
+  Shape from = this->shape();
+  return record_view(*this, make_view(*this, shape, strides(), offset() + start * strides()[d]), "narrow",
+                     [from, d, start, length](const Tensor& g) {
+                       Tensor full_grad = zeros(from, {.device = g.device(), .dtype = g.dtype()});
+                       full_grad.narrow(d, start, length).copy_(g);
+                       return std::vector<Tensor>{full_grad};
+                     });
+}
+
+Tensor Tensor::slice(int d, std::int64_t start, std::int64_t end) const {
+  d = normalize_dim(d, dim(), "slice");
+  const std::int64_t n = shape()[d];
+  if (start < 0) start += n;
+  if (end < 0) end += n;
+  start = std::clamp<std::int64_t>(start, 0, n);
+  end = std::clamp<std::int64_t>(end, start, n);
+  return narrow(d, start, end - start);
+}
+
+Tensor Tensor::select(int d, std::int64_t index) const {
+  d = normalize_dim(d, dim(), "select");
+  const std::int64_t n = shape()[d];
+  if (index < 0) index += n;
+  FERRY_CHECK(index >= 0 && index < n, InvalidArgument, "select: index ", index, " is out of range for dim ", d,
+              " of size ", n);
+  return narrow(d, index, 1).squeeze(d);
+}
+
+Tensor Tensor::unsqueeze(int d) const {
+  d = normalize_dim(d, dim() + 1, "unsqueeze");
+  Shape shape = this->shape();
+  std::vector<std::int64_t> strides = this->strides();
+  const std::int64_t stride = d < dim() ? strides[d] * shape[d] : 1;
+  shape.insert(shape.begin() + d, 1);
+  strides.insert(strides.begin() + d, stride);
+  Shape from = this->shape();
+  return record_view(*this, make_view(*this, shape, strides, offset()), "unsqueeze",
+                     [from](const Tensor& g) { return std::vector<Tensor>{g.reshape(from)}; });
+}
+
+Tensor Tensor::squeeze(int d) const {
+  d = normalize_dim(d, dim(), "squeeze");
+  if (shape()[d] != 1) return *this;
+  Shape shape = this->shape();
+  std::vector<std::int64_t> strides = this->strides();
+  shape.erase(shape.begin() + d);
+  strides.erase(strides.begin() + d);
+  Shape from = this->shape();
+  return record_view(*this, make_view(*this, shape, strides, offset()), "squeeze",
+                     [from](const Tensor& g) { return std::vector<Tensor>{g.reshape(from)}; });
+}
+
+Tensor Tensor::expand(const Shape& target) const {
+  const int nd = static_cast<int>(target.size());
+  FERRY_CHECK(nd >= dim(), ShapeMismatch, "expand: cannot expand shape ", shape_str(shape()), " to ",
+              shape_str(target));
+  Shape shape(nd);
+  std::vector<std::int64_t> strides(nd, 0);
+  for (int i = 0; i < nd; ++i) {
+    const int src = i - (nd - dim());
+    const std::int64_t want = target[i];
+    if (src < 0) {
+      shape[i] = want;
+      continue;
+    }
+    const std::int64_t have = this->shape()[src];
+    FERRY_CHECK(have == want || have == 1 || want == -1, ShapeMismatch, "expand: cannot expand shape ",
+                shape_str(this->shape()), " to ", shape_str(target));
+    shape[i] = want == -1 ? have : want;
+    strides[i] = (have == shape[i]) ? this->strides()[src] : 0;
+  }
+  Shape from = this->shape();
+  return record_view(*this, make_view(*this, shape, strides, offset()), "expand",
+                     [from](const Tensor& g) { return std::vector<Tensor>{autograd::reduce_to_shape(g, from)}; });
+}
+
+Tensor Tensor::flatten(int start_dim, int end_dim) const {
+  if (dim() == 0) return reshape({1});
+  start_dim = normalize_dim(start_dim, dim(), "flatten");
+  end_dim = normalize_dim(end_dim, dim(), "flatten");
+  Shape shape;
+  for (int d = 0; d < start_dim; ++d) shape.push_back(this->shape()[d]);
+  std::int64_t n = 1;
+  for (int d = start_dim; d <= end_dim; ++d) n *= this->shape()[d];
+  shape.push_back(n);
+  for (int d = end_dim + 1; d < dim(); ++d) shape.push_back(this->shape()[d]);
+  return reshape(shape);
+}
+
+Tensor Tensor::contiguous() const {
+  if (is_contiguous()) return *this;
+  return clone();
+}
+
+Tensor Tensor::clone() const {
+  Tensor out = make_tensor(shape(), {.device = device(), .dtype = dtype()});
+  {
+    autograd::NoGradGuard no_grad;
+    out.copy_(*this);
+  }
+  if (autograd::needs_grad({this})) {
+    autograd::record("clone", {*this}, out, [](const Tensor& g) { return std::vector<Tensor>{g}; });
+  }
+  return out;
+}
+
+// --- moves --------------------------------------------------------------------------------------
+
+Tensor Tensor::to(Device target, bool non_blocking) const {
+  if (target == device()) return *this;  // invariant 3: already there = alias, no ledger entry
+  Tensor out = detail::transfer(*this, target, non_blocking, target.is_cpu() ? "cpu()" : "to()");
+  if (autograd::needs_grad({this})) {
+    const Device source = device();
+    autograd::record("to", {*this}, out, [source](const Tensor& g) { return std::vector<Tensor>{g.to(source)}; });
+  }
+  return out;
+}
+
+Tensor Tensor::cuda(int index) const { return to(Device(DeviceType::CUDA, index)); }
+
+Tensor Tensor::to(DType target) const {
+  if (target == dtype()) return *this;
+  Tensor out = make_tensor(shape(), {.device = device(), .dtype = target});
+  backend(device()).unary(UnaryOp::Copy, detail::kernel_view(out), detail::kernel_view(*this),
+                          detail::compute_stream(device()));
+  if (is_floating(target) && is_floating(dtype()) && autograd::needs_grad({this})) {
+    const DType source = dtype();
+    autograd::record("to_dtype", {*this}, out, [source](const Tensor& g) { return std::vector<Tensor>{g.to(source)}; });
+  }
+  return out;
+}
+
+Tensor Tensor::pin_memory() const {
+  FERRY_CHECK(device().is_cpu(), InvalidArgument, "pin_memory(): only cpu tensors can be pinned, this one is on ",
+              device().str());
+  if (is_pinned()) return *this;
+  Tensor out = make_tensor(shape(), {.device = kCPU, .dtype = dtype(), .pinned = true});
+  Tensor src = contiguous();
+  std::memcpy(out.data_ptr(), src.data_ptr(), nbytes());
+  return out;
+}
+
+Tensor& Tensor::copy_(const Tensor& src, bool non_blocking) {
+  Tensor source = src;
+  if (source.shape() != shape()) source = source.expand(shape());
+  if (source.device() != device()) {
+    Tensor moved = detail::transfer(source.contiguous(), device(), non_blocking, "copy_()");
+    source = moved;
+  }
+  backend(device()).unary(UnaryOp::Copy, detail::kernel_view(*this), detail::kernel_view(source),
+                          detail::compute_stream(device()));
+  impl_->version += 1;
+  return *this;
+}
+
+Tensor& Tensor::fill_(double value) {
+  backend(device()).fill(detail::kernel_view(*this), value, detail::compute_stream(device()));
+  impl_->version += 1;
+  return *this;
+}
+
+Tensor& Tensor::add_(const Tensor& other, double alpha) {
+  check_same_device("add_", {this, &other});
+  Tensor b = other.shape() == shape() ? other : other.expand(shape());
+  Backend& be = backend(device());
+  const Stream stream = detail::compute_stream(device());
+  if (alpha == 1) {
+    be.binary(BinaryOp::Add, detail::kernel_view(*this), detail::kernel_view(*this), detail::kernel_view(b), stream);
+  } else {
+    Tensor scaled = make_tensor(shape(), {.device = device(), .dtype = dtype()});
+    be.binary_scalar(BinaryOp::Mul, detail::kernel_view(scaled), detail::kernel_view(b), alpha, false, stream);
+    be.binary(BinaryOp::Add, detail::kernel_view(*this), detail::kernel_view(*this), detail::kernel_view(scaled),
+              stream);
+  }
+  impl_->version += 1;
+  return *this;
+}
+
+Tensor& Tensor::mul_(double scalar) {
+  backend(device()).binary_scalar(BinaryOp::Mul, detail::kernel_view(*this), detail::kernel_view(*this), scalar,
+                                  false, detail::compute_stream(device()));
+  impl_->version += 1;
+  return *this;
+}
+
+// --- values -------------------------------------------------------------------------------------
+
+namespace {
+Tensor host_copy(const Tensor& t, const char* label) {
+  Tensor src = t.contiguous();
+  if (src.device().is_cpu()) return src;
+  return detail::transfer(src, kCPU, false, label);
+}
+}  // namespace
+
+template <typename T>
+T Tensor::item() const {
+  FERRY_CHECK(numel() == 1, InvalidArgument, "item(): a Tensor with ", numel(),
+              " elements cannot be converted to a scalar (shape ", shape_str(shape()), ")");
+  Tensor host = host_copy(*this, "item()").to(dtype_of<T>());
+  return *host.data<T>();
+}
+
+template <typename T>
+std::vector<T> Tensor::to_vector() const {
+  Tensor host = host_copy(*this, "to_vector()");
+  if (host.dtype() != dtype_of<T>()) host = host.to(dtype_of<T>());
+  host = host.contiguous();
+  const T* p = host.data<T>();
+  return std::vector<T>(p, p + host.numel());
+}
+
+#define FERRY_INSTANTIATE_VALUES(T) \
+  template T Tensor::item<T>() const; \
+  template std::vector<T> Tensor::to_vector<T>() const;
+FERRY_INSTANTIATE_VALUES(float)
+FERRY_INSTANTIATE_VALUES(double)
+FERRY_INSTANTIATE_VALUES(std::int32_t)
+FERRY_INSTANTIATE_VALUES(std::int64_t)
+FERRY_INSTANTIATE_VALUES(std::uint8_t)
+template bool Tensor::item<bool>() const;
+
+namespace {
+void print_values(std::ostream& out, const std::vector<double>& values, const Shape& shape, std::size_t dim,
+                  std::int64_t& position, bool floating, int indent) {
+  out << "[";
+  const std::int64_t n = shape[dim];
+  const bool last = dim + 1 == shape.size();
+  const std::int64_t limit = 6;  // summarise long dims like PyTorch: first 3, ..., last 3
+  for (std::int64_t i = 0; i < n; ++i) {
+    if (n > limit && i == 3) {
+      out << (last ? "..., " : "...,\n" + std::string(indent + 1, ' '));
+      std::int64_t skip = n - 6;
+      std::int64_t inner = 1;
+      for (std::size_t d = dim + 1; d < shape.size(); ++d) inner *= shape[d];
+      position += skip * inner;
+      i = n - 3;
+    }
+    if (last) {
+      const double v = values[position++];
+      if (floating) out << std::fixed << std::setprecision(4) << v;
+      else out << static_cast<long long>(v);
+      if (i + 1 < n) out << ", ";
+    } else {
+      print_values(out, values, shape, dim + 1, position, floating, indent + 1);
+      if (i + 1 < n) out << ",\n" << std::string(indent + 1, ' ');
+    }
+  }
+  out << "]";
+}
+}  // namespace
+
+std::string Tensor::str() const {
+  if (!defined()) return "tensor(undefined)";
+  std::ostringstream out;
+  out << "tensor(";
+  std::vector<double> values = host_copy(*this, "print").to_vector<double>();
+  if (dim() == 0) {
+    if (is_floating(dtype())) out << std::fixed << std::setprecision(4) << values[0];
+    else out << static_cast<long long>(values[0]);
+  } else if (numel() == 0) {
+    out << "[]";
+  } else {
+    std::int64_t position = 0;
+    print_values(out, values, shape(), 0, position, is_floating(dtype()), 7);
+  }
+  if (!device().is_cpu()) out << ", device='" << device().str() << "'";
+  if (dtype() != DType::Float32 && dtype() != DType::Int64) out << ", dtype=" << dtype_name(dtype());
+  if (dtype() == DType::Int64 && numel() == 0) out << ", dtype=int64";
+  if (requires_grad()) out << ", requires_grad=True";
+  out << ")";
+  return out.str();
+}
+
+std::ostream& operator<<(std::ostream& out, const Tensor& tensor) { return out << tensor.str(); }
+
+// --- autograd accessors -------------------------------------------------------------------------
+
+bool Tensor::requires_grad() const { return impl_ && impl_->requires_grad; }
+Tensor& Tensor::requires_grad_(bool enabled) {
+  FERRY_DEFINED();
+  FERRY_CHECK(!enabled || is_floating(dtype()), InvalidArgument,
+              "Only floating point tensors can require gradients, got ", dtype_name(dtype()));
+  impl_->requires_grad = enabled;
+  return *this;
+}
+Tensor Tensor::grad() const {
+  FERRY_DEFINED();
+  return impl_->grad ? Tensor(impl_->grad) : Tensor();
+}
+void Tensor::set_grad(const Tensor& grad) const {
+  FERRY_DEFINED();
+  impl_->grad = grad.defined() ? grad.impl_ptr() : nullptr;
+}
+bool Tensor::is_leaf() const { return impl_ && impl_->grad_fn == nullptr; }
+Tensor Tensor::detach() const {
+  Tensor out = make_view(*this, shape(), strides(), offset());
+  return out;
+}
+void Tensor::backward(const Tensor& gradient) const { autograd::run_backward(*this, gradient); }
+
+}  // namespace ferry

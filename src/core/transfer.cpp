@@ -1,0 +1,89 @@
+// transfer.cpp — the one door (DESIGN.md invariant 5): every copy between devices and every host
+// sync passes here, is timed on the host clock and is written to the ledger.
+#include <cstring>
+
+#include "ferry/ledger.h"
+#include "internal.h"
+
+namespace ferry::detail {
+
+namespace {
+Direction direction_of(Device source, Device target) {
+  if (source.is_cpu() && target.is_cpu()) return Direction::HostToHost;
+  if (source.is_cpu()) return Direction::HostToDevice;
+  if (target.is_cpu()) return Direction::DeviceToHost;
+  return Direction::DeviceToDevice;
+}
+
+// Copy contiguous bytes between two devices. Accelerators of different types meet in host memory.
+void copy_bytes(void* dst, Device target, const void* src, Device source, std::size_t bytes, bool pinned,
+                bool non_blocking, const char* label) {
+  if (bytes == 0) return;
+  if (!source.is_cpu() && !target.is_cpu() && source.type != target.type) {
+    Tensor staging = make_tensor({static_cast<std::int64_t>(bytes)}, {.device = kCPU, .dtype = DType::UInt8});
+    copy_bytes(staging.data_ptr(), kCPU, src, source, bytes, false, false, label);
+    copy_bytes(dst, target, staging.data_ptr(), kCPU, bytes, false, false, label);
+    return;
+  }
+  Ledger& ledger = Ledger::global();
+  const Direction direction = direction_of(source, target);
+  // A blocking copy back to the host waits for the device's queued work: that is a host sync.
+  const bool is_sync = direction == Direction::DeviceToHost && !non_blocking;
+  if (is_sync) ledger.check_sync_allowed(source, label);
+  if (non_blocking && !pinned && direction != Direction::DeviceToDevice) {
+    if (current_sync_policy() == SyncPolicy::Error)
+      throw SyncPolicyViolation(concat("A non_blocking copy (", label, ") from pageable host memory is really ",
+                                       "blocking; pin the host tensor first (pin_memory())"));
+  }
+  const Device accelerator = source.is_cpu() ? target : source;
+  Backend& be = backend(accelerator);
+  const double start = ledger.now_ms();
+  const Stream stream = be.copy_stream(accelerator.index);
+  // The copy stream first waits for work queued on the compute stream (the data may still be being
+  // computed, or its memory just allocated in stream order): an event, not a host wait.
+  be.stream_wait(stream, be.compute_stream(accelerator.index));
+  be.copy(dst, target, src, source, bytes, stream, pinned, non_blocking);
+  if (!non_blocking) be.synchronize(stream);
+  else if (!target.is_cpu()) be.stream_wait(be.compute_stream(target.index), stream);  // compute sees the data
+  const double duration = ledger.now_ms() - start;
+  TransferRecord record;
+  record.direction = direction;
+  record.source = source;
+  record.target = target;
+  record.bytes = static_cast<std::int64_t>(bytes);
+  record.pinned = pinned;
+  record.blocking = !non_blocking;
+  record.start_ms = start;
+  record.duration_ms = duration;
+  record.label = label;
+  ledger.record_transfer(record);
+  if (is_sync) ledger.record_sync({.device = source, .reason = label, .start_ms = start, .duration_ms = duration});
+}
+}  // namespace
+
+Tensor transfer(const Tensor& src_in, Device target, bool non_blocking, const char* label) {
+  Tensor src = src_in.contiguous();
+  // A non_blocking copy into the host needs pinned memory to be truly asynchronous.
+  const bool pin_target = target.is_cpu() && non_blocking && is_available(DeviceType::CUDA) && src.device().is_cuda();
+  Tensor out = make_tensor(src.shape(), {.device = target, .dtype = src.dtype(), .pinned = pin_target});
+  const bool pinned = src.is_pinned() || out.is_pinned();
+  copy_bytes(out.data_ptr(), target, src.data_ptr(), src.device(), src.nbytes(), pinned, non_blocking, label);
+  return out;
+}
+
+void copy_between(const Tensor& dst, const Tensor& src, bool non_blocking, const char* label) {
+  FERRY_ASSERT(dst.is_contiguous() && src.is_contiguous() && dst.nbytes() == src.nbytes());
+  copy_bytes(dst.data_ptr(), dst.device(), src.data_ptr(), src.device(), src.nbytes(),
+             src.is_pinned() || dst.is_pinned(), non_blocking, label);
+}
+
+void host_sync(Device device, const char* reason) {
+  if (device.is_cpu()) return;
+  Ledger& ledger = Ledger::global();
+  ledger.check_sync_allowed(device, reason);
+  const double start = ledger.now_ms();
+  backend(device).synchronize_device(device.index);
+  ledger.record_sync({.device = device, .reason = reason, .start_ms = start, .duration_ms = ledger.now_ms() - start});
+}
+
+}  // namespace ferry::detail

@@ -1,0 +1,638 @@
+// host_kernels.cpp — elementwise, reduction, GEMM, indexing, loss, im2col and pooling kernels over
+// host memory. Contiguous runs take tight loops the compiler vectorises; OpenMP splits large work.
+#include "host_kernels.h"
+
+#include <cblas.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "../core/philox.h"
+#include "dispatch.h"
+#include "strided.h"
+
+namespace ferry::cpu {
+
+namespace {
+
+template <typename T>
+T* at(const KernelTensor& t, std::int64_t offset) {
+  return static_cast<T*>(t.data) + offset;
+}
+
+// --- elementwise functors -------------------------------------------------------------------------
+
+template <typename T>
+T apply_unary(UnaryOp op, T x) {
+  if constexpr (std::is_same_v<T, bool>) {
+    switch (op) {
+      case UnaryOp::LogicalNot: return !x;
+      default: return x;
+    }
+  } else {
+    using F = std::conditional_t<std::is_floating_point_v<T>, T, double>;
+    const F v = static_cast<F>(x);
+    switch (op) {
+      case UnaryOp::Copy: return x;
+      case UnaryOp::Neg: return static_cast<T>(-v);
+      case UnaryOp::Exp: return static_cast<T>(std::exp(v));
+      case UnaryOp::Log: return static_cast<T>(std::log(v));
+      case UnaryOp::Sqrt: return static_cast<T>(std::sqrt(v));
+      case UnaryOp::Rsqrt: return static_cast<T>(F(1) / std::sqrt(v));
+      case UnaryOp::Abs: return static_cast<T>(v < 0 ? -v : v);
+      case UnaryOp::Sign: return static_cast<T>((v > 0) - (v < 0));
+      case UnaryOp::Relu: return v > 0 ? x : T(0);
+      case UnaryOp::Sigmoid: return static_cast<T>(F(1) / (F(1) + std::exp(-v)));
+      case UnaryOp::Tanh: return static_cast<T>(std::tanh(v));
+      case UnaryOp::Square: return static_cast<T>(v * v);
+      case UnaryOp::Reciprocal: return static_cast<T>(F(1) / v);
+      case UnaryOp::LogicalNot: return static_cast<T>(v == 0);
+    }
+    return x;
+  }
+}
+
+template <typename T>
+auto apply_binary(BinaryOp op, T a, T b) {
+  using F = std::conditional_t<std::is_floating_point_v<T>, T, double>;
+  if constexpr (std::is_same_v<T, bool>) {
+    switch (op) {
+      case BinaryOp::Add: case BinaryOp::Maximum: return static_cast<double>(a || b);
+      case BinaryOp::Mul: case BinaryOp::Minimum: return static_cast<double>(a && b);
+      case BinaryOp::Eq: return static_cast<double>(a == b);
+      case BinaryOp::Ne: return static_cast<double>(a != b);
+      case BinaryOp::Lt: return static_cast<double>(a < b);
+      case BinaryOp::Le: return static_cast<double>(a <= b);
+      case BinaryOp::Gt: return static_cast<double>(a > b);
+      case BinaryOp::Ge: return static_cast<double>(a >= b);
+      default: return static_cast<double>(a);
+    }
+  } else {
+    switch (op) {
+      case BinaryOp::Add: return static_cast<F>(a + b);
+      case BinaryOp::Sub: return static_cast<F>(a - b);
+      case BinaryOp::Mul: return static_cast<F>(a * b);
+      case BinaryOp::Div:
+        if constexpr (std::is_floating_point_v<T>) return a / b;
+        else return b == 0 ? F(0) : static_cast<F>(a) / static_cast<F>(b);
+      case BinaryOp::Pow: return static_cast<F>(std::pow(static_cast<F>(a), static_cast<F>(b)));
+      case BinaryOp::Maximum: return static_cast<F>((a != a || a > b) ? a : b);
+      case BinaryOp::Minimum: return static_cast<F>((a != a || a < b) ? a : b);
+      case BinaryOp::Eq: return static_cast<F>(a == b);
+      case BinaryOp::Ne: return static_cast<F>(a != b);
+      case BinaryOp::Lt: return static_cast<F>(a < b);
+      case BinaryOp::Le: return static_cast<F>(a <= b);
+      case BinaryOp::Gt: return static_cast<F>(a > b);
+      case BinaryOp::Ge: return static_cast<F>(a >= b);
+      case BinaryOp::ReluBackward: return static_cast<F>(b > 0 ? a : T(0));
+      case BinaryOp::ThresholdMask: return static_cast<F>(a > 0 ? b : T(0));
+    }
+    return static_cast<F>(a);
+  }
+}
+
+template <typename Out, typename T>
+Out cast_to(T v) {
+  if constexpr (std::is_same_v<Out, bool>) return v != T(0);
+  else return static_cast<Out>(v);
+}
+
+// The common fast case: out = f(a, b) over contiguous float runs, op chosen outside the loop.
+template <typename T, typename F>
+void binary_runs(const KernelTensor& out, const KernelTensor& a, const KernelTensor& b, F f) {
+  const auto s = coalesce<3>(out, {&out, &a, &b});
+  strided_for<3>(s, [&](std::int64_t n, auto off, auto st) {
+    T* o = at<T>(out, off[0]);
+    const T* x = at<const T>(a, off[1]);
+    const T* y = at<const T>(b, off[2]);
+    if (st[0] == 1 && st[1] == 1 && st[2] == 1) {
+#pragma omp simd
+      for (std::int64_t i = 0; i < n; ++i) o[i] = f(x[i], y[i]);
+    } else if (st[0] == 1 && st[1] == 1 && st[2] == 0) {
+      const T yv = *y;
+#pragma omp simd
+      for (std::int64_t i = 0; i < n; ++i) o[i] = f(x[i], yv);
+    } else {
+      for (std::int64_t i = 0; i < n; ++i) o[i * st[0]] = f(x[i * st[1]], y[i * st[2]]);
+    }
+  });
+}
+
+template <typename T>
+bool binary_fast(BinaryOp op, const KernelTensor& out, const KernelTensor& a, const KernelTensor& b) {
+  switch (op) {
+    case BinaryOp::Add: binary_runs<T>(out, a, b, [](T x, T y) { return x + y; }); return true;
+    case BinaryOp::Sub: binary_runs<T>(out, a, b, [](T x, T y) { return x - y; }); return true;
+    case BinaryOp::Mul: binary_runs<T>(out, a, b, [](T x, T y) { return x * y; }); return true;
+    case BinaryOp::Div: binary_runs<T>(out, a, b, [](T x, T y) { return x / y; }); return true;
+    case BinaryOp::ReluBackward: binary_runs<T>(out, a, b, [](T g, T x) { return x > 0 ? g : T(0); }); return true;
+    default: return false;
+  }
+}
+
+}  // namespace
+
+// --- fill / arange / random -----------------------------------------------------------------------
+
+void HostKernels::fill(const KernelTensor& out, double value, const Stream&) {
+  dispatch(out.dtype, [&](auto tag_T) {
+    using T = typename decltype(tag_T)::type;
+    const T v = cast_to<T>(value);
+    const auto s = coalesce<1>(out, {&out});
+    strided_for<1>(s, [&](std::int64_t n, auto off, auto st) {
+      T* o = at<T>(out, off[0]);
+      if (st[0] == 1) {
+        for (std::int64_t i = 0; i < n; ++i) o[i] = v;
+      } else {
+        for (std::int64_t i = 0; i < n; ++i) o[i * st[0]] = v;
+      }
+    });
+  });
+}
+
+void HostKernels::arange(const KernelTensor& out, double start, double step, const Stream&) {
+  dispatch(out.dtype, [&](auto tag_T) {
+    using T = typename decltype(tag_T)::type;
+    T* o = out.ptr<T>();
+    const std::int64_t n = out.numel();
+    for (std::int64_t i = 0; i < n; ++i) o[i * out.strides[0]] = cast_to<T>(start + static_cast<double>(i) * step);
+  });
+}
+
+void HostKernels::random(const KernelTensor& out, RandomKind kind, double low, double high, std::uint64_t seed,
+                         std::uint64_t offset, const Stream&) {
+  FERRY_ASSERT(out.is_contiguous(), "random() writes contiguous tensors");
+  const std::int64_t n = out.numel();
+  dispatch(out.dtype, [&](auto tag_T) {
+    using T = typename decltype(tag_T)::type;
+    T* o = out.ptr<T>();
+    const auto range = static_cast<std::uint64_t>(high - low);
+    parallel_for(n, 16, [&](std::int64_t i) {
+      const auto u = static_cast<std::uint64_t>(i);
+      double v;
+      switch (kind) {
+        case RandomKind::Uniform: v = low + (high - low) * detail::philox_uniform(seed, offset, u); break;
+        case RandomKind::Normal: v = low + high * detail::philox_normal(seed, offset, u); break;
+        default: v = low + static_cast<double>(detail::philox_below(seed, offset, u, range)); break;
+      }
+      o[i] = cast_to<T>(v);
+    });
+  });
+}
+
+// --- unary / binary / where -----------------------------------------------------------------------
+
+void HostKernels::unary(UnaryOp op, const KernelTensor& out, const KernelTensor& in, const Stream&) {
+  if (op == UnaryOp::Copy) {
+    dispatch(out.dtype, [&](auto tag_O) {
+    using O = typename decltype(tag_O)::type;
+      dispatch(in.dtype, [&](auto tag_I) {
+    using I = typename decltype(tag_I)::type;
+        const auto s = coalesce<2>(out, {&out, &in});
+        strided_for<2>(s, [&](std::int64_t n, auto off, auto st) {
+          O* o = at<O>(out, off[0]);
+          const I* x = at<const I>(in, off[1]);
+          if constexpr (std::is_same_v<O, I>) {
+            if (st[0] == 1 && st[1] == 1) {
+              std::memcpy(o, x, static_cast<std::size_t>(n) * sizeof(O));
+              return;
+            }
+          }
+          for (std::int64_t i = 0; i < n; ++i) o[i * st[0]] = cast_to<O>(x[i * st[1]]);
+        });
+      });
+    });
+    return;
+  }
+  dispatch(in.dtype, [&](auto tag_T) {
+    using T = typename decltype(tag_T)::type;
+    const auto s = coalesce<2>(out, {&out, &in});
+    strided_for<2>(s, [&](std::int64_t n, auto off, auto st) {
+      const T* x = at<const T>(in, off[1]);
+      if (out.dtype == DType::Bool) {
+        bool* o = at<bool>(out, off[0]);
+        for (std::int64_t i = 0; i < n; ++i) o[i * st[0]] = cast_to<bool>(apply_unary(op, x[i * st[1]]));
+        return;
+      }
+      T* o = at<T>(out, off[0]);
+      if (st[0] == 1 && st[1] == 1 && op == UnaryOp::Relu) {
+#pragma omp simd
+        for (std::int64_t i = 0; i < n; ++i) o[i] = x[i] > T(0) ? x[i] : T(0);
+      } else {
+        for (std::int64_t i = 0; i < n; ++i) o[i * st[0]] = apply_unary(op, x[i * st[1]]);
+      }
+    });
+  });
+}
+
+void HostKernels::binary(BinaryOp op, const KernelTensor& out, const KernelTensor& a, const KernelTensor& b,
+                         const Stream&) {
+  dispatch(a.dtype, [&](auto tag_T) {
+    using T = typename decltype(tag_T)::type;
+    if constexpr (std::is_floating_point_v<T>) {
+      if (out.dtype == a.dtype && binary_fast<T>(op, out, a, b)) return;
+    }
+    dispatch(out.dtype, [&](auto tag_O) {
+    using O = typename decltype(tag_O)::type;
+      const auto s = coalesce<3>(out, {&out, &a, &b});
+      strided_for<3>(s, [&](std::int64_t n, auto off, auto st) {
+        O* o = at<O>(out, off[0]);
+        const T* x = at<const T>(a, off[1]);
+        const T* y = at<const T>(b, off[2]);
+        for (std::int64_t i = 0; i < n; ++i) o[i * st[0]] = cast_to<O>(apply_binary(op, x[i * st[1]], y[i * st[2]]));
+      });
+    });
+  });
+}
+
+void HostKernels::binary_scalar(BinaryOp op, const KernelTensor& out, const KernelTensor& a, double scalar,
+                                bool scalar_first, const Stream&) {
+  dispatch(a.dtype, [&](auto tag_T) {
+    using T = typename decltype(tag_T)::type;
+    const T c = cast_to<T>(scalar);
+    dispatch(out.dtype, [&](auto tag_O) {
+    using O = typename decltype(tag_O)::type;
+      const auto s = coalesce<2>(out, {&out, &a});
+      strided_for<2>(s, [&](std::int64_t n, auto off, auto st) {
+        O* o = at<O>(out, off[0]);
+        const T* x = at<const T>(a, off[1]);
+        if constexpr (std::is_floating_point_v<T> && std::is_same_v<O, T>) {
+          if (st[0] == 1 && st[1] == 1 && !scalar_first) {
+            if (op == BinaryOp::Mul) {
+#pragma omp simd
+              for (std::int64_t i = 0; i < n; ++i) o[i] = x[i] * c;
+              return;
+            }
+            if (op == BinaryOp::Add) {
+#pragma omp simd
+              for (std::int64_t i = 0; i < n; ++i) o[i] = x[i] + c;
+              return;
+            }
+          }
+        }
+        if (scalar_first) {
+          for (std::int64_t i = 0; i < n; ++i) o[i * st[0]] = cast_to<O>(apply_binary(op, c, x[i * st[1]]));
+        } else {
+          for (std::int64_t i = 0; i < n; ++i) o[i * st[0]] = cast_to<O>(apply_binary(op, x[i * st[1]], c));
+        }
+      });
+    });
+  });
+}
+
+void HostKernels::where(const KernelTensor& out, const KernelTensor& cond, const KernelTensor& a,
+                        const KernelTensor& b, const Stream&) {
+  dispatch(out.dtype, [&](auto tag_T) {
+    using T = typename decltype(tag_T)::type;
+    const auto s = coalesce<4>(out, {&out, &cond, &a, &b});
+    strided_for<4>(s, [&](std::int64_t n, auto off, auto st) {
+      T* o = at<T>(out, off[0]);
+      const bool* c = at<const bool>(cond, off[1]);
+      const T* x = at<const T>(a, off[2]);
+      const T* y = at<const T>(b, off[3]);
+      for (std::int64_t i = 0; i < n; ++i) o[i * st[0]] = c[i * st[1]] ? x[i * st[2]] : y[i * st[3]];
+    });
+  });
+}
+
+// --- reductions -----------------------------------------------------------------------------------
+
+void HostKernels::reduce(ReduceOp op, const KernelTensor& out, const KernelTensor& in, std::int64_t outer,
+                         std::int64_t reduce, std::int64_t inner, const Stream&) {
+  dispatch(in.dtype, [&](auto tag_T) {
+    using T = typename decltype(tag_T)::type;
+    const T* x = in.ptr<const T>();
+    if (op == ReduceOp::Sum || op == ReduceOp::Mean) {
+      dispatch(out.dtype, [&](auto tag_O) {
+    using O = typename decltype(tag_O)::type;
+        O* o = out.ptr<O>();
+        const double scale = (op == ReduceOp::Mean && reduce > 0) ? 1.0 / static_cast<double>(reduce) : 1.0;
+        if (inner == 1) {
+          parallel_for(outer, reduce, [&](std::int64_t i) {
+            const T* row = x + i * reduce;
+            double acc = 0;
+#pragma omp simd reduction(+ : acc)
+            for (std::int64_t r = 0; r < reduce; ++r) acc += static_cast<double>(row[r]);
+            o[i] = cast_to<O>(op == ReduceOp::Mean ? (reduce ? acc * scale : NAN) : acc);
+          });
+        } else {
+          parallel_for(outer, reduce * inner, [&](std::int64_t i) {
+            std::vector<double> acc(static_cast<std::size_t>(inner), 0.0);
+            for (std::int64_t r = 0; r < reduce; ++r) {
+              const T* row = x + (i * reduce + r) * inner;
+              for (std::int64_t j = 0; j < inner; ++j) acc[j] += static_cast<double>(row[j]);
+            }
+            for (std::int64_t j = 0; j < inner; ++j)
+              o[i * inner + j] = cast_to<O>(op == ReduceOp::Mean ? (reduce ? acc[j] * scale : NAN) : acc[j]);
+          });
+        }
+      });
+      return;
+    }
+    // max / min / argmax / argmin: NaN wins, as in PyTorch; the first index among ties.
+    const bool want_max = op == ReduceOp::Max || op == ReduceOp::ArgMax;
+    const bool want_index = op == ReduceOp::ArgMax || op == ReduceOp::ArgMin;
+    parallel_for(outer * inner, reduce, [&](std::int64_t flat) {
+      const std::int64_t i = flat / inner, j = flat % inner;
+      const T* base = x + i * reduce * inner + j;
+      T best = base[0];
+      std::int64_t best_index = 0;
+      for (std::int64_t r = 1; r < reduce; ++r) {
+        const T v = base[r * inner];
+        if (best != best) break;  // NaN already
+        if (v != v || (want_max ? v > best : v < best)) {
+          best = v;
+          best_index = r;
+        }
+      }
+      if (want_index) out.ptr<std::int64_t>()[flat] = best_index;
+      else out.ptr<T>()[flat] = best;
+    });
+  });
+}
+
+// --- GEMM -----------------------------------------------------------------------------------------
+
+void HostKernels::gemm(const GemmArgs& g, const Stream&) {
+  const auto ta = g.trans_a ? CblasTrans : CblasNoTrans;
+  const auto tb = g.trans_b ? CblasTrans : CblasNoTrans;
+  for (std::int64_t i = 0; i < g.batch; ++i) {
+    if (g.dtype == DType::Float32) {
+      cblas_sgemm(CblasRowMajor, ta, tb, static_cast<int>(g.m), static_cast<int>(g.n), static_cast<int>(g.k), g.alpha,
+                  static_cast<const float*>(g.a) + i * g.stride_a, static_cast<int>(g.lda),
+                  static_cast<const float*>(g.b) + i * g.stride_b, static_cast<int>(g.ldb), g.beta,
+                  static_cast<float*>(g.c) + i * g.stride_c, static_cast<int>(g.ldc));
+    } else if (g.dtype == DType::Float64) {
+      cblas_dgemm(CblasRowMajor, ta, tb, static_cast<int>(g.m), static_cast<int>(g.n), static_cast<int>(g.k), g.alpha,
+                  static_cast<const double*>(g.a) + i * g.stride_a, static_cast<int>(g.lda),
+                  static_cast<const double*>(g.b) + i * g.stride_b, static_cast<int>(g.ldb), g.beta,
+                  static_cast<double*>(g.c) + i * g.stride_c, static_cast<int>(g.ldc));
+    } else {
+      throw DTypeMismatch(detail::concat("gemm: expected float32 or float64, got ", dtype_name(g.dtype)));
+    }
+  }
+}
+
+// --- indexing -------------------------------------------------------------------------------------
+
+namespace {
+void check_indices(const KernelTensor& index, std::int64_t limit, const char* op) {
+  const auto* idx = index.ptr<const std::int64_t>();
+  for (std::int64_t j = 0; j < index.numel(); ++j) {
+    FERRY_CHECK(idx[j] >= 0 && idx[j] < limit, InvalidArgument, op, ": index ", idx[j],
+                " is out of bounds for dimension with size ", limit);
+  }
+}
+}  // namespace
+
+void HostKernels::index_select(const KernelTensor& out, const KernelTensor& in, const KernelTensor& index,
+                               std::int64_t outer, std::int64_t n_in, std::int64_t inner, const Stream&) {
+  check_indices(index, n_in, "index_select");
+  const auto* idx = index.ptr<const std::int64_t>();
+  const std::int64_t n_out = index.numel();
+  const std::size_t row_bytes = static_cast<std::size_t>(inner) * element_size(in.dtype);
+  const auto* src = static_cast<const char*>(in.data);
+  auto* dst = static_cast<char*>(out.data);
+  parallel_for(outer * n_out, inner, [&](std::int64_t flat) {
+    const std::int64_t o = flat / n_out, j = flat % n_out;
+    std::memcpy(dst + static_cast<std::size_t>(flat) * row_bytes,
+                src + static_cast<std::size_t>(o * n_in + idx[j]) * row_bytes, row_bytes);
+  });
+}
+
+void HostKernels::index_add(const KernelTensor& out, const KernelTensor& src, const KernelTensor& index,
+                            std::int64_t outer, std::int64_t n_out, std::int64_t inner, const Stream&) {
+  check_indices(index, n_out, "index_add");
+  const auto* idx = index.ptr<const std::int64_t>();
+  const std::int64_t n_src = index.numel();
+  dispatch(out.dtype, [&](auto tag_T) {
+    using T = typename decltype(tag_T)::type;
+    if constexpr (!std::is_same_v<T, bool>) {
+      T* o = out.ptr<T>();
+      const T* s = src.ptr<const T>();
+      parallel_for(outer, n_src * inner, [&](std::int64_t i) {  // rows of one outer slice may repeat: serial within
+        for (std::int64_t j = 0; j < n_src; ++j) {
+          T* dst = o + (i * n_out + idx[j]) * inner;
+          const T* from = s + (i * n_src + j) * inner;
+          for (std::int64_t k = 0; k < inner; ++k) dst[k] += from[k];
+        }
+      });
+    }
+  });
+}
+
+// --- cross-entropy --------------------------------------------------------------------------------
+
+void HostKernels::cross_entropy(const KernelTensor& loss_rows, const KernelTensor& grad, const KernelTensor& logits,
+                                const KernelTensor& target, double grad_scale, const Stream&) {
+  const std::int64_t rows = logits.shape[0], classes = logits.shape[1];
+  const auto* t = target.ptr<const std::int64_t>();
+  for (std::int64_t r = 0; r < rows; ++r) {
+    FERRY_CHECK(t[r] >= 0 && t[r] < classes, InvalidArgument, "cross_entropy: target ", t[r], " at row ", r,
+                " is out of bounds for ", classes, " classes");
+  }
+  dispatch_float(logits.dtype, "cross_entropy", [&](auto tag_T) {
+    using T = typename decltype(tag_T)::type;
+    const T* x = logits.ptr<const T>();
+    T* loss = loss_rows.ptr<T>();
+    T* g = grad.data ? grad.ptr<T>() : nullptr;
+    parallel_for(rows, classes * 8, [&](std::int64_t r) {
+      const T* row = x + r * classes;
+      T top = row[0];
+      for (std::int64_t c = 1; c < classes; ++c) top = std::max(top, row[c]);
+      double total = 0;
+      for (std::int64_t c = 0; c < classes; ++c) total += std::exp(static_cast<double>(row[c] - top));
+      const double log_sum = std::log(total) + static_cast<double>(top);
+      loss[r] = static_cast<T>(log_sum - static_cast<double>(row[t[r]]));
+      if (g) {
+        T* grow = g + r * classes;
+        for (std::int64_t c = 0; c < classes; ++c) {
+          const double p = std::exp(static_cast<double>(row[c]) - log_sum);
+          grow[c] = static_cast<T>((p - (c == t[r] ? 1.0 : 0.0)) * grad_scale);
+        }
+      }
+    });
+  });
+}
+
+// --- im2col / col2im ------------------------------------------------------------------------------
+
+void HostKernels::im2col(const KernelTensor& columns, const KernelTensor& image, const Conv2dShape& s,
+                         const Stream&) {
+  dispatch_float(image.dtype, "im2col", [&](auto tag_T) {
+    using T = typename decltype(tag_T)::type;
+    const T* img = image.ptr<const T>();
+    T* col = columns.ptr<T>();
+    const std::int64_t oh = s.out_h(), ow = s.out_w();
+    const std::int64_t rows = s.in_channels * s.kernel_h * s.kernel_w;
+    parallel_for(rows, oh * ow, [&](std::int64_t row) {
+      const std::int64_t kw = row % s.kernel_w, kh = (row / s.kernel_w) % s.kernel_h, c = row / (s.kernel_w * s.kernel_h);
+      T* dst = col + row * oh * ow;
+      const T* plane = img + c * s.height * s.width;
+      for (std::int64_t y = 0; y < oh; ++y) {
+        const std::int64_t iy = y * s.stride_h - s.pad_h + kh * s.dilation_h;
+        T* out_row = dst + y * ow;
+        if (iy < 0 || iy >= s.height) {
+          for (std::int64_t x = 0; x < ow; ++x) out_row[x] = T(0);
+          continue;
+        }
+        const T* in_row = plane + iy * s.width;
+        const std::int64_t x_offset = kw * s.dilation_w - s.pad_w;
+        if (s.stride_w == 1) {
+          for (std::int64_t x = 0; x < ow; ++x) {
+            const std::int64_t ix = x + x_offset;
+            out_row[x] = (ix >= 0 && ix < s.width) ? in_row[ix] : T(0);
+          }
+        } else {
+          for (std::int64_t x = 0; x < ow; ++x) {
+            const std::int64_t ix = x * s.stride_w + x_offset;
+            out_row[x] = (ix >= 0 && ix < s.width) ? in_row[ix] : T(0);
+          }
+        }
+      }
+    });
+  });
+}
+
+void HostKernels::col2im(const KernelTensor& image, const KernelTensor& columns, const Conv2dShape& s,
+                         const Stream&) {
+  dispatch_float(image.dtype, "col2im", [&](auto tag_T) {
+    using T = typename decltype(tag_T)::type;
+    T* img = image.ptr<T>();
+    const T* col = columns.ptr<const T>();
+    const std::int64_t oh = s.out_h(), ow = s.out_w();
+    parallel_for(s.in_channels, s.kernel_h * s.kernel_w * oh * ow, [&](std::int64_t c) {  // channels are disjoint
+      T* plane = img + c * s.height * s.width;
+      for (std::int64_t i = 0; i < s.height * s.width; ++i) plane[i] = T(0);
+      for (std::int64_t kh = 0; kh < s.kernel_h; ++kh) {
+        for (std::int64_t kw = 0; kw < s.kernel_w; ++kw) {
+          const T* src = col + ((c * s.kernel_h + kh) * s.kernel_w + kw) * oh * ow;
+          for (std::int64_t y = 0; y < oh; ++y) {
+            const std::int64_t iy = y * s.stride_h - s.pad_h + kh * s.dilation_h;
+            if (iy < 0 || iy >= s.height) continue;
+            for (std::int64_t x = 0; x < ow; ++x) {
+              const std::int64_t ix = x * s.stride_w - s.pad_w + kw * s.dilation_w;
+              if (ix >= 0 && ix < s.width) plane[iy * s.width + ix] += src[y * ow + x];
+            }
+          }
+        }
+      }
+    });
+  });
+}
+
+// --- pooling --------------------------------------------------------------------------------------
+
+void HostKernels::max_pool2d(const KernelTensor& out, const KernelTensor& argmax, const KernelTensor& in,
+                             const Pool2dShape& s, const Stream&) {
+  dispatch_float(in.dtype, "max_pool2d", [&](auto tag_T) {
+    using T = typename decltype(tag_T)::type;
+    const std::int64_t oh = s.out_h(), ow = s.out_w();
+    const T* x = in.ptr<const T>();
+    T* o = out.ptr<T>();
+    std::int64_t* arg = argmax.ptr<std::int64_t>();
+    parallel_for(s.planes, oh * ow * s.kernel_h * s.kernel_w, [&](std::int64_t p) {
+      const T* plane = x + p * s.height * s.width;
+      for (std::int64_t y = 0; y < oh; ++y) {
+        for (std::int64_t xo = 0; xo < ow; ++xo) {
+          T best = -std::numeric_limits<T>::infinity();
+          std::int64_t best_index = -1;
+          for (std::int64_t kh = 0; kh < s.kernel_h; ++kh) {
+            const std::int64_t iy = y * s.stride_h - s.pad_h + kh;
+            if (iy < 0 || iy >= s.height) continue;
+            for (std::int64_t kw = 0; kw < s.kernel_w; ++kw) {
+              const std::int64_t ix = xo * s.stride_w - s.pad_w + kw;
+              if (ix < 0 || ix >= s.width) continue;
+              const T v = plane[iy * s.width + ix];
+              if (v > best || v != v || best_index < 0) {
+                best = v;
+                best_index = iy * s.width + ix;
+                if (v != v) break;
+              }
+            }
+          }
+          o[(p * oh + y) * ow + xo] = best;
+          arg[(p * oh + y) * ow + xo] = best_index;
+        }
+      }
+    });
+  });
+}
+
+void HostKernels::max_pool2d_backward(const KernelTensor& grad_in, const KernelTensor& grad_out,
+                                      const KernelTensor& argmax, const Pool2dShape& s, const Stream&) {
+  dispatch_float(grad_in.dtype, "max_pool2d_backward", [&](auto tag_T) {
+    using T = typename decltype(tag_T)::type;
+    const std::int64_t oh = s.out_h(), ow = s.out_w(), plane = s.height * s.width;
+    T* gi = grad_in.ptr<T>();
+    const T* go = grad_out.ptr<const T>();
+    const std::int64_t* arg = argmax.ptr<const std::int64_t>();
+    parallel_for(s.planes, plane + oh * ow, [&](std::int64_t p) {
+      T* dst = gi + p * plane;
+      for (std::int64_t i = 0; i < plane; ++i) dst[i] = T(0);
+      for (std::int64_t i = 0; i < oh * ow; ++i) {
+        const std::int64_t a = arg[p * oh * ow + i];
+        if (a >= 0) dst[a] += go[p * oh * ow + i];
+      }
+    });
+  });
+}
+
+void HostKernels::avg_pool2d(const KernelTensor& out, const KernelTensor& in, const Pool2dShape& s, const Stream&) {
+  dispatch_float(in.dtype, "avg_pool2d", [&](auto tag_T) {
+    using T = typename decltype(tag_T)::type;
+    const std::int64_t oh = s.out_h(), ow = s.out_w();
+    const T* x = in.ptr<const T>();
+    T* o = out.ptr<T>();
+    const T scale = T(1) / static_cast<T>(s.kernel_h * s.kernel_w);
+    parallel_for(s.planes, oh * ow * s.kernel_h * s.kernel_w, [&](std::int64_t p) {
+      const T* plane = x + p * s.height * s.width;
+      for (std::int64_t y = 0; y < oh; ++y) {
+        for (std::int64_t xo = 0; xo < ow; ++xo) {
+          T total = 0;
+          for (std::int64_t kh = 0; kh < s.kernel_h; ++kh) {
+            const std::int64_t iy = y * s.stride_h - s.pad_h + kh;
+            if (iy < 0 || iy >= s.height) continue;
+            for (std::int64_t kw = 0; kw < s.kernel_w; ++kw) {
+              const std::int64_t ix = xo * s.stride_w - s.pad_w + kw;
+              if (ix >= 0 && ix < s.width) total += plane[iy * s.width + ix];
+            }
+          }
+          o[(p * oh + y) * ow + xo] = total * scale;
+        }
+      }
+    });
+  });
+}
+
+void HostKernels::avg_pool2d_backward(const KernelTensor& grad_in, const KernelTensor& grad_out,
+                                      const Pool2dShape& s, const Stream&) {
+  dispatch_float(grad_in.dtype, "avg_pool2d_backward", [&](auto tag_T) {
+    using T = typename decltype(tag_T)::type;
+    const std::int64_t oh = s.out_h(), ow = s.out_w(), plane = s.height * s.width;
+    T* gi = grad_in.ptr<T>();
+    const T* go = grad_out.ptr<const T>();
+    const T scale = T(1) / static_cast<T>(s.kernel_h * s.kernel_w);
+    parallel_for(s.planes, plane + oh * ow * s.kernel_h * s.kernel_w, [&](std::int64_t p) {
+      T* dst = gi + p * plane;
+      for (std::int64_t i = 0; i < plane; ++i) dst[i] = T(0);
+      for (std::int64_t y = 0; y < oh; ++y) {
+        for (std::int64_t xo = 0; xo < ow; ++xo) {
+          const T g = go[(p * oh + y) * ow + xo] * scale;
+          for (std::int64_t kh = 0; kh < s.kernel_h; ++kh) {
+            const std::int64_t iy = y * s.stride_h - s.pad_h + kh;
+            if (iy < 0 || iy >= s.height) continue;
+            for (std::int64_t kw = 0; kw < s.kernel_w; ++kw) {
+              const std::int64_t ix = xo * s.stride_w - s.pad_w + kw;
+              if (ix >= 0 && ix < s.width) dst[iy * s.width + ix] += g;
+            }
+          }
+        }
+      }
+    });
+  });
+}
+
+}  // namespace ferry::cpu

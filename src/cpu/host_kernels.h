@@ -1,0 +1,46 @@
+// host_kernels.h — the kernels every host-memory device shares (cpu, and sim, which computes with
+// them in its own allocations): OpenMP loops and OpenBLAS GEMM. Memory, streams and copies are left
+// to the device classes.
+#pragma once
+
+#include "ferry/backend.h"
+
+namespace ferry::cpu {
+
+class HostKernels : public Backend {
+ public:
+  void fill(const KernelTensor& out, double value, const Stream& stream) override;
+  void arange(const KernelTensor& out, double start, double step, const Stream& stream) override;
+  void random(const KernelTensor& out, RandomKind kind, double low, double high, std::uint64_t seed,
+              std::uint64_t offset, const Stream& stream) override;
+  void unary(UnaryOp op, const KernelTensor& out, const KernelTensor& in, const Stream& stream) override;
+  void binary(BinaryOp op, const KernelTensor& out, const KernelTensor& a, const KernelTensor& b,
+              const Stream& stream) override;
+  void binary_scalar(BinaryOp op, const KernelTensor& out, const KernelTensor& a, double scalar, bool scalar_first,
+                     const Stream& stream) override;
+  void where(const KernelTensor& out, const KernelTensor& cond, const KernelTensor& a, const KernelTensor& b,
+             const Stream& stream) override;
+  void reduce(ReduceOp op, const KernelTensor& out, const KernelTensor& in, std::int64_t outer, std::int64_t reduce,
+              std::int64_t inner, const Stream& stream) override;
+  void gemm(const GemmArgs& args, const Stream& stream) override;
+  void index_select(const KernelTensor& out, const KernelTensor& in, const KernelTensor& index, std::int64_t outer,
+                    std::int64_t n_in, std::int64_t inner, const Stream& stream) override;
+  void index_add(const KernelTensor& out, const KernelTensor& src, const KernelTensor& index, std::int64_t outer,
+                 std::int64_t n_out, std::int64_t inner, const Stream& stream) override;
+  void cross_entropy(const KernelTensor& loss_rows, const KernelTensor& grad, const KernelTensor& logits,
+                     const KernelTensor& target, double grad_scale, const Stream& stream) override;
+  void im2col(const KernelTensor& columns, const KernelTensor& image, const Conv2dShape& shape,
+              const Stream& stream) override;
+  void col2im(const KernelTensor& image, const KernelTensor& columns, const Conv2dShape& shape,
+              const Stream& stream) override;
+  void max_pool2d(const KernelTensor& out, const KernelTensor& argmax, const KernelTensor& in,
+                  const Pool2dShape& shape, const Stream& stream) override;
+  void max_pool2d_backward(const KernelTensor& grad_in, const KernelTensor& grad_out, const KernelTensor& argmax,
+                           const Pool2dShape& shape, const Stream& stream) override;
+  void avg_pool2d(const KernelTensor& out, const KernelTensor& in, const Pool2dShape& shape,
+                  const Stream& stream) override;
+  void avg_pool2d_backward(const KernelTensor& grad_in, const KernelTensor& grad_out, const Pool2dShape& shape,
+                           const Stream& stream) override;
+};
+
+}  // namespace ferry::cpu

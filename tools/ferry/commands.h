@@ -1,0 +1,9 @@
+// commands.h — each `ferry <command>` registers itself on the root CLI11 app.
+// A command's callback throws ferry errors; main() alone turns them into exit codes.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+void register_plan_command(CLI::App& app);
+void register_devices_command(CLI::App& app);
+void register_train_command(CLI::App& app);
