@@ -135,6 +135,8 @@ class Tensor {
   std::shared_ptr<TensorImpl> impl_;
 };
 
+template <> std::vector<bool> Tensor::to_vector<bool>() const;  // std::vector<bool> packs bits
+
 std::ostream& operator<<(std::ostream& out, const Tensor& tensor);
 
 // Make a tensor that owns fresh (uninitialised) storage on options.device.

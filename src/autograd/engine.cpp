@@ -104,19 +104,20 @@ void run_backward(const Tensor& root, const Tensor& gradient) {
     return;
   }
 
-  // Topological order by depth-first search from the root.
-  std::vector<Node*> order;
+  // Topological order by depth-first search from the root. The order holds the nodes alive: freeing
+  // a node's inputs below may drop the last reference to a node not yet run.
+  std::vector<std::shared_ptr<Node>> order;
   std::unordered_set<Node*> seen;
-  std::vector<std::pair<Node*, std::size_t>> stack{{root_node, 0}};
+  std::vector<std::pair<std::shared_ptr<Node>, std::size_t>> stack{{root.impl()->grad_fn, 0}};
   seen.insert(root_node);
   while (!stack.empty()) {
     auto& [node, next] = stack.back();
     if (next < node->inputs.size()) {
       const Tensor& input = node->inputs[next++];
-      Node* child = input.defined() ? input.impl()->grad_fn.get() : nullptr;
-      if (child && seen.insert(child).second) stack.push_back({child, 0});
+      const std::shared_ptr<Node> child = input.defined() ? input.impl()->grad_fn : nullptr;
+      if (child && seen.insert(child.get()).second) stack.push_back({child, 0});
     } else {
-      order.push_back(node);
+      order.push_back(std::move(node));
       stack.pop_back();
     }
   }
@@ -124,7 +125,7 @@ void run_backward(const Tensor& root, const Tensor& gradient) {
   std::unordered_map<Node*, Tensor> pending;  // gradient flowing into each node's output
   pending[root_node] = seed;
   for (auto it = order.rbegin(); it != order.rend(); ++it) {
-    Node* node = *it;
+    Node* node = it->get();
     auto found = pending.find(node);
     if (found == pending.end()) continue;
     FERRY_CHECK(node->backward != nullptr, InvalidArgument, "backward(): trying to backward through the graph a ",

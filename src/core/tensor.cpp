@@ -418,6 +418,12 @@ std::vector<T> Tensor::to_vector() const {
   return std::vector<T>(p, p + host.numel());
 }
 
+template <>
+std::vector<bool> Tensor::to_vector<bool>() const {
+  const std::vector<std::uint8_t> bytes = to(DType::Bool).to(DType::UInt8).to_vector<std::uint8_t>();
+  return std::vector<bool>(bytes.begin(), bytes.end());
+}
+
 #define FERRY_INSTANTIATE_VALUES(T) \
   template T Tensor::item<T>() const; \
   template std::vector<T> Tensor::to_vector<T>() const;

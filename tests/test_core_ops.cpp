@@ -1,0 +1,197 @@
+// test_core_ops.cpp — the op-by-op parity suite (every op on every device against cpu, like ggml's
+// test-backend-ops), the ops' values on cpu, and the checks every op makes before dispatch.
+#include <functional>
+
+#include "test_helpers.h"
+
+namespace ferry {
+namespace {
+
+using testing::accelerators;
+using testing::all_close;
+
+struct OpCase {
+  std::string name;
+  std::function<std::vector<Tensor>(Device)> inputs;  // made on the device from the same seed
+  std::function<Tensor(const std::vector<Tensor>&)> op;
+  double rtol = 1e-5;
+};
+
+std::vector<Tensor> seeded(Device d, std::vector<Shape> shapes, std::uint64_t seed = 1) {
+  manual_seed(seed);
+  std::vector<Tensor> out;
+  for (const Shape& s : shapes) out.push_back(randn(s, {.device = d}));
+  return out;
+}
+
+std::vector<OpCase> op_cases() {
+  auto two = [](Shape a, Shape b) { return [a, b](Device d) { return seeded(d, {a, b}); }; };
+  auto one = [](Shape a) { return [a](Device d) { return seeded(d, {a}); }; };
+  auto positive = [](Shape a) { return [a](Device d) { return std::vector<Tensor>{add(abs(seeded(d, {a})[0]), 0.1)}; }; };
+  using V = const std::vector<Tensor>&;
+  std::vector<OpCase> cases = {
+      {"add", two({3, 4}, {3, 4}), [](V x) { return add(x[0], x[1]); }},
+      {"add_broadcast", two({2, 3, 4}, {4}), [](V x) { return x[0] + x[1]; }},
+      {"add_broadcast_middle", two({2, 3, 4}, {3, 1}), [](V x) { return x[0] + x[1]; }},
+      {"add_alpha", two({5}, {5}), [](V x) { return add(x[0], x[1], 2.5); }},
+      {"sub", two({3, 4}, {1, 4}), [](V x) { return x[0] - x[1]; }},
+      {"mul", two({3, 4}, {3, 4}), [](V x) { return x[0] * x[1]; }},
+      {"div", two({3, 4}, {3, 4}), [](V x) { return x[0] / x[1]; }},
+      {"pow", [](Device d) { auto v = seeded(d, {{6}, {6}}); return std::vector<Tensor>{add(abs(v[0]), 0.5), v[1]}; },
+       [](V x) { return pow(x[0], x[1]); }},
+      {"maximum", two({7}, {7}), [](V x) { return maximum(x[0], x[1]); }},
+      {"minimum", two({7}, {1}), [](V x) { return minimum(x[0], x[1]); }},
+      {"scalar_ops", one({10}), [](V x) { return ((x[0] + 1.5) * 2.0 - 0.5) / 3.0; }},
+      {"rsub_rdiv", positive({10}), [](V x) { return (1.0 - x[0]) + (2.0 / x[0]); }},
+      {"pow_scalar", positive({10}), [](V x) { return pow(x[0], 2.5); }},
+      {"neg", one({10}), [](V x) { return -x[0]; }},
+      {"exp", one({10}), [](V x) { return exp(x[0]); }},
+      {"log", positive({10}), [](V x) { return log(x[0]); }},
+      {"sqrt", positive({10}), [](V x) { return sqrt(x[0]); }},
+      {"rsqrt", positive({10}), [](V x) { return rsqrt(x[0]); }},
+      {"abs", one({10}), [](V x) { return abs(x[0]); }},
+      {"sign", one({10}), [](V x) { return sign(x[0]); }},
+      {"relu", one({10}), [](V x) { return relu(x[0]); }},
+      {"sigmoid", one({10}), [](V x) { return sigmoid(x[0]); }},
+      {"tanh", one({10}), [](V x) { return tanh(x[0]); }},
+      {"square", one({10}), [](V x) { return square(x[0]); }},
+      {"eq", two({10}, {10}), [](V x) { return eq(x[0], x[0]); }},
+      {"lt", two({10}, {10}), [](V x) { return lt(x[0], x[1]); }},
+      {"ge_scalar", one({10}), [](V x) { return ge(x[0], 0.0); }},
+      {"logical_not", one({10}), [](V x) { return logical_not(gt(x[0], 0.0)); }},
+      {"where", two({3, 4}, {4}), [](V x) { return where(gt(x[0], 0.0), x[0], x[1]); }},
+      {"sum_all", one({5, 6}), [](V x) { return sum(x[0]); }},
+      {"sum_dim0", one({5, 6}), [](V x) { return sum(x[0], {0}); }},
+      {"sum_dims_keep", one({2, 3, 4}), [](V x) { return sum(x[0], {0, 2}, true); }},
+      {"mean_dim", one({5, 6}), [](V x) { return mean(x[0], {1}); }},
+      {"var", one({5, 6}), [](V x) { return var(x[0], {1}); }},
+      {"var_biased", one({5, 6}), [](V x) { return var(x[0], {0}, false, true); }},
+      {"max_all", one({5, 6}), [](V x) { return max(x[0]); }},
+      {"max_dim", one({5, 6}), [](V x) { return max(x[0], 1).first; }},
+      {"min_dim_indices", one({5, 6}), [](V x) { return min(x[0], 0).second; }},
+      {"argmax", one({5, 6}), [](V x) { return argmax(x[0], 1); }},
+      {"argmin_keepdim", one({5, 6}), [](V x) { return argmin(x[0], 0, true); }},
+      {"matmul", two({5, 7}, {7, 3}), [](V x) { return matmul(x[0], x[1]); }, 1e-4},
+      {"matmul_transposed", two({7, 5}, {3, 7}), [](V x) { return matmul(x[0].t(), x[1].t()); }, 1e-4},
+      {"matmul_vector", two({5, 7}, {7}), [](V x) { return matmul(x[0], x[1]); }, 1e-4},
+      {"matmul_batched_2d", two({2, 5, 7}, {7, 3}), [](V x) { return matmul(x[0], x[1]); }, 1e-4},
+      {"matmul_broadcast", two({2, 1, 5, 7}, {3, 7, 4}), [](V x) { return matmul(x[0], x[1]); }, 1e-4},
+      {"bmm", two({3, 4, 5}, {3, 5, 2}), [](V x) { return bmm(x[0], x[1]); }, 1e-4},
+      {"index_select",
+       [](Device d) { return std::vector<Tensor>{seeded(d, {{5, 3}})[0], from_vector<std::int64_t>({4, 0, 4, 2}, {.device = d})}; },
+       [](V x) { return index_select(x[0], 0, x[1]); }},
+      {"index_select_dim1",
+       [](Device d) { return std::vector<Tensor>{seeded(d, {{2, 5, 3}})[0], from_vector<std::int64_t>({1, 3}, {.device = d})}; },
+       [](V x) { return index_select(x[0], 1, x[1]); }},
+      {"cat", two({2, 3}, {4, 3}), [](V x) { return cat({x[0], x[1]}, 0); }},
+      {"cat_dim1", two({2, 3}, {2, 1}), [](V x) { return cat({x[0], x[1]}, 1); }},
+      {"stack", two({2, 3}, {2, 3}), [](V x) { return stack({x[0], x[1]}, 1); }},
+      {"transpose_contiguous", one({3, 4, 5}), [](V x) { return x[0].transpose(0, 2).contiguous(); }},
+      {"to_int64", one({10}), [](V x) { return mul(x[0], 10.0).to(DType::Int64); }},
+      {"strided_binary", two({4, 6}, {6, 4}), [](V x) { return x[0] + x[1].t(); }},
+      {"narrow_then_op", one({6, 6}), [](V x) { return exp(x[0].narrow(1, 2, 3)); }},
+      {"float64", [](Device d) { return std::vector<Tensor>{seeded(d, {{4, 4}})[0].to(DType::Float64)}; },
+       [](V x) { return matmul(x[0], exp(x[0])); }, 1e-12},
+  };
+  return cases;
+}
+
+TEST(CoreOpsParity, EveryOpOnEveryDeviceMatchesCpu) {
+  for (const OpCase& c : op_cases()) {
+    const Tensor expected = c.op(c.inputs(kCPU));
+    for (const Device& device : accelerators()) {
+      const Tensor got = c.op(c.inputs(device));
+      EXPECT_EQ(got.device(), device) << c.name;
+      EXPECT_TRUE(all_close(got.cpu(), expected, c.rtol, c.rtol)) << c.name << " on " << device.str();
+    }
+  }
+}
+
+TEST(CoreOps, ValuesOnCpu) {
+  Tensor a = from_vector<float>({1, 2, 3, 4}, {2, 2});
+  Tensor b = from_vector<float>({10, 20}, {2});
+  EXPECT_EQ((a + b).to_vector<float>(), (std::vector<float>{11, 22, 13, 24}));
+  EXPECT_EQ(matmul(a, a).to_vector<float>(), (std::vector<float>{7, 10, 15, 22}));
+  EXPECT_EQ(sum(a, {0}).to_vector<float>(), (std::vector<float>{4, 6}));
+  EXPECT_EQ(sum(a, {1}, true).shape(), (Shape{2, 1}));
+  EXPECT_FLOAT_EQ(mean(a).item<float>(), 2.5f);
+  EXPECT_FLOAT_EQ(var(a).item<float>(), 5.f / 3.f);
+  EXPECT_EQ(argmax(a, 1).to_vector<std::int64_t>(), (std::vector<std::int64_t>{1, 1}));
+  EXPECT_EQ(max(a, 0).first.to_vector<float>(), (std::vector<float>{3, 4}));
+  EXPECT_EQ(gt(a, 2.0).to_vector<bool>(), (std::vector<bool>{false, false, true, true}));
+  EXPECT_EQ(sum(gt(a, 2.0)).item<std::int64_t>(), 2);
+  EXPECT_EQ(sum(from_vector<std::int64_t>({1, 2})).dtype(), DType::Int64);
+  EXPECT_EQ(div(from_vector<std::int64_t>({1}), from_vector<std::int64_t>({2})).item<float>(), 0.5f);
+  EXPECT_EQ(cat({a, a}, 1).shape(), (Shape{2, 4}));
+  EXPECT_EQ(stack({b, b}).shape(), (Shape{2, 2}));
+  EXPECT_EQ(index_select(a, 1, from_vector<std::int64_t>({1})).to_vector<float>(), (std::vector<float>{2, 4}));
+  // NaN propagates through max, as in PyTorch.
+  EXPECT_TRUE(std::isnan(max(from_vector<float>({1, NAN, 3})).item<float>()));
+  // Large inputs take the OpenMP path; still exact.
+  Tensor big = ones({1 << 20});
+  EXPECT_DOUBLE_EQ(sum(big + big).item<double>(), 2.0 * (1 << 20));
+}
+
+TEST(CoreOps, ShapeAndDtypeErrors) {
+  EXPECT_THROW(ones({2, 3}) + ones({4}), ShapeMismatch);
+  EXPECT_THROW(matmul(ones({2, 3}), ones({2, 3})), ShapeMismatch);
+  EXPECT_THROW(matmul(ones({2, 3}), ones({3, 2}, {.dtype = DType::Float64})), DTypeMismatch);
+  EXPECT_THROW(matmul(ones({2, 2}, {.dtype = DType::Int64}), ones({2, 2}, {.dtype = DType::Int64})), DTypeMismatch);
+  EXPECT_THROW(index_select(ones({3}), 0, from_vector<std::int64_t>({3})), InvalidArgument);
+  EXPECT_THROW(index_select(ones({3}), 0, ones({1})), DTypeMismatch);
+  EXPECT_THROW(sum(ones({2}), {1}), InvalidArgument);
+  EXPECT_THROW(cat({ones({2, 3}), ones({2, 4})}, 0), ShapeMismatch);
+  EXPECT_THROW(mean(ones({2}, {.dtype = DType::Int64})), InvalidArgument);
+  try {
+    matmul(ones({2, 3}), ones({2, 3}));
+  } catch (const ShapeMismatch& e) {
+    EXPECT_NE(std::string(e.what()).find("(2x3 and 2x3)"), std::string::npos) << e.what();
+  }
+}
+
+// Invariant 4: every op with two or more tensor operands checks devices before dispatch.
+TEST(CoreOps, EveryMultiOperandOpChecksDevices) {
+  const Device sim = Device::parse("sim:0");
+  Tensor h = ones({2, 2});
+  Tensor d = ones({2, 2}, {.device = sim});
+  Tensor idx = from_vector<std::int64_t>({0});
+  using F = std::function<void()>;
+  const std::vector<std::pair<std::string, F>> calls = {
+      {"add", [&] { add(d, h); }},
+      {"sub", [&] { sub(d, h); }},
+      {"mul", [&] { mul(d, h); }},
+      {"div", [&] { div(d, h); }},
+      {"pow", [&] { pow(d, h); }},
+      {"maximum", [&] { maximum(d, h); }},
+      {"minimum", [&] { minimum(d, h); }},
+      {"eq", [&] { eq(d, h); }},
+      {"ne", [&] { ne(d, h); }},
+      {"lt", [&] { lt(d, h); }},
+      {"le", [&] { le(d, h); }},
+      {"gt", [&] { gt(d, h); }},
+      {"ge", [&] { ge(d, h); }},
+      {"where", [&] { where(gt(d, 0.0), d, h); }},
+      {"matmul", [&] { matmul(d, h); }},
+      {"bmm", [&] { bmm(d.unsqueeze(0), h.unsqueeze(0)); }},
+      {"index_select", [&] { index_select(d, 0, idx); }},
+      {"cat", [&] { cat({d, h}); }},
+      {"stack", [&] { stack({d, h}); }},
+      {"add_", [&] { Tensor c = d.clone(); c.add_(h); }},
+  };
+  for (const auto& [name, call] : calls) {
+    try {
+      call();
+      ADD_FAILURE() << name << " did not throw";
+    } catch (const DeviceMismatch& e) {
+      const std::string message = e.what();
+      EXPECT_NE(message.find("Expected all tensors to be on the same device, but found at least two devices, sim:0 and cpu! (in "),
+                std::string::npos)
+          << name << ": " << message;
+      EXPECT_NE(message.find("Hint:"), std::string::npos) << name;
+      EXPECT_NE(message.find(".to(x.device())"), std::string::npos) << name;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace ferry

@@ -1,0 +1,205 @@
+// test_core_tensor.cpp — Tensor bookkeeping, views, factories, the generator, moves (invariant 3)
+// and value access.
+#include "test_helpers.h"
+
+namespace ferry {
+namespace {
+
+using testing::accelerators;
+using testing::all_close;
+
+TEST(CoreTensor, SizesAndBytes) {
+  Tensor t = empty({1000, 1000});
+  EXPECT_EQ(t.numel(), 1'000'000);
+  EXPECT_EQ(t.nbytes(), 4'000'000u);  // Exercise 2.1
+  EXPECT_EQ(t.dim(), 2);
+  EXPECT_EQ(t.size(-1), 1000);
+  EXPECT_EQ(empty({3}, {.dtype = DType::Int64}).nbytes(), 24u);
+  EXPECT_EQ(empty({3}, {.dtype = DType::UInt8}).nbytes(), 3u);
+  EXPECT_EQ(empty({3}, {.dtype = DType::Bool}).nbytes(), 3u);
+  EXPECT_EQ(empty({2, 0, 5}).numel(), 0);
+  EXPECT_EQ(empty({}).numel(), 1);
+  EXPECT_THROW(empty({-1, 3}), InvalidArgument);
+  EXPECT_THROW(empty({1ll << 40, 1ll << 40}), InvalidArgument);
+  EXPECT_THROW(Tensor().shape(), InvalidArgument);
+}
+
+TEST(CoreTensor, FactoriesFillValues) {
+  EXPECT_EQ(zeros({2, 2}).to_vector<float>(), std::vector<float>(4, 0.f));
+  EXPECT_EQ(ones({3}, {.dtype = DType::Int64}).to_vector<std::int64_t>(), (std::vector<std::int64_t>{1, 1, 1}));
+  EXPECT_EQ(full({2}, 2.5).to_vector<float>(), (std::vector<float>{2.5f, 2.5f}));
+  EXPECT_EQ(arange(4, {.dtype = DType::Int64}).to_vector<std::int64_t>(), (std::vector<std::int64_t>{0, 1, 2, 3}));
+  EXPECT_EQ(arange(1, 2, 0.25).to_vector<float>(), (std::vector<float>{1, 1.25f, 1.5f, 1.75f}));
+  EXPECT_THROW(arange(0, 1, 0), InvalidArgument);
+  EXPECT_THROW(arange(0, 1, -1), InvalidArgument);
+  Tensor v = from_vector<float>({1, 2, 3, 4, 5, 6}, {2, 3});
+  EXPECT_EQ(v.shape(), (Shape{2, 3}));
+  EXPECT_FLOAT_EQ(v.select(0, 1).select(0, 2).item<float>(), 6.f);
+  EXPECT_THROW(from_vector<float>({1, 2, 3}, {2, 2}), ShapeMismatch);
+  EXPECT_EQ(from_vector<bool>({true, false}).dtype(), DType::Bool);
+}
+
+TEST(CoreTensor, RandomIsSeededAndInRange) {
+  manual_seed(42);
+  Tensor a = rand({1000});
+  manual_seed(42);
+  Tensor b = rand({1000});
+  EXPECT_TRUE(all_close(a, b, 0, 0));
+  const auto u = a.to_vector<float>();
+  for (float x : u) ASSERT_TRUE(x >= 0 && x < 1) << x;
+  Tensor n = randn({100000});
+  EXPECT_NEAR(mean(n).item<double>(), 0.0, 0.02);
+  EXPECT_NEAR(var(n).item<double>(), 1.0, 0.03);
+  Tensor r = randint(3, 7, {1000});
+  EXPECT_EQ(r.dtype(), DType::Int64);
+  EXPECT_EQ(min(r).item<std::int64_t>(), 3);
+  EXPECT_EQ(max(r).item<std::int64_t>(), 6);
+  Tensor p = randperm(10);
+  auto pv = p.to_vector<std::int64_t>();
+  std::sort(pv.begin(), pv.end());
+  for (int i = 0; i < 10; ++i) EXPECT_EQ(pv[i], i);
+}
+
+// Invariant 8: same seed, same numbers, any device.
+TEST(CoreTensor, SameSeedSameNumbersOnEveryDevice) {
+  for (const Device& device : accelerators()) {
+    manual_seed(7);
+    Tensor host = randn({257, 3});
+    Tensor host_u = rand({33});
+    Tensor host_i = randint(0, 100, {50});
+    manual_seed(7);
+    Tensor dev = randn({257, 3}, {.device = device});
+    Tensor dev_u = rand({33}, {.device = device});
+    Tensor dev_i = randint(0, 100, {50}, {.device = device});
+    EXPECT_EQ(dev.device(), device);
+    EXPECT_TRUE(all_close(dev.cpu(), host, 1e-6, 1e-6)) << device.str();
+    EXPECT_TRUE(all_close(dev_u.cpu(), host_u, 0, 0)) << device.str();
+    EXPECT_TRUE(all_close(dev_i.cpu(), host_i, 0, 0)) << device.str();
+  }
+}
+
+TEST(CoreTensor, ViewsShareStorage) {
+  Tensor t = arange(0, 12, 1, {.dtype = DType::Float32}).reshape({3, 4});
+  Tensor tr = t.t();
+  EXPECT_EQ(tr.shape(), (Shape{4, 3}));
+  EXPECT_FALSE(tr.is_contiguous());
+  EXPECT_EQ(tr.storage(), t.storage());
+  EXPECT_FLOAT_EQ(tr.select(0, 1).select(0, 2).item<float>(), 9.f);
+  Tensor row = t.select(0, 1);
+  EXPECT_EQ(row.to_vector<float>(), (std::vector<float>{4, 5, 6, 7}));
+  Tensor col = t.narrow(1, 1, 2);
+  EXPECT_EQ(col.contiguous().to_vector<float>(), (std::vector<float>{1, 2, 5, 6, 9, 10}));
+  EXPECT_EQ(t.slice(1, -2, 100).contiguous().to_vector<float>(), (std::vector<float>{2, 3, 6, 7, 10, 11}));
+  row.fill_(-1);  // writes through the view
+  EXPECT_FLOAT_EQ(t.select(0, 1).select(0, 0).item<float>(), -1.f);
+  EXPECT_EQ(tr.contiguous().shape(), (Shape{4, 3}));
+  EXPECT_TRUE(tr.contiguous().is_contiguous());
+  EXPECT_EQ(t.reshape({-1}).shape(), (Shape{12}));
+  EXPECT_EQ(tr.reshape({12}).to_vector<float>()[1], -1.f);  // strided reshape copies (t[1][0], filled above)
+  EXPECT_THROW(tr.view({12}), InvalidArgument);
+  EXPECT_THROW(t.reshape({5, -1}), ShapeMismatch);
+  EXPECT_THROW(t.narrow(0, 2, 2), InvalidArgument);
+  EXPECT_THROW(t.select(2, 0), InvalidArgument);
+  EXPECT_EQ(t.unsqueeze(0).shape(), (Shape{1, 3, 4}));
+  EXPECT_EQ(t.unsqueeze(-1).shape(), (Shape{3, 4, 1}));
+  EXPECT_EQ(t.permute({1, 0}).shape(), (Shape{4, 3}));
+  EXPECT_EQ(t.flatten().shape(), (Shape{12}));
+  EXPECT_EQ(ones({3, 1}).expand({3, 5}).strides()[1], 0);
+  EXPECT_THROW(ones({3, 2}).expand({3, 5}), ShapeMismatch);
+}
+
+// Invariant 3 and Exercises 1.1 / 1.2: to() and cpu() never mutate; already there = alias.
+TEST(CoreTensor, MovesNeverMutateAndAliasWhenAlreadyThere) {
+  for (const Device& device : accelerators()) {
+    Tensor x = randn({4, 4});
+    const std::vector<float> before = x.to_vector<float>();
+    Ledger::global().clear();
+    Tensor y = x.to(device);
+    EXPECT_EQ(x.device(), kCPU);
+    EXPECT_EQ(y.device(), device);
+    EXPECT_EQ(x.to_vector<float>(), before);
+    EXPECT_EQ(Ledger::global().totals().transfers, 1);
+    EXPECT_EQ(Ledger::global().totals().bytes_host_to_device, 64);
+    Tensor same = y.to(device);
+    EXPECT_TRUE(same.is_same(y));
+    EXPECT_EQ(Ledger::global().totals().transfers, 1);  // no copy, no entry
+    EXPECT_TRUE(x.cpu().is_same(x));
+    Tensor back = y.cpu();
+    EXPECT_EQ(back.device(), kCPU);
+    EXPECT_EQ(back.to_vector<float>(), before);
+    EXPECT_EQ(y.device(), device);
+    EXPECT_EQ(Ledger::global().totals().bytes_device_to_host, 64);
+  }
+}
+
+TEST(CoreTensor, StridedMovesAndCrossDeviceCopies) {
+  Tensor x = arange(0, 6, 1, {.dtype = DType::Float32}).reshape({2, 3}).t();
+  Tensor on_sim = x.to(Device::parse("sim:0"));
+  EXPECT_TRUE(on_sim.is_contiguous());
+  EXPECT_EQ(on_sim.cpu().to_vector<float>(), (std::vector<float>{0, 3, 1, 4, 2, 5}));
+  Tensor other = on_sim.to(Device::parse("sim:1"));
+  EXPECT_EQ(other.device(), Device::parse("sim:1"));
+  EXPECT_EQ(other.cpu().to_vector<float>(), (std::vector<float>{0, 3, 1, 4, 2, 5}));
+  Tensor dst = zeros({3, 2}, {.device = Device::parse("sim:1")});
+  dst.copy_(x);
+  EXPECT_EQ(dst.cpu().to_vector<float>(), (std::vector<float>{0, 3, 1, 4, 2, 5}));
+}
+
+TEST(CoreTensor, DtypeConversion) {
+  Tensor f = from_vector<float>({1.5f, -2.7f, 0.f});
+  EXPECT_EQ(f.to(DType::Int64).to_vector<std::int64_t>(), (std::vector<std::int64_t>{1, -2, 0}));
+  EXPECT_EQ(f.to(DType::Bool).to_vector<bool>(), (std::vector<bool>{true, true, false}));
+  EXPECT_TRUE(f.to(DType::Float32).is_same(f));
+  EXPECT_EQ(f.to(DType::Float64).dtype(), DType::Float64);
+  EXPECT_EQ(parse_dtype("float32"), DType::Float32);
+  EXPECT_THROW(parse_dtype("float16"), InvalidArgument);
+  EXPECT_EQ(promote_types(DType::Int64, DType::Float32), DType::Float32);
+}
+
+TEST(CoreTensor, ItemAndPrinting) {
+  EXPECT_DOUBLE_EQ(full({}, 3.25).item<double>(), 3.25);
+  EXPECT_THROW(ones({2}).item<float>(), InvalidArgument);
+  EXPECT_EQ(from_vector<float>({1, 2}).str(), "tensor([1.0000, 2.0000])");
+  EXPECT_EQ(from_vector<std::int64_t>({1, 2}).str(), "tensor([1, 2])");
+  EXPECT_EQ(zeros({2, 2}, {.device = Device::parse("sim:0")}).str(),
+            "tensor([[0.0000, 0.0000],\n        [0.0000, 0.0000]], device='sim:0')");
+  const std::string long_text = arange(100, {.dtype = DType::Int64}).str();
+  EXPECT_NE(long_text.find("..."), std::string::npos);
+}
+
+TEST(CoreTensor, MemoryStatsCountAllocations) {
+  Backend& sim = backend(DeviceType::Sim);
+  const auto before = sim.memory_stats(1).allocated;
+  {
+    Tensor t = empty({1000}, {.device = Device::parse("sim:1")});
+    EXPECT_EQ(sim.memory_stats(1).allocated, before + 4000);
+  }
+  EXPECT_EQ(sim.memory_stats(1).allocated, before);
+}
+
+TEST(CoreTensor, OutOfMemoryHasTheNumbersAndTheProcessComputesOn) {
+  const Device sim = Device::parse("sim:1");
+  try {
+    empty({std::int64_t{1} << 40}, {.device = sim});
+    FAIL() << "allocated 4 TiB on sim:1";
+  } catch (const OutOfMemory& e) {
+    const std::string message = e.what();
+    EXPECT_NE(message.find("4398046511104 bytes"), std::string::npos) << message;
+    EXPECT_NE(message.find("sim:1"), std::string::npos) << message;
+    EXPECT_NE(message.find("total"), std::string::npos) << message;
+  }
+  Tensor ok = ones({10}, {.device = sim});
+  EXPECT_DOUBLE_EQ(sum(ok).item<double>(), 10.0);
+}
+
+TEST(CoreTensor, PinMemoryNeedsCuda) {
+  if (is_available(DeviceType::CUDA)) {
+    Tensor p = ones({4}).pin_memory();
+    EXPECT_TRUE(p.is_pinned());
+  } else {
+    EXPECT_THROW(ones({4}).pin_memory(), Error);
+  }
+}
+
+}  // namespace
+}  // namespace ferry

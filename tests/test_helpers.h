@@ -1,0 +1,41 @@
+// test_helpers.h — shared test utilities: the devices to run on, and tensor comparison.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "ferry/ferry.h"
+
+namespace ferry::testing {
+
+// Every device of this machine except cpu (the reference): sim:0 always, cuda:0 when present.
+inline std::vector<Device> accelerators() {
+  std::vector<Device> out;
+  for (const Device& d : available_devices()) {
+    if (!d.is_cpu() && d.index == 0) out.push_back(d);
+  }
+  return out;
+}
+
+inline std::vector<double> values(const Tensor& t) { return t.to(DType::Float64).to_vector<double>(); }
+
+// Elementwise |a - b| <= atol + rtol * |b|, NaNs equal.
+inline ::testing::AssertionResult all_close(const Tensor& a, const Tensor& b, double rtol = 1e-5, double atol = 1e-6) {
+  if (a.shape() != b.shape())
+    return ::testing::AssertionFailure() << "shapes differ: " << shape_str(a.shape()) << " vs " << shape_str(b.shape());
+  if (a.dtype() != b.dtype())
+    return ::testing::AssertionFailure() << "dtypes differ: " << dtype_name(a.dtype()) << " vs " << dtype_name(b.dtype());
+  const auto va = values(a), vb = values(b);
+  for (std::size_t i = 0; i < va.size(); ++i) {
+    if (std::isnan(va[i]) && std::isnan(vb[i])) continue;
+    if (std::isinf(va[i]) && va[i] == vb[i]) continue;
+    if (!(std::abs(va[i] - vb[i]) <= atol + rtol * std::abs(vb[i])))
+      return ::testing::AssertionFailure() << "element " << i << ": " << va[i] << " vs " << vb[i];
+  }
+  return ::testing::AssertionSuccess();
+}
+
+}  // namespace ferry::testing
