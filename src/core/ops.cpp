@@ -10,6 +10,7 @@
 #include "ferry/backend.h"
 #include "ferry/factories.h"
 #include "ferry/ledger.h"
+#include "ferry/profile.h"
 #include "internal.h"
 
 namespace ferry {
@@ -29,9 +30,10 @@ int normalize_dim(int dim, int ndim, const char* op) {
 }
 
 namespace {
-// Bytes per second assumed for a move between two devices in hints: the sim link's setting, else the
-// sheet's PCIe figure (16 GB/s).
+// Bytes per second assumed for a move between two devices in hints: a loaded profile's measured rate
+// (ferry/profile.h), else the sim link's setting, else the sheet's PCIe figure (16 GB/s).
 double assumed_link_rate(Device a, Device b) {
+  if (const std::optional<double> measured = measured_link_rate(b, a)) return *measured;  // b moves to a
   if (a.type == DeviceType::Sim || b.type == DeviceType::Sim) {
     const double rate = sim_link_bandwidth();
     return rate > 0 ? rate : 16e9;

@@ -7,3 +7,6 @@
 void register_plan_command(CLI::App& app);
 void register_devices_command(CLI::App& app);
 void register_train_command(CLI::App& app);
+void register_eval_command(CLI::App& app);
+void register_inspect_command(CLI::App& app);
+void register_bench_command(CLI::App& app);

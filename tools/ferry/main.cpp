@@ -15,7 +15,10 @@ int main(int argc, char** argv) {
   app.fallthrough(false);
   register_devices_command(app);
   register_plan_command(app);
+  register_bench_command(app);
   register_train_command(app);
+  register_eval_command(app);
+  register_inspect_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {

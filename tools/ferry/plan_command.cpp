@@ -17,9 +17,12 @@
 #include <vector>
 
 #include "commands.h"
+#include "ferry/backend.h"
 #include "ferry/cost_model.h"
+#include "ferry/device.h"
 #include "ferry/dtype.h"
 #include "ferry/error.h"
+#include "ferry/profile.h"
 #include "ferry/units.h"
 
 namespace {
@@ -145,9 +148,68 @@ void add_bytes_command(CLI::App& plan) {
 
 // ---- ferry plan transfer (Exercise 2.2) ----------------------------------------------------------
 
+// `ferry plan --profile FILE <subcommand>`: a profile from `ferry bench --save`, for measured link rates.
+std::string& plan_profile_path() {
+  static std::string path;
+  return path;
+}
+
+// The link a `--profile` transfer crosses: the profile's measured time for those bytes on that path.
+struct MeasuredLink {
+  double seconds = 0;           // s, by the profile's measured points (ferry::MeasuredRate::seconds_for)
+  double bytes_per_second = 0;  // bytes / seconds
+  std::string words;            // "sim:0 host->device pageable, measured 2026-12-01T10:00:00Z"
+};
+
+MeasuredLink measured_link(const std::string& path, const std::string& device_text, const std::string& direction,
+                           bool pinned, double bytes) {
+  const ferry::Profile profile = ferry::load_profile(path);
+  const ferry::DeviceProfile* device = nullptr;
+  if (device_text.empty()) {
+    for (const ferry::DeviceProfile& d : profile.devices) {
+      if (d.device != "cpu" && !device) device = &d;
+    }
+    if (!device) throw ferry::InvalidArgument(fmt::format("The profile {} measured no accelerator's link", path));
+  } else {
+    for (const ferry::DeviceProfile& d : profile.devices) {
+      if (d.device == device_text) device = &d;
+    }
+    if (!device) {
+      std::vector<std::string> names;
+      for (const ferry::DeviceProfile& d : profile.devices) names.push_back(d.device);
+      throw ferry::InvalidArgument(fmt::format("The profile {} has no device '{}'; it has: {}", path, device_text,
+                                               fmt::join(names, ", ")));
+    }
+  }
+  ferry::LinkPath link_path;
+  if (direction == "host->device" || direction == "h2d") {
+    link_path = pinned ? ferry::LinkPath::HostToDevicePinned : ferry::LinkPath::HostToDevicePageable;
+  } else if (direction == "device->host" || direction == "d2h") {
+    link_path = pinned ? ferry::LinkPath::DeviceToHostPinned : ferry::LinkPath::DeviceToHostPageable;
+  } else {
+    throw ferry::InvalidArgument(
+        fmt::format("Unknown --direction '{}'; expected host->device (h2d) or device->host (d2h)", direction));
+  }
+  const ferry::MeasuredRate& rate = device->link(link_path);
+  if (!rate.measured()) {
+    throw ferry::InvalidArgument(fmt::format("The profile {} has no {} rate for {}; measure it with `ferry bench link "
+                                             "--device {} --save {}`",
+                                             path, ferry::link_path_words(link_path), device->device, device->device,
+                                             path));
+  }
+  MeasuredLink link;
+  link.seconds = rate.seconds_for(bytes);
+  link.bytes_per_second = link.seconds > 0 ? bytes / link.seconds : rate.rate;
+  link.words = fmt::format("{} {}, measured{}", device->device, ferry::link_path_words(link_path),
+                           profile.created.empty() ? "" : " " + profile.created);
+  return link;
+}
+
 void add_transfer_command(CLI::App& plan) {
   struct Options {
     std::string bytes, shape, dtype = "float32", link;
+    std::string profile, device, direction = "host->device";
+    bool pinned = false;
     bool json = false;
   };
   auto options = std::make_shared<Options>();
@@ -157,7 +219,9 @@ void add_transfer_command(CLI::App& plan) {
       "Examples (Exercise 2.2; 1 GB = 10^9 bytes):\n"
       "  ferry plan transfer --bytes 4MB --link 16GB/s\n"
       "  ferry plan transfer --shape 1000x1000 --dtype float32 --link 16GB/s\n"
-      "  4 MB / 16 GB/s = 4,000,000 bytes / 16,000,000,000 bytes/s = 0.00025 s = 0.25 ms",
+      "  4 MB / 16 GB/s = 4,000,000 bytes / 16,000,000,000 bytes/s = 0.00025 s = 0.25 ms\n"
+      "With measured rates (ferry bench link --device sim:0 --save profile.json):\n"
+      "  ferry plan transfer --bytes 4MB --profile profile.json --device sim:0",
       options->json);
   CLI::Option* bytes_option = command->add_option("--bytes", options->bytes, "Data to copy: 4MB, 1.5GiB, 4000000")
                            ->type_name("SIZE");
@@ -168,9 +232,20 @@ void add_transfer_command(CLI::App& plan) {
       ->type_name("DTYPE")
       ->needs(shape_option);
   bytes_option->excludes(shape_option);
-  command->add_option("--link", options->link, "Link bandwidth: 16GB/s (PCIe), 900GB/s (VRAM), 55.1GiB/s")
-      ->required()
-      ->type_name("RATE");
+  CLI::Option* link_option =
+      command->add_option("--link", options->link, "Link bandwidth: 16GB/s (PCIe), 900GB/s (VRAM), 55.1GiB/s")
+          ->type_name("RATE");
+  CLI::Option* profile_option =
+      command->add_option("--profile", options->profile,
+                          "Or the measured link of a profile from `ferry bench link --save FILE`")
+          ->type_name("FILE");
+  link_option->excludes(profile_option);
+  command->add_option("--device", options->device, "With --profile: the device whose link (default: the first)")
+      ->type_name("DEVICE");
+  command->add_option("--direction", options->direction, "With --profile: host->device (h2d) or device->host (d2h)")
+      ->capture_default_str()
+      ->type_name("DIR");
+  command->add_flag("--pinned", options->pinned, "With --profile: the pinned-memory rate (cuda)");
   command->callback([options] {
     std::string explanation;
     double bytes = 0;  // bytes
@@ -183,51 +258,91 @@ void add_transfer_command(CLI::App& plan) {
     } else {
       throw ferry::InvalidArgument("ferry plan transfer needs --bytes (like 4MB) or --shape (like 1000x1000)");
     }
-    const double bytes_per_second = ferry::parse_bandwidth(options->link);
-    const double seconds = ferry::cost::transfer_seconds(bytes, bytes_per_second);
-    explanation += fmt::format("{} / {} = {} bytes / {} bytes/s = {} s = {}\n", ferry::format_bytes(bytes),
-                               ferry::format_bandwidth(bytes_per_second), grouped(bytes), grouped(bytes_per_second),
-                               ferry::format_number(seconds, 6), ferry::format_seconds(seconds));
+    const std::string profile_path = !options->profile.empty() ? options->profile : plan_profile_path();
+    if (options->link.empty() && profile_path.empty()) {
+      throw ferry::InvalidArgument("ferry plan transfer needs --link (like 16GB/s) or --profile (from ferry bench --save)");
+    }
     Json object;
-    object["seconds"] = json_number(seconds);
-    object["bytes"] = json_number(bytes);
-    object["bytes_per_second"] = json_number(bytes_per_second);
+    if (!options->link.empty()) {
+      const double bytes_per_second = ferry::parse_bandwidth(options->link);
+      const double seconds = ferry::cost::transfer_seconds(bytes, bytes_per_second);
+      explanation += fmt::format("{} / {} = {} bytes / {} bytes/s = {} s = {}\n", ferry::format_bytes(bytes),
+                                 ferry::format_bandwidth(bytes_per_second), grouped(bytes), grouped(bytes_per_second),
+                                 ferry::format_number(seconds, 6), ferry::format_seconds(seconds));
+      object["seconds"] = json_number(seconds);
+      object["bytes"] = json_number(bytes);
+      object["bytes_per_second"] = json_number(bytes_per_second);
+    } else {
+      const MeasuredLink link = measured_link(profile_path, options->device, options->direction, options->pinned, bytes);
+      const double sheet_seconds = ferry::cost::transfer_seconds(bytes, 16e9);
+      explanation += fmt::format(
+          "{} over {} ({}): {}, an effective {}\n"
+          "The sheet's 16 GB/s would say {}.\n",
+          ferry::format_bytes(bytes), link.words, profile_path, ferry::format_seconds(link.seconds),
+          ferry::format_bandwidth(link.bytes_per_second), ferry::format_seconds(sheet_seconds));
+      object["seconds"] = json_number(link.seconds);
+      object["bytes"] = json_number(bytes);
+      object["bytes_per_second"] = json_number(link.bytes_per_second);
+      object["seconds_at_16GB_per_s"] = json_number(sheet_seconds);
+      object["profile"] = profile_path;
+    }
     print(options->json, object, explanation);
   });
 }
 
 // ---- ferry plan speedup (Exercise 2.3) -----------------------------------------------------------
 
-// What the speedup formula needs. Today every value comes from a flag; a `--gpu cuda:0` / `--cpu`
-// variant would fill the missing ones from a device query in speedup_inputs() and nowhere else.
+// What the speedup formula needs. Each value comes from its flag, else from a device query
+// (`--gpu cuda:0` for the accelerator, `--cpu` for the host); a flag wins over the device's value.
 struct SpeedupInputs {
   double gpu_hz = 0;            // Hz
   std::int64_t gpu_cores = 0;
   double cpu_hz = 0;            // Hz
   std::int64_t cpu_cores = 0;
+  std::string gpu_name, cpu_name;  // the devices queried, "" when every value came from flags
 };
 
 struct SpeedupOptions {
   std::string gpu_clock, gpu_cores, cpu_clock, cpu_cores;
+  std::string gpu_device;  // --gpu cuda:0
+  bool cpu_device = false; // --cpu
   bool json = false;
 };
 
 SpeedupInputs speedup_inputs(const SpeedupOptions& options) {
-  std::vector<std::string> missing;
-  for (const auto& [value, flag] : {std::pair{&options.gpu_clock, "--gpu-clock (like 1.5GHz)"},
-                                    std::pair{&options.gpu_cores, "--gpu-cores (like 8000)"},
-                                    std::pair{&options.cpu_clock, "--cpu-clock (like 3GHz)"},
-                                    std::pair{&options.cpu_cores, "--cpu-cores (like 16)"}}) {
-    if (value->empty()) missing.emplace_back(flag);
-  }
-  if (!missing.empty()) {
-    throw ferry::InvalidArgument(fmt::format("ferry plan speedup needs {}", fmt::join(missing, ", ")));
-  }
   SpeedupInputs inputs;
-  inputs.gpu_hz = ferry::parse_hertz(options.gpu_clock);
-  inputs.gpu_cores = ferry::parse_whole_count(options.gpu_cores);
-  inputs.cpu_hz = ferry::parse_hertz(options.cpu_clock);
-  inputs.cpu_cores = ferry::parse_whole_count(options.cpu_cores);
+  if (!options.gpu_device.empty()) {
+    const ferry::Device device = ferry::Device::parse(options.gpu_device);
+    const ferry::DeviceProperties p = ferry::backend(device).properties(device.index);
+    inputs.gpu_hz = p.clock_hz;
+    inputs.gpu_cores = p.cores;
+    inputs.gpu_name = fmt::format("{} ({})", device.str(), p.name);
+  }
+  if (options.cpu_device) {
+    const ferry::DeviceProperties p = ferry::backend(ferry::kCPU).properties(0);
+    inputs.cpu_hz = p.clock_hz;
+    inputs.cpu_cores = p.cores;
+    inputs.cpu_name = fmt::format("cpu ({})", p.name);
+  }
+  if (!options.gpu_clock.empty()) inputs.gpu_hz = ferry::parse_hertz(options.gpu_clock);
+  if (!options.gpu_cores.empty()) inputs.gpu_cores = ferry::parse_whole_count(options.gpu_cores);
+  if (!options.cpu_clock.empty()) inputs.cpu_hz = ferry::parse_hertz(options.cpu_clock);
+  if (!options.cpu_cores.empty()) inputs.cpu_cores = ferry::parse_whole_count(options.cpu_cores);
+  // What is still unknown: never given, or the device did not report it.
+  std::vector<std::string> missing;
+  auto need = [&missing](bool known, const std::string& queried, const char* flag) {
+    if (known) return;
+    missing.push_back(queried.empty() ? std::string(flag) : fmt::format("{} ({} does not report it)", flag, queried));
+  };
+  need(inputs.gpu_hz > 0 || !options.gpu_clock.empty(), inputs.gpu_name, "--gpu-clock (like 1.5GHz)");
+  need(inputs.gpu_cores > 0 || !options.gpu_cores.empty(), inputs.gpu_name, "--gpu-cores (like 8000)");
+  need(inputs.cpu_hz > 0 || !options.cpu_clock.empty(), inputs.cpu_name, "--cpu-clock (like 3GHz)");
+  need(inputs.cpu_cores > 0 || !options.cpu_cores.empty(), inputs.cpu_name, "--cpu-cores (like 16)");
+  if (!missing.empty()) {
+    throw ferry::InvalidArgument(fmt::format("ferry plan speedup needs {} (or --gpu DEVICE / --cpu to read them from "
+                                             "the devices)",
+                                             fmt::join(missing, ", ")));
+  }
   return inputs;
 }
 
@@ -236,16 +351,22 @@ void add_speedup_command(CLI::App& plan) {
   CLI::App* command = add_plan_subcommand(
       plan, "speedup",
       "Exercise 2.3: the theoretical speedup S ~ (f_gpu x c_gpu) / (f_cpu x c_cpu), clock times cores "
-      "(all four flags are needed).",
+      "(four flags, or --gpu DEVICE and --cpu to read them from this machine's devices).",
       "Example (Exercise 2.3):\n"
       "  ferry plan speedup --gpu-clock 1.5GHz --gpu-cores 8000 --cpu-clock 3GHz --cpu-cores 16\n"
       "  S = (1.5 GHz x 8000) / (3 GHz x 16) = 12000 / 48 = 250x\n"
+      "From the real devices:\n"
+      "  ferry plan speedup --gpu cuda:0 --cpu\n"
       "An upper bound: see `ferry plan golden` for what transfers leave of it.",
       options->json);
   command->add_option("--gpu-clock", options->gpu_clock, "GPU clock: 1.5GHz, 1500MHz")->type_name("FREQ");
   command->add_option("--gpu-cores", options->gpu_cores, "GPU cores: 8000, 16K")->type_name("COUNT");
   command->add_option("--cpu-clock", options->cpu_clock, "CPU clock: 3GHz")->type_name("FREQ");
   command->add_option("--cpu-cores", options->cpu_cores, "CPU cores: 16")->type_name("COUNT");
+  command->add_option("--gpu", options->gpu_device,
+                      "Read the accelerator's clock and cores from this device: cuda:0 (or sim:0)")
+      ->type_name("DEVICE");
+  command->add_flag("--cpu", options->cpu_device, "Read the host's clock and cores (hardware threads)");
   command->callback([options] {
     const SpeedupInputs in = speedup_inputs(*options);
     const double speedup = ferry::cost::theoretical_speedup(in.gpu_hz, in.gpu_cores, in.cpu_hz, in.cpu_cores);
@@ -258,9 +379,18 @@ void add_speedup_command(CLI::App& plan) {
         ferry::format_hertz(in.gpu_hz, 6), ferry::format_thousands(in.gpu_cores), ferry::format_hertz(in.cpu_hz, 6),
         ferry::format_thousands(in.cpu_cores), ferry::format_number(gpu_ghz_cores), ferry::format_number(cpu_ghz_cores),
         ferry::format_number(speedup));
+    std::string sources;
+    if (!in.gpu_name.empty()) sources += fmt::format("GPU side: {}\n", in.gpu_name);
+    if (!in.cpu_name.empty()) sources += fmt::format("CPU side: {}\n", in.cpu_name);
     Json object;
     object["speedup"] = json_number(speedup);
-    print(options->json, object, explanation);
+    object["gpu_hz"] = json_number(in.gpu_hz);
+    object["gpu_cores"] = in.gpu_cores;
+    object["cpu_hz"] = json_number(in.cpu_hz);
+    object["cpu_cores"] = in.cpu_cores;
+    if (!in.gpu_name.empty()) object["gpu_device"] = in.gpu_name;
+    if (!in.cpu_name.empty()) object["cpu_device"] = in.cpu_name;
+    print(options->json, object, sources + explanation);
   });
 }
 
@@ -478,6 +608,9 @@ void register_plan_command(CLI::App& app) {
       "Units as the sheet writes them: 4MB (1 MB = 10^6 bytes), 1.5GiB, 16GB/s, 5ms, 0.1s, 1.5GHz, 25M.\n"
       "Every subcommand explains its arithmetic, or prints one JSON object with --json.\n"
       "Run `ferry plan <subcommand> --help` for the exercise it answers and an example.");
+  plan->add_option("--profile", plan_profile_path(),
+                   "Measured rates from `ferry bench ... --save FILE`, used for transfer times")
+      ->type_name("FILE");
   add_bytes_command(*plan);
   add_transfer_command(*plan);
   add_speedup_command(*plan);

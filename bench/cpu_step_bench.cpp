@@ -1,0 +1,272 @@
+// cpu_step_bench.cpp — one training step (forward, cross-entropy, backward, SGD momentum 0.9) of the `mlp`
+// and `cnn` workloads (DESIGN.md) in ferry and in Debian's libtorch, in one process on the same number of
+// threads; prints medians and the ferry / libtorch ratio. Not a correctness test (tests/ do that).
+//
+// Threads: OpenMP (ferry's loops, libtorch's ATen and oneDNN) and OpenBLAS (both libraries' GEMMs; libtorch
+// may load its own copy through libblas.so.3) read their thread counts when loaded, so the program sets
+// OMP_NUM_THREADS and OPENBLAS_NUM_THREADS and re-executes itself before doing anything else.
+#include <omp.h>
+#include <torch/torch.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "ferry/autograd.h"
+#include "ferry/factories.h"
+#include "ferry/nn/activation.h"
+#include "ferry/nn/batchnorm.h"
+#include "ferry/nn/conv.h"
+#include "ferry/nn/linear.h"
+#include "ferry/nn/loss.h"
+#include "ferry/nn/pooling.h"
+#include "ferry/nn/sequential.h"
+#include "ferry/ops.h"
+#include "ferry/optim.h"
+#include "ferry/random.h"
+
+extern "C" void openblas_set_num_threads(int);
+
+namespace {
+
+struct Settings {
+  int threads = 2;
+  int warmup = 3;
+  int steps = 10;
+  std::string workload = "all";  // mlp | cnn | all
+  std::int64_t mlp_batch = 512;
+  std::int64_t cnn_batch = 256;
+  bool breakdown = false;  // ferry's forward / backward / step medians too
+};
+
+using Clock = std::chrono::steady_clock;
+double ms_since(Clock::time_point start) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - start).count();
+}
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const std::size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+struct Timing {
+  double step_ms = 0, forward_ms = 0, backward_ms = 0, update_ms = 0;  // medians
+  double first_loss = 0, last_loss = 0;
+};
+
+// --- ferry --------------------------------------------------------------------------------------
+
+ferry::nn::Sequential ferry_mlp() {
+  namespace nn = ferry::nn;
+  return nn::Sequential(nn::Linear(784, 1024), nn::ReLU(), nn::Linear(1024, 1024), nn::ReLU(), nn::Linear(1024, 10));
+}
+
+ferry::nn::Sequential ferry_cnn() {
+  namespace nn = ferry::nn;
+  nn::Sequential model;
+  const std::int64_t channels[] = {3, 32, 64, 128};
+  for (int i = 0; i < 3; ++i) {
+    model.push_back(nn::Conv2d(channels[i], channels[i + 1], 3, {.padding = 1}));
+    model.push_back(nn::BatchNorm2d(channels[i + 1]));
+    model.push_back(nn::ReLU());
+    model.push_back(nn::MaxPool2d(2));
+  }
+  model.push_back(nn::Flatten());
+  model.push_back(nn::Linear(2048, 10));
+  return model;
+}
+
+Timing time_ferry(ferry::nn::Sequential model, const ferry::Shape& input_shape, const Settings& s) {
+  ferry::manual_seed(0);
+  const ferry::Tensor x = ferry::randn(input_shape);
+  const ferry::Tensor target = ferry::randint(0, 10, {input_shape[0]});
+  ferry::optim::SGD optimizer(model.parameters(), {.lr = 0.01, .momentum = 0.9});
+  model.train();
+  std::vector<double> total, forward, backward, update;
+  Timing t;
+  for (int i = 0; i < s.warmup + s.steps; ++i) {
+    const auto start = Clock::now();
+    optimizer.zero_grad();
+    ferry::Tensor loss = ferry::nn::functional::cross_entropy(model(x), target);
+    const double forward_ms = ms_since(start);
+    const auto backward_start = Clock::now();
+    loss.backward();
+    const double backward_ms = ms_since(backward_start);
+    const auto update_start = Clock::now();
+    optimizer.step();
+    const double update_ms = ms_since(update_start);
+    const double step_ms = ms_since(start);
+    const double value = loss.item<double>();  // outside the timed region (a no-op sync on cpu anyway)
+    if (i == 0) t.first_loss = value;
+    t.last_loss = value;
+    if (i < s.warmup) continue;
+    total.push_back(step_ms);
+    forward.push_back(forward_ms);
+    backward.push_back(backward_ms);
+    update.push_back(update_ms);
+  }
+  t.step_ms = median(total);
+  t.forward_ms = median(forward);
+  t.backward_ms = median(backward);
+  t.update_ms = median(update);
+  return t;
+}
+
+// --- libtorch -----------------------------------------------------------------------------------
+
+torch::nn::Sequential torch_mlp() {
+  namespace tn = torch::nn;
+  return tn::Sequential(tn::Linear(784, 1024), tn::ReLU(), tn::Linear(1024, 1024), tn::ReLU(), tn::Linear(1024, 10));
+}
+
+torch::nn::Sequential torch_cnn() {
+  namespace tn = torch::nn;
+  tn::Sequential model;
+  const std::int64_t channels[] = {3, 32, 64, 128};
+  for (int i = 0; i < 3; ++i) {
+    model->push_back(tn::Conv2d(tn::Conv2dOptions(channels[i], channels[i + 1], 3).padding(1)));
+    model->push_back(tn::BatchNorm2d(channels[i + 1]));
+    model->push_back(tn::ReLU());
+    model->push_back(tn::MaxPool2d(2));
+  }
+  model->push_back(tn::Flatten());
+  model->push_back(tn::Linear(2048, 10));
+  return model;
+}
+
+Timing time_torch(torch::nn::Sequential model, const std::vector<std::int64_t>& input_shape, const Settings& s) {
+  torch::manual_seed(0);
+  const torch::Tensor x = torch::randn(input_shape);
+  const torch::Tensor target = torch::randint(0, 10, {input_shape[0]}, torch::kLong);
+  torch::optim::SGD optimizer(model->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
+  model->train();
+  std::vector<double> total, forward, backward, update;
+  Timing t;
+  for (int i = 0; i < s.warmup + s.steps; ++i) {
+    const auto start = Clock::now();
+    optimizer.zero_grad();  // libtorch 1.13: zeroes (no set_to_none overload in C++)
+    torch::Tensor loss = torch::nn::functional::cross_entropy(model->forward(x), target);
+    const double forward_ms = ms_since(start);
+    const auto backward_start = Clock::now();
+    loss.backward();
+    const double backward_ms = ms_since(backward_start);
+    const auto update_start = Clock::now();
+    optimizer.step();
+    const double update_ms = ms_since(update_start);
+    const double step_ms = ms_since(start);
+    const double value = loss.item<double>();
+    if (i == 0) t.first_loss = value;
+    t.last_loss = value;
+    if (i < s.warmup) continue;
+    total.push_back(step_ms);
+    forward.push_back(forward_ms);
+    backward.push_back(backward_ms);
+    update.push_back(update_ms);
+  }
+  t.step_ms = median(total);
+  t.forward_ms = median(forward);
+  t.backward_ms = median(backward);
+  t.update_ms = median(update);
+  return t;
+}
+
+void usage() {
+  std::puts(
+      "cpu_step_bench [--threads N] [--warmup N] [--steps N] [--workload mlp|cnn|all] [--mlp-batch N]\n"
+      "               [--cnn-batch N] [--breakdown]\n"
+      "Times one SGD training step of DESIGN.md's mlp and cnn workloads in ferry and libtorch (cpu).");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Settings s;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    auto next = [&]() -> std::string {
+      if (i + 1 >= argc) {
+        std::fprintf(stderr, "cpu_step_bench: %s needs a value\n", arg.c_str());
+        std::exit(2);
+      }
+      return argv[++i];
+    };
+    if (arg == "--threads") s.threads = std::stoi(next());
+    else if (arg == "--warmup") s.warmup = std::stoi(next());
+    else if (arg == "--steps") s.steps = std::stoi(next());
+    else if (arg == "--workload") s.workload = next();
+    else if (arg == "--mlp-batch") s.mlp_batch = std::stoll(next());
+    else if (arg == "--cnn-batch") s.cnn_batch = std::stoll(next());
+    else if (arg == "--breakdown") s.breakdown = true;
+    else if (arg == "--help" || arg == "-h") {
+      usage();
+      return 0;
+    } else {
+      std::fprintf(stderr, "cpu_step_bench: unknown argument %s\n", arg.c_str());
+      usage();
+      return 2;
+    }
+  }
+  if (s.threads < 1 || s.steps < 1 || s.warmup < 0) {
+    std::fprintf(stderr, "cpu_step_bench: expected --threads >= 1, --steps >= 1, --warmup >= 0\n");
+    return 2;
+  }
+
+  // Thread counts are read when the libraries load: set them, then start again with them in place.
+  const std::string threads = std::to_string(s.threads);
+  if (!std::getenv("FERRY_BENCH_REEXEC")) {
+    setenv("FERRY_BENCH_REEXEC", "1", 1);
+    setenv("OMP_NUM_THREADS", threads.c_str(), 1);
+    setenv("OPENBLAS_NUM_THREADS", threads.c_str(), 1);
+    execv("/proc/self/exe", argv);
+    std::perror("cpu_step_bench: re-exec failed; continuing with the thread settings as they are");
+  }
+  omp_set_num_threads(s.threads);
+  openblas_set_num_threads(s.threads);
+  torch::set_num_threads(s.threads);
+  torch::set_num_interop_threads(1);
+
+  std::printf("cpu_step_bench: %d thread(s) each (OpenMP %d, libtorch %d), %d warmup + %d timed steps, medians\n",
+              s.threads, omp_get_max_threads(), torch::get_num_threads(), s.warmup, s.steps);
+  std::printf("%-8s %6s %12s %12s %10s   %s\n", "workload", "batch", "ferry ms", "libtorch ms", "ratio", "losses (first -> last)");
+  struct Row {
+    std::string name;
+    std::int64_t batch;
+    Timing ferry, torch;
+  };
+  std::vector<Row> rows;
+  auto report = [&](const Row& r) {
+    std::printf("%-8s %6lld %12.1f %12.1f %10.2f   ferry %.3f -> %.3f, libtorch %.3f -> %.3f\n", r.name.c_str(),
+                static_cast<long long>(r.batch), r.ferry.step_ms, r.torch.step_ms, r.ferry.step_ms / r.torch.step_ms,
+                r.ferry.first_loss, r.ferry.last_loss, r.torch.first_loss, r.torch.last_loss);
+    if (s.breakdown) {
+      std::printf("%-8s %6s  forward %.1f / %.1f, backward %.1f / %.1f, step %.1f / %.1f (ferry / libtorch ms)\n", "", "",
+                  r.ferry.forward_ms, r.torch.forward_ms, r.ferry.backward_ms, r.torch.backward_ms, r.ferry.update_ms,
+                  r.torch.update_ms);
+    }
+    std::fflush(stdout);
+  };
+  try {
+    if (s.workload == "mlp" || s.workload == "all") {
+      Row r{"mlp", s.mlp_batch, {}, {}};
+      r.torch = time_torch(torch_mlp(), {s.mlp_batch, 784}, s);
+      r.ferry = time_ferry(ferry_mlp(), {s.mlp_batch, 784}, s);
+      report(r);
+    }
+    if (s.workload == "cnn" || s.workload == "all") {
+      Row r{"cnn", s.cnn_batch, {}, {}};
+      r.torch = time_torch(torch_cnn(), {s.cnn_batch, 3, 32, 32}, s);
+      r.ferry = time_ferry(ferry_cnn(), {s.cnn_batch, 3, 32, 32}, s);
+      report(r);
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "cpu_step_bench: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}

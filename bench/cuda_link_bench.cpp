@@ -1,0 +1,116 @@
+// cuda_link_bench.cpp — what ferry's cuda backend achieves on the measures of ANCHORS.md: host->device
+// from pageable and pinned memory (4 MB, 256 MB), device->host, device->device, add over 3 x 256 MB,
+// fp32 GEMM 4096 and 8192. Medians of CUDA-event timings; prints one JSON object on stdout.
+// Not here: PyTorch's side (bench/torch_link_bench.py) and the table of ratios (scripts/gpu-check).
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "../src/cuda/cuda_backend.h"
+#include "ferry/ferry.h"
+
+namespace {
+
+using ferry::Device;
+using ferry::Tensor;
+
+const Device kCuda{ferry::DeviceType::CUDA, 0};
+constexpr std::int64_t kMB = 1 << 20;  // bytes
+
+void check(cudaError_t status, const char* what) {
+  if (status != cudaSuccess) {
+    std::fprintf(stderr, "cuda_link_bench: %s: %s\n", what, cudaGetErrorString(status));
+    std::exit(1);
+  }
+}
+
+cudaStream_t stream_of(bool copy) {
+  ferry::Backend& be = ferry::backend(kCuda);
+  return static_cast<cudaStream_t>((copy ? be.copy_stream(0) : be.compute_stream(0)).handle);
+}
+
+// Median in ms of `reps` runs of `work`, each between two events on `stream` and waited for.
+double median_ms(cudaStream_t stream, int warmup, int reps, const std::function<void()>& work) {
+  cudaEvent_t start, stop;
+  check(cudaEventCreate(&start), "cudaEventCreate");
+  check(cudaEventCreate(&stop), "cudaEventCreate");
+  for (int i = 0; i < warmup; ++i) work();
+  ferry::synchronize(kCuda, "bench");
+  std::vector<double> times;
+  for (int i = 0; i < reps; ++i) {
+    check(cudaEventRecord(start, stream), "cudaEventRecord");
+    work();
+    check(cudaEventRecord(stop, stream), "cudaEventRecord");
+    check(cudaEventSynchronize(stop), "cudaEventSynchronize");
+    float ms = 0;
+    check(cudaEventElapsedTime(&ms, start, stop), "cudaEventElapsedTime");
+    times.push_back(ms);
+    ferry::synchronize(kCuda, "bench");
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  std::sort(times.begin(), times.end());
+  return times[times.size() / 2];
+}
+
+nlohmann::json rate(double ms, double bytes) {
+  return {{"ms", ms}, {"bytes", bytes}, {"GBps", bytes / (ms * 1e-3) / 1e9}};
+}
+
+}  // namespace
+
+int main() {
+  try {
+    if (ferry::device_count(ferry::DeviceType::CUDA) == 0) {
+      std::fprintf(stderr, "cuda_link_bench: no CUDA device (%s)\n", ferry::cuda::unavailable_reason().c_str());
+      return 2;
+    }
+    ferry::cuda::set_allow_tf32(false);
+    ferry::Ledger::global().set_enabled(false);  // the ledger's bookkeeping is not what is measured
+    nlohmann::json measures;
+    const cudaStream_t copy = stream_of(true), compute = stream_of(false);
+    ferry::manual_seed(1);
+
+    for (const std::int64_t mb : {std::int64_t{4}, std::int64_t{256}}) {
+      const int reps = mb == 4 ? 30 : 10;
+      const double bytes = static_cast<double>(mb * kMB);
+      const Tensor pageable = ferry::rand({mb * kMB / 4});
+      const Tensor pinned = pageable.pin_memory();
+      const std::string size = std::to_string(mb) + "MB";
+      measures["h2d_pageable_" + size] =
+          rate(median_ms(copy, 3, reps, [&] { Tensor d = pageable.to(kCuda); }), bytes);
+      measures["h2d_pinned_" + size] =
+          rate(median_ms(copy, 3, reps, [&] { Tensor d = pinned.to(kCuda, /*non_blocking=*/true); }), bytes);
+    }
+    {
+      const Tensor device = ferry::rand({256 * kMB / 4}, {.device = kCuda});
+      const double bytes = static_cast<double>(256 * kMB);
+      measures["d2h_pinned_256MB"] =
+          rate(median_ms(copy, 3, 10, [&] { Tensor h = device.to(ferry::kCPU, /*non_blocking=*/true); }), bytes);
+      measures["d2h_pageable_256MB"] = rate(median_ms(copy, 3, 10, [&] { Tensor h = device.cpu(); }), bytes);
+      // bytes read + written, as ANCHORS.md counts device-to-device copies
+      measures["d2d_256MB"] = rate(median_ms(compute, 3, 20, [&] { Tensor c = device.clone(); }), 2 * bytes);
+      const Tensor other = ferry::rand({256 * kMB / 4}, {.device = kCuda});
+      measures["add_3x256MB"] = rate(median_ms(compute, 3, 20, [&] { Tensor c = ferry::add(device, other); }), 3 * bytes);
+    }
+    for (const std::int64_t n : {std::int64_t{4096}, std::int64_t{8192}}) {
+      const Tensor a = ferry::randn({n, n}, {.device = kCuda}), b = ferry::randn({n, n}, {.device = kCuda});
+      const double ms = median_ms(compute, 2, n == 4096 ? 10 : 5, [&] { Tensor c = ferry::matmul(a, b); });
+      const double flops = 2.0 * static_cast<double>(n) * static_cast<double>(n) * static_cast<double>(n);
+      measures["gemm_fp32_" + std::to_string(n)] = {{"ms", ms}, {"TFLOPs", flops / (ms * 1e-3) / 1e12}};
+    }
+    const ferry::DeviceProperties p = ferry::backend(kCuda).properties(0);
+    const nlohmann::json result = {{"library", "ferry"}, {"device", p.name}, {"measures", measures}};
+    std::printf("%s\n", result.dump().c_str());
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "cuda_link_bench: %s\n", e.what());
+    return 1;
+  }
+}

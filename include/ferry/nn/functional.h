@@ -1,0 +1,61 @@
+// ferry/nn/functional.h — the layers as functions: each checks devices, shapes and dtypes, runs on any
+// device through the backend, and records ONE autograd node whose backward is written out by hand.
+// Not here: parameters and state (the Module classes in the other nn headers), losses (ferry/nn/loss.h).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+
+#include "ferry/nn/loss.h"
+#include "ferry/tensor.h"
+
+namespace ferry::nn {
+
+// A (height, width) pair; one number means both, as in PyTorch (`padding=1`, `stride={2, 1}`).
+struct Size2 {
+  std::int64_t h = 0, w = 0;
+  Size2(std::int64_t both = 0) : h(both), w(both) {}  // NOLINT: implicit on purpose, like PyTorch's ints
+  Size2(std::int64_t height, std::int64_t width) : h(height), w(width) {}
+  friend bool operator==(const Size2&, const Size2&) = default;
+};
+
+}  // namespace ferry::nn
+
+namespace ferry::nn::functional {
+
+// (*, in) x weight (out, in) + bias (out) -> (*, out). One GEMM forward; backward: two GEMMs and a sum,
+// each only when its input requires grad.
+Tensor linear(const Tensor& input, const Tensor& weight, const Tensor& bias = Tensor());
+
+// input (N, C, H, W), weight (O, C, kh, kw), bias (O) or undefined -> (N, O, oh, ow). im2col + GEMM in
+// chunks of samples (the columns of a chunk are built by one im2col call and multiplied by one batched
+// GEMM); backward recomputes the columns instead of keeping them.
+Tensor conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias = Tensor(), Size2 stride = 1,
+              Size2 padding = 0, Size2 dilation = 1);
+
+// input (N, C, *). training: normalise with the batch's statistics and, when running_mean/var are
+// defined, update them in place: running = (1 - momentum) * running + momentum * batch, with the
+// unbiased batch variance; momentum nullopt = cumulative average (needs num_batches_tracked, already
+// incremented by the caller). Not training: normalise with the running statistics. weight/bias (C) may
+// be undefined (affine=False).
+Tensor batch_norm(const Tensor& input, const Tensor& running_mean, const Tensor& running_var, const Tensor& weight,
+                  const Tensor& bias, bool training, std::optional<double> momentum = 0.1, double eps = 1e-5,
+                  const Tensor& num_batches_tracked = Tensor());
+
+// input (N, C, H, W) -> (N, C, oh, ow); stride 0 = the kernel size; padding <= kernel / 2. Max pooling
+// pads with -inf (padding never wins); average pooling counts the padding (PyTorch's defaults).
+Tensor max_pool2d(const Tensor& input, Size2 kernel_size, Size2 stride = 0, Size2 padding = 0);
+Tensor avg_pool2d(const Tensor& input, Size2 kernel_size, Size2 stride = 0, Size2 padding = 0);
+
+Tensor relu(const Tensor& input);
+// Zeroes each element with probability p and scales the rest by 1/(1-p), drawing from ferry's
+// counter-based generator on the input's device (so cpu and every accelerator drop the same elements).
+// Not training (or p = 0): the input itself.
+Tensor dropout(const Tensor& input, double p = 0.5, bool training = true);
+
+// The fused host kernels that cpu and sim (both host memory) use for BatchNorm; other devices compose
+// the same maths from tensor ops. Tests switch them off to check the composed path against them.
+void set_fused_host_kernels(bool enabled);
+bool fused_host_kernels();
+
+}  // namespace ferry::nn::functional

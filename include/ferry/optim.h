@@ -1,0 +1,133 @@
+// ferry/optim.h — optimizers with PyTorch's exact update rules: SGD (momentum, dampening, nesterov, weight
+// decay), Adam and AdamW (optionally amsgrad). State lives on each parameter's device; updates are in-place
+// tensor ops under NoGradGuard (no host loops, no host syncs). Not here: learning-rate schedules.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "ferry/nn/module.h"
+#include "ferry/tensor.h"
+
+namespace ferry::optim {
+
+using NamedTensors = nn::NamedTensors;
+
+class Optimizer {
+ public:
+  explicit Optimizer(std::vector<Tensor> parameters);
+  virtual ~Optimizer() = default;
+  Optimizer(const Optimizer&) = delete;
+  Optimizer& operator=(const Optimizer&) = delete;
+
+  // One update of every parameter that has a gradient (parameters without one are skipped, as in
+  // PyTorch). Throws DeviceMismatch when a parameter and its gradient or its state sit on different
+  // devices (e.g. the model moved after the state was made: see to()).
+  virtual void step() = 0;
+  // Forget gradients (set_to_none, PyTorch 2's default) or fill them with zeros.
+  void zero_grad(bool set_to_none = true);
+
+  // The state as named tensors "state.<i>.<name>" (i = the parameter's index in the list given to the
+  // constructor; names as PyTorch's: momentum_buffer, exp_avg, exp_avg_sq, max_exp_avg_sq, step).
+  // Values alias the live state (no copy). Parameters without state yet have no entries.
+  NamedTensors state_dict() const;
+  // Copies each entry into the state (made where missing), on the parameter's device. Throws
+  // InvalidArgument for an unknown name, a parameter index out of range, or a shape mismatch.
+  void load_state_dict(const NamedTensors& state);
+  // Moves the state to each parameter's current device (call after model.to() once state exists).
+  // Returns the bytes moved.
+  std::size_t to_parameter_devices();
+
+  const std::vector<Tensor>& parameters() const { return parameters_; }
+  virtual double learning_rate() const = 0;
+  virtual void set_learning_rate(double lr) = 0;
+
+ protected:
+  // Per-parameter state: tensors on the parameter's device, in the order they were made, and a step
+  // count kept on the host (the bias corrections need it there; reading it back from a device would be
+  // a sync per step). state_dict() exports the count as PyTorch does: a 0-d float32 cpu tensor "step".
+  struct ParameterState {
+    NamedTensors tensors;
+    std::int64_t step = 0;
+  };
+  // The state tensor `name` of parameter i, made as zeros like the parameter when absent (`created`
+  // says which).
+  Tensor& state_tensor(std::size_t i, const std::string& name, bool* created = nullptr);
+  // The tensor names this optimizer keeps, to validate load_state_dict.
+  virtual std::vector<std::string> state_names() const = 0;
+  // Whether state_dict() carries a "step" entry per parameter.
+  virtual bool counts_steps() const { return false; }
+
+  std::vector<Tensor> parameters_;
+  std::vector<ParameterState> state_;
+};
+
+struct SGDOptions {
+  double lr = 0.01;
+  double momentum = 0;
+  double dampening = 0;
+  double weight_decay = 0;
+  bool nesterov = false;
+  bool maximize = false;
+};
+
+// d = grad (+ weight_decay * param); with momentum: buf = d on the first step, else
+// buf = momentum * buf + (1 - dampening) * d; d = nesterov ? d + momentum * buf : buf;
+// param -= lr * d.
+class SGD : public Optimizer {
+ public:
+  SGD(std::vector<Tensor> parameters, const SGDOptions& options);
+  void step() override;
+  double learning_rate() const override { return options.lr; }
+  void set_learning_rate(double lr) override { options.lr = lr; }
+
+  SGDOptions options;
+
+ protected:
+  std::vector<std::string> state_names() const override { return {"momentum_buffer"}; }
+};
+
+struct AdamOptions {
+  double lr = 1e-3;
+  double beta1 = 0.9, beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 0;  // Adam: added to the gradient; AdamW: decoupled (param *= 1 - lr * wd)
+  bool amsgrad = false;
+  bool maximize = false;
+};
+
+// PyTorch's Adam: t += 1; g (+ wd * p); m = b1 m + (1 - b1) g; v = b2 v + (1 - b2) g^2;
+// denom = sqrt(v) / sqrt(1 - b2^t) + eps (v -> max(v_max, v) with amsgrad); p -= lr / (1 - b1^t) * m / denom.
+class Adam : public Optimizer {
+ public:
+  Adam(std::vector<Tensor> parameters, const AdamOptions& options = {});
+  void step() override;
+  double learning_rate() const override { return options.lr; }
+  void set_learning_rate(double lr) override { options.lr = lr; }
+
+  AdamOptions options;
+
+ protected:
+  Adam(std::vector<Tensor> parameters, const AdamOptions& options, bool decoupled_weight_decay);
+  std::vector<std::string> state_names() const override { return {"exp_avg", "exp_avg_sq", "max_exp_avg_sq"}; }
+  bool counts_steps() const override { return true; }
+
+ private:
+  bool decoupled_weight_decay_ = false;
+};
+
+// AdamW: Adam with decoupled weight decay (default 1e-2, as PyTorch's).
+class AdamW : public Adam {
+ public:
+  static AdamOptions default_options() {
+    AdamOptions o;
+    o.weight_decay = 1e-2;
+    return o;
+  }
+  AdamW(std::vector<Tensor> parameters, const AdamOptions& options = default_options())
+      : Adam(std::move(parameters), options, true) {}
+};
+
+}  // namespace ferry::optim

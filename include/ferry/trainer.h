@@ -1,0 +1,70 @@
+// ferry/trainer.h — the training loop of `ferry train`: the fmnist CNN on Fashion-MNIST on any
+// device, data placed as asked, the loss read back only at log steps, checkpoints, and the time
+// split into transfer / compute / sync. Not here: the CLI (tools/ferry), the model's layers (nn).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <iosfwd>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ferry/dataloader.h"
+#include "ferry/dataset.h"
+#include "ferry/nn/sequential.h"
+
+namespace ferry {
+
+struct TrainOptions {
+  Device device = kCPU;
+  std::int64_t epochs = 5;
+  std::int64_t batch_size = 128;
+  double lr = 0.05;
+  double momentum = 0.9;
+  double weight_decay = 5e-4;
+  std::string schedule = "cosine";  // "cosine" (to 0 over the run) or "constant"
+  std::uint64_t seed = 0;
+  std::int64_t log_every = 100;  // steps between loss read-backs (each is one host sync)
+  Placement placement = Placement::Resident;
+  std::int64_t max_steps = -1;   // stop after this many optimizer steps in all (-1: run every epoch)
+  std::string checkpoint_path;   // written at each epoch end and at the stop
+  std::string resume_path;
+  std::string metrics_path;      // JSON lines
+  bool progress_bar = true;      // on a terminal; plain lines otherwise
+};
+
+struct EpochStats {
+  std::int64_t epoch = 0;
+  double train_loss = 0;      // mean over the epoch's samples
+  double train_accuracy = 0;  // 0..1
+  double test_accuracy = 0;   // 0..1
+  double seconds = 0;         // training time of the epoch (without the test pass)
+};
+
+struct TrainResult {
+  Device device;
+  std::int64_t epochs = 0;         // epochs completed
+  std::int64_t steps = 0;          // optimizer steps taken in all
+  double test_accuracy = 0;        // after the last epoch
+  double seconds_per_epoch = 0;    // mean training time of the completed epochs
+  double t_transfer_s = 0, t_compute_s = 0, t_sync_s = 0;  // host time in each phase
+  std::int64_t syncs = 0;
+  std::int64_t bytes_host_to_device = 0, bytes_device_to_host = 0;
+  std::vector<EpochStats> history;
+  std::vector<std::pair<std::int64_t, double>> loss_curve;  // (step, loss) at log steps
+};
+
+// The `fmnist` workload of DESIGN.md: 3 x [Conv3x3 pad 1, BatchNorm2d, ReLU, MaxPool 2] with 32, 64,
+// 128 channels, Flatten, Linear 1152 -> 10. Parameters drawn from the generator on options.device.
+std::shared_ptr<nn::Sequential> make_fmnist_model(const TensorOptions& options = {});
+
+// Fraction of `loader`'s samples that `model` classifies right (eval mode, no grad, one sync).
+double evaluate_accuracy(nn::Module& model, DataLoader& loader);
+
+// Trains `model` on `train_set`, testing on `test_set` after each epoch. Progress and per-epoch lines
+// go to `out`. Throws on non-finite loss (naming the step; the last checkpoint is kept).
+TrainResult train(nn::Module& model, const Dataset& train_set, const Dataset& test_set, const TrainOptions& options,
+                  std::ostream& out);
+
+}  // namespace ferry

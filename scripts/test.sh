@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# test.sh — the README's second command (and CI's): install what is missing, build, run every test,
+# then say how many ran, how many were skipped, and why.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+build_dir=${FERRY_BUILD_DIR:-build}
+status=0
+ctest --test-dir "$build_dir" --output-on-failure -j "${FERRY_JOBS:-$(nproc)}" || status=$?
+log="$build_dir/Testing/Temporary/LastTest.log"
+if [ -f "$log" ]; then
+  echo
+  echo "Skipped tests and why:"
+  # GoogleTest prints the GTEST_SKIP() reason in the test's output; ctest keeps it in its log.
+  python3 - "$log" <<'PY'
+import re, sys
+text = open(sys.argv[1], errors="replace").read()
+found = 0
+for block in text.split("----------------------------------------------------------"):
+    name = re.search(r'"([^"]+)" start time', block)
+    if not name or "[  SKIPPED ]" not in block:
+        continue
+    reason = re.search(r"Skipped\s*\n(.*)", block)
+    why = reason.group(1).strip() if reason else "(no reason given)"
+    print(f"  {name.group(1)}: {why}")
+    found += 1
+if not found:
+    print("  none")
+PY
+fi
+exit $status

@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# train.sh — the README's first command: install what is missing, build, and run `ferry train`
+# (the fmnist CNN on Fashion-MNIST, on the best device). Extra arguments go to `ferry train`.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+exec "${FERRY_BUILD_DIR:-build}/tools/ferry/ferry" train "$@"

@@ -1,0 +1,225 @@
+// copy.cpp — every copy that touches the cuda backend's memory: host->device, device->host and
+// device->device, enqueued on the stream the one door (src/core/transfer.cpp) hands over. Pinned
+// memory goes straight to the DMA engine. Large pageable copies stream through a ring of pinned
+// staging buffers: several host threads memcpy chunk c into a free buffer while the DMA of chunk
+// c-1 is in flight, which is how a pageable tensor can cross at nearly the pinned rate.
+// Not here: the ledger (the door records every copy), pinned allocations (pinned.cpp).
+#include <cuda_runtime_api.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "check.h"
+#include "device_state.h"
+#include "ferry/error.h"
+#include "kernels.h"
+
+namespace ferry::cuda {
+
+namespace {
+
+constexpr std::size_t kStagedMinBytes = std::size_t{4} << 20;   // pageable copies from this size use the ring
+constexpr std::size_t kSlotBytes = std::size_t{8} << 20;        // bytes per staging buffer (largest chunk)
+constexpr std::size_t kMinChunkBytes = std::size_t{1} << 20;    // smallest chunk (keeps per-chunk overhead small)
+constexpr int kSlots = 4;                                        // buffers in the ring (>= 2)
+
+// Pinned buffers and, per buffer, an event recorded after the last DMA that used it. `next` carries
+// on across calls, so a new copy starts on the buffer whose DMA was issued longest ago.
+struct StagingRing {
+  std::mutex mutex;
+  std::array<char*, kSlots> buffers{};
+  std::array<cudaEvent_t, kSlots> done{};
+  int next = 0;
+};
+
+std::array<std::atomic<StagingRing*>, kMaxDevices> g_rings{};
+std::array<std::once_flag, kMaxDevices> g_ring_once;
+
+StagingRing& staging_ring(int device) {
+  std::call_once(g_ring_once[static_cast<std::size_t>(device)], [device] {
+    DeviceGuard guard(device);
+    auto ring = std::make_unique<StagingRing>();
+    void* block = nullptr;
+    FERRY_CUDA_CHECK(cudaHostAlloc(&block, kSlotBytes * kSlots, cudaHostAllocPortable));
+    for (int s = 0; s < kSlots; ++s) {
+      ring->buffers[static_cast<std::size_t>(s)] = static_cast<char*>(block) + kSlotBytes * static_cast<std::size_t>(s);
+      FERRY_CUDA_CHECK(cudaEventCreateWithFlags(&ring->done[static_cast<std::size_t>(s)], cudaEventDisableTiming));
+    }
+    g_rings[static_cast<std::size_t>(device)].store(ring.release());  // kept for the process
+  });
+  return *g_rings[static_cast<std::size_t>(device)].load();
+}
+
+// Host threads that fill or drain the ring: FERRY_STAGING_THREADS, else up to 8 cores. Each moves a
+// slice of every chunk, so the memcpy rate scales with threads until host memory saturates.
+int staging_threads() {
+  static const int threads = [] {
+    if (const char* text = std::getenv("FERRY_STAGING_THREADS")) return std::clamp(std::atoi(text), 1, 64);
+    return std::clamp(static_cast<int>(std::thread::hardware_concurrency()), 1, 8);
+  }();
+  return threads;
+}
+
+// Chunks: about 8 per copy, between 1 MB and one staging buffer.
+std::size_t chunk_bytes(std::size_t bytes) {
+  const std::size_t chunk = (bytes / 8 + 4095) / 4096 * 4096;
+  return std::clamp(chunk, kMinChunkBytes, kSlotBytes);
+}
+
+// Start of thread t's slice of a chunk of `length` bytes, on a cache-line boundary.
+std::size_t slice_start(std::size_t length, int t, int threads) {
+  if (t >= threads) return length;
+  return (length * static_cast<std::size_t>(t) / static_cast<std::size_t>(threads)) & ~std::size_t{63};
+}
+
+void check_staged(cudaError_t status, const char* what) {
+  if (status != cudaSuccess) throw_cuda_error(status, what, __FILE__, __LINE__);
+}
+
+// host (pageable) -> device. Returns once every byte of `src` has been copied into staging buffers
+// and all DMAs are enqueued on `stream`; the caller may free `src` then.
+//   for each chunk c:  thread 0 waits until the buffer of chunk c+1 is free (its last DMA done);
+//                      every thread copies its slice of chunk c into the buffer of chunk c;
+//                      barrier; thread 0 enqueues the DMA of chunk c and records the buffer's event.
+void staged_host_to_device(char* dst, const char* src, std::size_t bytes, cudaStream_t stream, int device) {
+  StagingRing& ring = staging_ring(device);
+  std::lock_guard lock(ring.mutex);
+  const std::size_t chunk = chunk_bytes(bytes);
+  const std::size_t chunks = (bytes + chunk - 1) / chunk;
+  const int first = ring.next;
+  auto slot_of = [&](std::size_t c) { return static_cast<std::size_t>((static_cast<std::size_t>(first) + c) % kSlots); };
+  cudaError_t status = cudaEventSynchronize(ring.done[slot_of(0)]);
+  const int threads = static_cast<int>(std::min<std::size_t>(static_cast<std::size_t>(staging_threads()), chunk / 65536 + 1));
+#pragma omp parallel num_threads(threads)
+  {
+    const int t = omp_get_thread_num(), nt = omp_get_num_threads();
+    for (std::size_t c = 0; c < chunks; ++c) {
+      const std::size_t begin = c * chunk, length = std::min(chunk, bytes - begin);
+      if (t == 0 && c + 1 < chunks && status == cudaSuccess) status = cudaEventSynchronize(ring.done[slot_of(c + 1)]);
+      const std::size_t lo = slice_start(length, t, nt), hi = slice_start(length, t + 1, nt);
+      std::memcpy(ring.buffers[slot_of(c)] + lo, src + begin + lo, hi - lo);
+#pragma omp barrier
+      if (t == 0 && status == cudaSuccess) {
+        status = cudaMemcpyAsync(dst + begin, ring.buffers[slot_of(c)], length, cudaMemcpyHostToDevice, stream);
+        if (status == cudaSuccess) status = cudaEventRecord(ring.done[slot_of(c)], stream);
+      }
+    }
+  }
+  ring.next = static_cast<int>(slot_of(chunks));
+  check_staged(status, "cudaMemcpyAsync (staged host-to-device chunk)");
+}
+
+// device -> host (pageable). Returns when every byte is in `dst`.
+//   first: enqueue the DMAs of chunks 0..kSlots-1, each into its buffer; wait for chunk 0.
+//   for each chunk c:  every thread copies its slice of chunk c out of its buffer;
+//                      thread 0 waits for the DMA of chunk c+1; barrier;
+//                      thread 0 enqueues chunk c+kSlots into the buffer chunk c has left.
+void staged_device_to_host(char* dst, const char* src, std::size_t bytes, cudaStream_t stream, int device) {
+  StagingRing& ring = staging_ring(device);
+  std::lock_guard lock(ring.mutex);
+  const std::size_t chunk = chunk_bytes(bytes);
+  const std::size_t chunks = (bytes + chunk - 1) / chunk;
+  const int first = ring.next;
+  auto slot_of = [&](std::size_t c) { return static_cast<std::size_t>((static_cast<std::size_t>(first) + c) % kSlots); };
+  auto enqueue = [&](std::size_t c) {
+    const std::size_t begin = c * chunk, length = std::min(chunk, bytes - begin);
+    const std::size_t slot = slot_of(c);
+    // a host-to-device DMA from this buffer may still be queued on another stream
+    cudaError_t s = cudaStreamWaitEvent(stream, ring.done[slot], 0);
+    if (s == cudaSuccess) s = cudaMemcpyAsync(ring.buffers[slot], src + begin, length, cudaMemcpyDeviceToHost, stream);
+    if (s == cudaSuccess) s = cudaEventRecord(ring.done[slot], stream);
+    return s;
+  };
+  cudaError_t status = cudaSuccess;
+  for (std::size_t c = 0; c < std::min<std::size_t>(chunks, kSlots) && status == cudaSuccess; ++c) status = enqueue(c);
+  if (status == cudaSuccess) status = cudaEventSynchronize(ring.done[slot_of(0)]);
+  const int threads = static_cast<int>(std::min<std::size_t>(static_cast<std::size_t>(staging_threads()), chunk / 65536 + 1));
+#pragma omp parallel num_threads(threads)
+  {
+    const int t = omp_get_thread_num(), nt = omp_get_num_threads();
+    for (std::size_t c = 0; c < chunks; ++c) {
+      const std::size_t begin = c * chunk, length = std::min(chunk, bytes - begin);
+      const std::size_t lo = slice_start(length, t, nt), hi = slice_start(length, t + 1, nt);
+      std::memcpy(dst + begin + lo, ring.buffers[slot_of(c)] + lo, hi - lo);
+      if (t == 0 && c + 1 < chunks && status == cudaSuccess) status = cudaEventSynchronize(ring.done[slot_of(c + 1)]);
+#pragma omp barrier
+      if (t == 0 && c + kSlots < chunks && status == cudaSuccess) status = enqueue(c + kSlots);
+    }
+  }
+  ring.next = static_cast<int>(slot_of(chunks));
+  check_staged(status, "cudaMemcpyAsync (staged device-to-host chunk)");
+}
+
+// Peer access lets device-to-device copies between GPUs go over NVLink/PCIe directly instead of
+// through host memory. Enabled once per ordered pair, where the hardware allows it.
+void enable_peer_access(int from, int to) {
+  static std::mutex mutex;
+  static std::array<std::array<bool, kMaxDevices>, kMaxDevices> tried{};
+  std::lock_guard lock(mutex);
+  if (tried[static_cast<std::size_t>(from)][static_cast<std::size_t>(to)]) return;
+  tried[static_cast<std::size_t>(from)][static_cast<std::size_t>(to)] = true;
+  int can_access = 0;
+  if (cudaDeviceCanAccessPeer(&can_access, from, to) != cudaSuccess || !can_access) {
+    cudaGetLastError();
+    return;
+  }
+  DeviceGuard guard(from);
+  const cudaError_t status = cudaDeviceEnablePeerAccess(to, 0);
+  if (status != cudaSuccess && status != cudaErrorPeerAccessAlreadyEnabled) {
+    throw_cuda_error(status, "cudaDeviceEnablePeerAccess", __FILE__, __LINE__);
+  }
+  cudaGetLastError();  // "already enabled" is fine
+}
+
+}  // namespace
+
+// Ordering, for both kinds of device memory a copy can touch:
+//  - before: the door has made `stream` wait for the compute stream of the stream's device; a
+//    destination on another GPU was allocated in the order of that GPU's compute stream, so the
+//    copy also waits for it;
+//  - after, when non_blocking: the compute stream of every GPU whose memory the copy read or wrote
+//    waits for the copy, so a later kernel cannot overwrite a source still being read, and a later
+//    free (cudaFreeAsync on the compute stream) cannot hand the block out while the copy runs;
+//  - after, when blocking: the host waits for `stream`.
+void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device, std::size_t bytes,
+                const Stream& stream, bool pinned, bool non_blocking) {
+  if (bytes == 0) return;
+  FERRY_ASSERT(!(src_device.is_cpu() && dst_device.is_cpu()), "cuda copy: host to host is not a device copy");
+  const int device = stream.device.index;
+  DeviceGuard guard(device);
+  auto* s = static_cast<cudaStream_t>(stream.handle);
+  auto* out = static_cast<char*>(dst);
+  const auto* in = static_cast<const char*>(src);
+  const bool staged = !pinned && bytes >= kStagedMinBytes;
+  if (src_device.is_cpu()) {
+    if (staged) staged_host_to_device(out, in, bytes, s, device);
+    else FERRY_CUDA_CHECK(cudaMemcpyAsync(out, in, bytes, cudaMemcpyHostToDevice, s));
+  } else if (dst_device.is_cpu()) {
+    if (staged) staged_device_to_host(out, in, bytes, s, device);  // returns with the data in place
+    else FERRY_CUDA_CHECK(cudaMemcpyAsync(out, in, bytes, cudaMemcpyDeviceToHost, s));
+  } else if (src_device.index == dst_device.index) {
+    FERRY_CUDA_CHECK(cudaMemcpyAsync(out, in, bytes, cudaMemcpyDeviceToDevice, s));
+  } else {
+    stream_wait(s, device, device_state(dst_device.index).compute_stream, dst_device.index);
+    enable_peer_access(src_device.index, dst_device.index);
+    FERRY_CUDA_CHECK(cudaMemcpyPeerAsync(out, dst_device.index, in, src_device.index, bytes, s));
+  }
+  if (!non_blocking) {
+    FERRY_CUDA_CHECK(cudaStreamSynchronize(s));
+    return;
+  }
+  if (!src_device.is_cpu()) stream_wait(device_state(src_device.index).compute_stream, src_device.index, s, device);
+  if (!dst_device.is_cpu() && dst_device != src_device) {
+    stream_wait(device_state(dst_device.index).compute_stream, dst_device.index, s, device);
+  }
+}
+
+}  // namespace ferry::cuda

@@ -1,0 +1,472 @@
+// cuda_backend.cpp — the cuda device: per-GPU state (streams, memory pool, events), memory through
+// CUDA's stream-ordered allocator, device properties, syncs, and the Backend class that routes every
+// op to its launcher. Not here: the kernels (*.cu), copies (copy.cpp), GEMM (gemm.cpp), pinned memory
+// (pinned.cpp).
+#include "cuda_backend.h"
+
+#include <cuda_runtime_api.h>
+
+#include <array>
+#include <atomic>
+#include <cstdint>
+#include <limits>
+#include <memory>
+#include <mutex>
+#include <new>
+#include <string>
+
+#include "../core/registry.h"
+#include "check.h"
+#include "device_state.h"
+#include "ferry/error.h"
+#include "kernels.h"
+
+namespace ferry::cuda {
+
+// --- device discovery ------------------------------------------------------------------------------
+
+namespace {
+struct DeviceCount {
+  int count = 0;
+  std::string reason;  // why count is 0
+};
+
+const DeviceCount& discovered_devices() {
+  static const DeviceCount found = [] {
+    DeviceCount d;
+    int n = 0;
+    const cudaError_t status = cudaGetDeviceCount(&n);
+    if (status != cudaSuccess) {
+      cudaGetLastError();  // no driver / no device is an answer, not a failure: clear it
+      d.reason = std::string("cudaGetDeviceCount: ") + cudaGetErrorName(status) + " (" + cudaGetErrorString(status) + ")";
+      return d;
+    }
+    if (n == 0) d.reason = "cudaGetDeviceCount: 0 devices";
+    d.count = n < kMaxDevices ? n : kMaxDevices;
+    return d;
+  }();
+  return found;
+}
+}  // namespace
+
+int cuda_device_count() { return discovered_devices().count; }
+std::string cuda_unavailable_reason() { return discovered_devices().reason; }
+std::string unavailable_reason() { return cuda_unavailable_reason(); }
+
+// --- DeviceGuard ----------------------------------------------------------------------------------
+
+DeviceGuard::DeviceGuard(int index) : index_(index) {
+  if (cudaGetDevice(&previous_) != cudaSuccess) {
+    cudaGetLastError();
+    previous_ = -1;
+  }
+  if (previous_ != index) FERRY_CUDA_CHECK(cudaSetDevice(index));
+}
+
+DeviceGuard::~DeviceGuard() {
+  if (previous_ >= 0 && previous_ != index_) cudaSetDevice(previous_);
+}
+
+// --- per-device state -----------------------------------------------------------------------------
+
+namespace {
+// Created once per device and deliberately never destroyed: CUDA objects torn down by static
+// destructors after the runtime unloads would only produce errors at exit.
+std::array<std::atomic<DeviceState*>, kMaxDevices> g_states{};
+std::array<std::once_flag, kMaxDevices> g_state_once;
+
+DeviceState* create_state(int index) {
+  DeviceGuard guard(index);
+  auto state = std::make_unique<DeviceState>();
+  state->index = index;
+  cudaDeviceProp prop{};
+  FERRY_CUDA_CHECK(cudaGetDeviceProperties(&prop, index));
+  state->multiprocessors = prop.multiProcessorCount;
+  state->total_memory = static_cast<std::int64_t>(prop.totalGlobalMem);
+
+  FERRY_CUDA_CHECK(cudaStreamCreateWithFlags(&state->compute_stream, cudaStreamNonBlocking));
+  FERRY_CUDA_CHECK(cudaStreamCreateWithFlags(&state->copy_stream, cudaStreamNonBlocking));
+  FERRY_CUDA_CHECK(cudaEventCreateWithFlags(&state->compute_marker, cudaEventDisableTiming));
+  FERRY_CUDA_CHECK(cudaEventCreateWithFlags(&state->copy_marker, cudaEventDisableTiming));
+
+  // ferry's own pool (not the device default, which other libraries share). Freed blocks stay in
+  // the pool for reuse until empty_cache() trims it: release threshold = everything.
+  cudaMemPoolProps props{};
+  props.allocType = cudaMemAllocationTypePinned;
+  props.handleTypes = cudaMemHandleTypeNone;
+  props.location.type = cudaMemLocationTypeDevice;
+  props.location.id = index;
+  FERRY_CUDA_CHECK(cudaMemPoolCreate(&state->pool, &props));
+  std::uint64_t keep_all = std::numeric_limits<std::uint64_t>::max();
+  FERRY_CUDA_CHECK(cudaMemPoolSetAttribute(state->pool, cudaMemPoolAttrReleaseThreshold, &keep_all));
+  // Peers that can reach this device's memory get access to the pool (device-to-device copies).
+  for (int peer = 0; peer < cuda_device_count(); ++peer) {
+    int can_access = 0;
+    if (peer == index || cudaDeviceCanAccessPeer(&can_access, peer, index) != cudaSuccess || !can_access) {
+      cudaGetLastError();
+      continue;
+    }
+    cudaMemAccessDesc access{};
+    access.location.type = cudaMemLocationTypeDevice;
+    access.location.id = peer;
+    access.flags = cudaMemAccessFlagsProtReadWrite;
+    if (cudaMemPoolSetAccess(state->pool, &access, 1) != cudaSuccess) cudaGetLastError();
+  }
+
+  void* report = nullptr;
+  FERRY_CUDA_CHECK(cudaHostAlloc(&report, sizeof(DeviceErrorReport), cudaHostAllocMapped | cudaHostAllocPortable));
+  state->report_host = new (report) DeviceErrorReport();
+  void* report_device = nullptr;
+  FERRY_CUDA_CHECK(cudaHostGetDevicePointer(&report_device, report, 0));
+  state->report_device = static_cast<DeviceErrorReport*>(report_device);
+  return state.release();
+}
+}  // namespace
+
+DeviceState& device_state(int index) {
+  FERRY_CHECK(index >= 0 && index < cuda_device_count(), DeviceUnavailable, "cuda:", index,
+              " is not available; devices present: ", available_devices_text());
+  std::call_once(g_state_once[static_cast<std::size_t>(index)],
+                 [index] { g_states[static_cast<std::size_t>(index)].store(create_state(index)); });
+  return *g_states[static_cast<std::size_t>(index)].load();
+}
+
+DeviceState* device_state_if_created(int index) noexcept {
+  if (index < 0 || index >= kMaxDevices) return nullptr;
+  return g_states[static_cast<std::size_t>(index)].load();
+}
+
+int current_multiprocessors() {
+  int device = 0;
+  FERRY_CUDA_CHECK(cudaGetDevice(&device));
+  return device_state(device).multiprocessors;
+}
+
+// --- stream ordering and kernel-reported errors -----------------------------------------------------
+
+void stream_wait(cudaStream_t waiter, int waiter_device, cudaStream_t producer, int producer_device) {
+  if (waiter == producer) return;
+  DeviceState& p = device_state(producer_device);
+  cudaEvent_t marker = producer == p.compute_stream ? p.compute_marker
+                       : producer == p.copy_stream  ? p.copy_marker
+                                                    : nullptr;
+  std::lock_guard lock(p.event_mutex);
+  bool temporary = false;
+  {
+    DeviceGuard guard(producer_device);
+    if (!marker) {  // a stream ferry did not create: a one-off event
+      FERRY_CUDA_CHECK(cudaEventCreateWithFlags(&marker, cudaEventDisableTiming));
+      temporary = true;
+    }
+    FERRY_CUDA_CHECK(cudaEventRecord(marker, producer));
+  }
+  DeviceGuard guard(waiter_device);
+  FERRY_CUDA_CHECK(cudaStreamWaitEvent(waiter, marker, 0));
+  if (temporary) cudaEventDestroy(marker);  // released by CUDA once the wait no longer needs it
+}
+
+void raise_kernel_errors(int index) {
+  DeviceState& s = device_state(index);
+  volatile DeviceErrorReport* report = s.report_host;
+  const auto kind = static_cast<KernelErrorKind>(report->kind);
+  if (kind == KernelErrorKind::None) return;
+  const std::int64_t value = report->value, limit = report->limit;
+  report->kind = 0;
+  const std::string where = detail::concat(" (found by a kernel on cuda:", index, ", reported at the next sync)");
+  switch (kind) {
+    case KernelErrorKind::IndexSelect:
+      throw InvalidArgument(detail::concat("index_select: index ", value, " is out of bounds for dimension with size ",
+                                           limit, where));
+    case KernelErrorKind::IndexAdd:
+      throw InvalidArgument(detail::concat("index_add: index ", value, " is out of bounds for dimension with size ",
+                                           limit, where));
+    case KernelErrorKind::CrossEntropyTarget:
+      throw InvalidArgument(detail::concat("cross_entropy: target ", value, " is out of bounds for ", limit,
+                                           " classes", where));
+    default:
+      throw InternalError(detail::concat("unknown kernel error report ", static_cast<int>(kind), where));
+  }
+}
+
+// --- memory ---------------------------------------------------------------------------------------
+
+namespace {
+std::uint64_t pool_reserved(const DeviceState& s) {
+  std::uint64_t reserved = 0;
+  if (cudaMemPoolGetAttribute(s.pool, cudaMemPoolAttrReservedMemCurrent, &reserved) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return reserved;
+}
+
+// The message PyTorch users know, with every number a reader needs to decide what to do.
+OutOfMemory out_of_memory(const DeviceState& s, std::size_t bytes) {
+  std::size_t free = 0, total = 0;
+  if (cudaMemGetInfo(&free, &total) != cudaSuccess) cudaGetLastError();
+  const double gib = static_cast<double>(bytes) / (1024.0 * 1024.0 * 1024.0);
+  return OutOfMemory(detail::concat(
+      "CUDA out of memory on cuda:", s.index, ": tried to allocate ", bytes, " bytes (", gib, " GiB); ferry has ",
+      s.allocated.load(), " bytes allocated and ", pool_reserved(s), " bytes reserved; the device has ", free,
+      " bytes free of ", total, " bytes total. Free tensors that are no longer needed or use a smaller batch"));
+}
+
+// One allocation from the device's pool in the order of `stream`; throws OutOfMemory. When the pool
+// cannot grow, it waits for the stream (pending frees complete), returns every unused block to the
+// device and tries once more.
+void* allocate_in_stream_order(DeviceState& s, std::size_t bytes, cudaStream_t stream) {
+  if (static_cast<std::int64_t>(bytes) > s.total_memory) throw out_of_memory(s, bytes);
+  void* ptr = nullptr;
+  cudaError_t status = cudaMallocFromPoolAsync(&ptr, bytes, s.pool, stream);
+  if (status == cudaErrorMemoryAllocation) {
+    cudaGetLastError();
+    FERRY_CUDA_CHECK(cudaStreamSynchronize(stream));
+    FERRY_CUDA_CHECK(cudaMemPoolTrimTo(s.pool, 0));
+    status = cudaMallocFromPoolAsync(&ptr, bytes, s.pool, stream);
+  }
+  if (status == cudaErrorMemoryAllocation) {
+    cudaGetLastError();
+    throw out_of_memory(s, bytes);
+  }
+  if (status != cudaSuccess) throw_cuda_error(status, "cudaMallocFromPoolAsync", __FILE__, __LINE__);
+  return ptr;
+}
+}  // namespace
+
+ScratchBuffer::ScratchBuffer(std::size_t bytes, cudaStream_t stream) : stream_(stream) {
+  if (bytes == 0) return;
+  int device = 0;
+  FERRY_CUDA_CHECK(cudaGetDevice(&device));
+  data_ = allocate_in_stream_order(device_state(device), bytes, stream);
+}
+
+ScratchBuffer::~ScratchBuffer() {
+  if (data_ && cudaFreeAsync(data_, stream_) != cudaSuccess) cudaGetLastError();
+}
+
+// --- the backend ----------------------------------------------------------------------------------
+
+namespace {
+
+int cores_per_multiprocessor(int major, int minor) {
+  if (major == 7) return 64;                 // Volta, Turing
+  if (major == 8) return minor == 0 ? 64 : 128;  // A100: 64; GA10x, Ada: 128
+  return 128;                                // Hopper, Blackwell and later
+}
+
+cudaStream_t to_cuda(const Stream& stream) { return static_cast<cudaStream_t>(stream.handle); }
+
+class CudaBackend final : public Backend {
+ public:
+  DeviceType type() const override { return DeviceType::CUDA; }
+  int device_count() const override { return cuda_device_count(); }
+
+  DeviceProperties properties(int index) const override {
+    device_state(index);  // checks the index
+    DeviceGuard guard(index);
+    cudaDeviceProp prop{};
+    FERRY_CUDA_CHECK(cudaGetDeviceProperties(&prop, index));
+    int clock_khz = 0, memory_clock_khz = 0, bus_width_bits = 0;
+    FERRY_CUDA_CHECK(cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, index));
+    FERRY_CUDA_CHECK(cudaDeviceGetAttribute(&memory_clock_khz, cudaDevAttrMemoryClockRate, index));
+    FERRY_CUDA_CHECK(cudaDeviceGetAttribute(&bus_width_bits, cudaDevAttrGlobalMemoryBusWidth, index));
+    DeviceProperties p;
+    p.name = prop.name;
+    p.multiprocessors = prop.multiProcessorCount;
+    p.cores = prop.multiProcessorCount * cores_per_multiprocessor(prop.major, prop.minor);
+    p.clock_hz = clock_khz * 1e3;
+    p.memory_bytes = static_cast<std::int64_t>(prop.totalGlobalMem);
+    // double data rate x bus width: the nominal device memory bandwidth
+    p.memory_bytes_per_second = 2.0 * memory_clock_khz * 1e3 * bus_width_bits / 8.0;
+    char bus_id[32] = {};
+    if (cudaDeviceGetPCIBusId(bus_id, sizeof(bus_id), index) != cudaSuccess) cudaGetLastError();
+    p.link = std::string("PCIe (bus ") + bus_id + ")";
+    p.link_bytes_per_second = 0;  // the runtime cannot say (NVML could); measured by `ferry bench`
+    return p;
+  }
+
+  // --- memory ----------------------------------------------------------------------------------
+  void* allocate(std::size_t bytes, int index) override {
+    DeviceState& s = device_state(index);
+    DeviceGuard guard(index);
+    void* ptr = allocate_in_stream_order(s, bytes, s.compute_stream);
+    const std::int64_t now = s.allocated.fetch_add(static_cast<std::int64_t>(bytes)) + static_cast<std::int64_t>(bytes);
+    std::int64_t peak = s.peak.load();
+    while (now > peak && !s.peak.compare_exchange_weak(peak, now)) {}
+    s.allocations.fetch_add(1);
+    return ptr;
+  }
+
+  // Freed in the order of the compute stream: kernels already enqueued that use the block finish
+  // first. Copies on the copy stream are ordered before later compute work by copy_bytes().
+  void deallocate(void* ptr, std::size_t bytes, int index) noexcept override {
+    DeviceState* state = device_state_if_created(index);
+    if (!ptr || !state) return;
+    DeviceState& s = *state;
+    int previous = -1;
+    if (cudaGetDevice(&previous) != cudaSuccess) previous = -1;
+    if (previous != index) cudaSetDevice(index);
+    if (cudaFreeAsync(ptr, s.compute_stream) != cudaSuccess) cudaGetLastError();  // e.g. at process exit
+    if (previous >= 0 && previous != index) cudaSetDevice(previous);
+    s.allocated.fetch_sub(static_cast<std::int64_t>(bytes));
+  }
+
+  MemoryStats memory_stats(int index) const override {
+    DeviceState& s = device_state(index);
+    DeviceGuard guard(index);
+    MemoryStats stats;
+    stats.allocated = s.allocated.load();
+    stats.peak = s.peak.load();
+    stats.allocations = s.allocations.load();
+    stats.reserved = static_cast<std::int64_t>(pool_reserved(s));
+    std::size_t free = 0, total = 0;
+    FERRY_CUDA_CHECK(cudaMemGetInfo(&free, &total));
+    stats.free = static_cast<std::int64_t>(free);
+    stats.total = static_cast<std::int64_t>(total);
+    return stats;
+  }
+
+  void reset_peak_memory_stats(int index) override {
+    DeviceState& s = device_state(index);
+    s.peak.store(s.allocated.load());
+  }
+
+  // Waits for the device, then hands every cached (unused) block back to the driver.
+  void empty_cache(int index) override {
+    DeviceState& s = device_state(index);
+    DeviceGuard guard(index);
+    FERRY_CUDA_CHECK(cudaStreamSynchronize(s.compute_stream));
+    FERRY_CUDA_CHECK(cudaStreamSynchronize(s.copy_stream));
+    FERRY_CUDA_CHECK(cudaMemPoolTrimTo(s.pool, 0));
+    pinned_release_cached();
+  }
+
+  void* allocate_pinned(std::size_t bytes) override {
+    if (cuda_device_count() == 0) return Backend::allocate_pinned(bytes);  // throws NotSupported
+    return pinned_allocate(bytes);
+  }
+  void deallocate_pinned(void* ptr) noexcept override { pinned_deallocate(ptr); }
+
+  // --- streams ---------------------------------------------------------------------------------
+  Stream compute_stream(int index) override {
+    return {Device(DeviceType::CUDA, index), device_state(index).compute_stream};
+  }
+  Stream copy_stream(int index) override { return {Device(DeviceType::CUDA, index), device_state(index).copy_stream}; }
+
+  void synchronize(const Stream& stream) override {
+    DeviceGuard guard(stream.device.index);
+    FERRY_CUDA_CHECK(cudaStreamSynchronize(to_cuda(stream)));
+    raise_kernel_errors(stream.device.index);
+  }
+  void synchronize_device(int index) override {
+    device_state(index);
+    DeviceGuard guard(index);
+    FERRY_CUDA_CHECK(cudaDeviceSynchronize());
+    raise_kernel_errors(index);
+  }
+  void stream_wait(const Stream& waiter, const Stream& producer) override {
+    cuda::stream_wait(to_cuda(waiter), waiter.device.index, to_cuda(producer), producer.device.index);
+  }
+
+  void copy(void* dst, Device dst_device, const void* src, Device src_device, std::size_t bytes, const Stream& stream,
+            bool pinned, bool non_blocking) override {
+    copy_bytes(dst, dst_device, src, src_device, bytes, stream, pinned, non_blocking);
+  }
+
+  // --- kernels ---------------------------------------------------------------------------------
+  void fill(const KernelTensor& out, double value, const Stream& stream) override {
+    DeviceGuard guard(stream.device.index);
+    launch_fill(out, value, to_cuda(stream));
+  }
+  void arange(const KernelTensor& out, double start, double step, const Stream& stream) override {
+    DeviceGuard guard(stream.device.index);
+    launch_arange(out, start, step, to_cuda(stream));
+  }
+  void random(const KernelTensor& out, RandomKind kind, double low, double high, std::uint64_t seed,
+              std::uint64_t offset, const Stream& stream) override {
+    DeviceGuard guard(stream.device.index);
+    launch_random(out, kind, low, high, seed, offset, to_cuda(stream));
+  }
+  void unary(UnaryOp op, const KernelTensor& out, const KernelTensor& in, const Stream& stream) override {
+    DeviceGuard guard(stream.device.index);
+    launch_unary(op, out, in, to_cuda(stream));
+  }
+  void binary(BinaryOp op, const KernelTensor& out, const KernelTensor& a, const KernelTensor& b,
+              const Stream& stream) override {
+    DeviceGuard guard(stream.device.index);
+    launch_binary(op, out, a, b, to_cuda(stream));
+  }
+  void binary_scalar(BinaryOp op, const KernelTensor& out, const KernelTensor& a, double scalar, bool scalar_first,
+                     const Stream& stream) override {
+    DeviceGuard guard(stream.device.index);
+    launch_binary_scalar(op, out, a, scalar, scalar_first, to_cuda(stream));
+  }
+  void where(const KernelTensor& out, const KernelTensor& cond, const KernelTensor& a, const KernelTensor& b,
+             const Stream& stream) override {
+    DeviceGuard guard(stream.device.index);
+    launch_where(out, cond, a, b, to_cuda(stream));
+  }
+  void reduce(ReduceOp op, const KernelTensor& out, const KernelTensor& in, std::int64_t outer, std::int64_t reduce,
+              std::int64_t inner, const Stream& stream) override {
+    DeviceGuard guard(stream.device.index);
+    launch_reduce(op, out, in, outer, reduce, inner, to_cuda(stream));
+  }
+  void gemm(const GemmArgs& args, const Stream& stream) override {
+    DeviceGuard guard(stream.device.index);
+    cuda::gemm(args, stream.device.index, to_cuda(stream));
+  }
+  void index_select(const KernelTensor& out, const KernelTensor& in, const KernelTensor& index, std::int64_t outer,
+                    std::int64_t n_in, std::int64_t inner, const Stream& stream) override {
+    DeviceGuard guard(stream.device.index);
+    launch_index_select(out, in, index, outer, n_in, inner, device_state(stream.device.index).report_device,
+                        to_cuda(stream));
+  }
+  void index_add(const KernelTensor& out, const KernelTensor& src, const KernelTensor& index, std::int64_t outer,
+                 std::int64_t n_out, std::int64_t inner, const Stream& stream) override {
+    DeviceGuard guard(stream.device.index);
+    launch_index_add(out, src, index, outer, n_out, inner, device_state(stream.device.index).report_device,
+                     to_cuda(stream));
+  }
+  void cross_entropy(const KernelTensor& loss_rows, const KernelTensor& grad, const KernelTensor& logits,
+                     const KernelTensor& target, double grad_scale, const Stream& stream) override {
+    DeviceGuard guard(stream.device.index);
+    launch_cross_entropy(loss_rows, grad, logits, target, grad_scale, device_state(stream.device.index).report_device,
+                         to_cuda(stream));
+  }
+  void im2col(const KernelTensor& columns, const KernelTensor& image, const Conv2dShape& shape,
+              const Stream& stream) override {
+    DeviceGuard guard(stream.device.index);
+    launch_im2col(columns, image, shape, to_cuda(stream));
+  }
+  void col2im(const KernelTensor& image, const KernelTensor& columns, const Conv2dShape& shape,
+              const Stream& stream) override {
+    DeviceGuard guard(stream.device.index);
+    launch_col2im(image, columns, shape, to_cuda(stream));
+  }
+  void max_pool2d(const KernelTensor& out, const KernelTensor& argmax, const KernelTensor& in, const Pool2dShape& shape,
+                  const Stream& stream) override {
+    DeviceGuard guard(stream.device.index);
+    launch_max_pool2d(out, argmax, in, shape, to_cuda(stream));
+  }
+  void max_pool2d_backward(const KernelTensor& grad_in, const KernelTensor& grad_out, const KernelTensor& argmax,
+                           const Pool2dShape& shape, const Stream& stream) override {
+    DeviceGuard guard(stream.device.index);
+    launch_max_pool2d_backward(grad_in, grad_out, argmax, shape, to_cuda(stream));
+  }
+  void avg_pool2d(const KernelTensor& out, const KernelTensor& in, const Pool2dShape& shape,
+                  const Stream& stream) override {
+    DeviceGuard guard(stream.device.index);
+    launch_avg_pool2d(out, in, shape, to_cuda(stream));
+  }
+  void avg_pool2d_backward(const KernelTensor& grad_in, const KernelTensor& grad_out, const Pool2dShape& shape,
+                           const Stream& stream) override {
+    DeviceGuard guard(stream.device.index);
+    launch_avg_pool2d_backward(grad_in, grad_out, shape, to_cuda(stream));
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_cuda_backend() { return std::make_unique<CudaBackend>(); }
+
+}  // namespace ferry::cuda

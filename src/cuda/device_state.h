@@ -1,0 +1,100 @@
+// device_state.h — what the cuda backend keeps per GPU: its two streams, its memory pool and byte
+// counters, the events used to order streams, and the slot where kernels report bad indices.
+// Not here: kernels (kernels.h), copies (copy.cpp), cuBLAS handles (gemm.cpp), pinned memory (pinned.cpp).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <mutex>
+#include <string>
+
+#include "ferry/backend.h"
+
+namespace ferry::cuda {
+
+inline constexpr int kMaxDevices = 16;
+
+// Written by kernels that find a bad index (in mapped host memory, so reading it after a sync costs
+// no copy); read and cleared by the backend at the next sync, which throws InvalidArgument.
+enum class KernelErrorKind : std::int32_t { None = 0, IndexSelect = 1, IndexAdd = 2, CrossEntropyTarget = 3 };
+struct DeviceErrorReport {
+  std::int32_t kind = 0;     // a KernelErrorKind
+  std::int32_t unused = 0;
+  std::int64_t value = 0;    // the offending index or target
+  std::int64_t limit = 0;    // the size it had to be below
+};
+
+struct DeviceState {
+  int index = 0;
+  cudaStream_t compute_stream = nullptr;  // kernels; created non-blocking
+  cudaStream_t copy_stream = nullptr;     // host<->device and device<->device copies; non-blocking
+  cudaMemPool_t pool = nullptr;           // stream-ordered allocator; keeps freed memory until empty_cache
+  int multiprocessors = 0;
+  std::int64_t total_memory = 0;          // bytes of device memory
+
+  // Reused events for stream_wait (a wait captures the event's state when it is enqueued, so the
+  // event can be recorded again right after). The mutex keeps record+wait pairs together.
+  std::mutex event_mutex;
+  cudaEvent_t compute_marker = nullptr;
+  cudaEvent_t copy_marker = nullptr;
+
+  // bytes held by live ferry tensors, their peak, and the number of allocate calls
+  std::atomic<std::int64_t> allocated{0}, peak{0}, allocations{0};
+
+  DeviceErrorReport* report_host = nullptr;    // mapped pinned memory ...
+  DeviceErrorReport* report_device = nullptr;  // ... and the same bytes as the device sees them
+};
+
+// Number of CUDA devices; 0 (never an exception) when there is no driver or no device. Cached.
+int cuda_device_count();
+// The reason device_count() is 0, e.g. "cudaGetDeviceCount: cudaErrorInsufficientDriver (...)"; "" when >0.
+std::string cuda_unavailable_reason();
+// The state of device `index`, created on first use (streams, pool, events). Throws DeviceUnavailable
+// for an index that is not present.
+DeviceState& device_state(int index);
+// The state when device `index` has been used already, else nullptr (never creates; noexcept paths).
+DeviceState* device_state_if_created(int index) noexcept;
+
+// SMs of the calling thread's current device (grid sizing in the launchers).
+int current_multiprocessors();
+
+// Make the current device `index` for the lifetime of the guard, then restore the previous one.
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int index);
+  ~DeviceGuard();
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+
+ private:
+  int previous_ = -1;
+  int index_ = 0;
+};
+
+// `waiter` waits on the device (not the host) for the work enqueued so far on `producer`.
+void stream_wait(cudaStream_t waiter, int waiter_device, cudaStream_t producer, int producer_device);
+
+// Throws InvalidArgument when a kernel of device `index` reported a bad index since the last check.
+void raise_kernel_errors(int index);
+
+// Temporary device memory for one launcher (dtype conversions, partial reductions): taken from the
+// current device's pool in the order of `stream`, given back in the same order when it goes out of
+// scope. Not counted as `allocated` (no tensor owns it), but part of `reserved`.
+class ScratchBuffer {
+ public:
+  ScratchBuffer(std::size_t bytes, cudaStream_t stream);
+  ~ScratchBuffer();
+  ScratchBuffer(const ScratchBuffer&) = delete;
+  ScratchBuffer& operator=(const ScratchBuffer&) = delete;
+  void* data() const { return data_; }
+  template <typename T> T* as() const { return static_cast<T*>(data_); }
+
+ private:
+  void* data_ = nullptr;
+  cudaStream_t stream_ = nullptr;
+};
+
+}  // namespace ferry::cuda

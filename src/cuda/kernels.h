@@ -1,0 +1,79 @@
+// kernels.h — the kernel launchers of the cuda backend, one group per .cu file. Each takes its
+// stream; the caller has made the stream's device current (DeviceGuard). Semantics match the cpu
+// reference (src/cpu/host_kernels.cpp) op for op, dtype for dtype.
+// Not here: memory, streams and copies (cuda_backend.cpp, copy.cpp), GEMM (gemm.cpp).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "device_state.h"
+#include "ferry/backend.h"
+
+namespace ferry::cuda {
+
+// --- fill.cu: fill, arange, random (Philox, same numbers as the cpu) --------------------------------
+void launch_fill(const KernelTensor& out, double value, cudaStream_t stream);
+void launch_arange(const KernelTensor& out, double start, double step, cudaStream_t stream);
+void launch_random(const KernelTensor& out, RandomKind kind, double low, double high, std::uint64_t seed,
+                   std::uint64_t offset, cudaStream_t stream);
+
+// --- unary.cu: unary ops and dtype conversion (UnaryOp::Copy) ---------------------------------------
+void launch_unary(UnaryOp op, const KernelTensor& out, const KernelTensor& in, cudaStream_t stream);
+
+// --- binary.cu: binary ops with broadcasting, ops with a scalar, where ---------------------------------
+void launch_binary(BinaryOp op, const KernelTensor& out, const KernelTensor& a, const KernelTensor& b,
+                   cudaStream_t stream);
+void launch_binary_scalar(BinaryOp op, const KernelTensor& out, const KernelTensor& a, double scalar,
+                          bool scalar_first, cudaStream_t stream);
+void launch_where(const KernelTensor& out, const KernelTensor& cond, const KernelTensor& a, const KernelTensor& b,
+                  cudaStream_t stream);
+
+// --- reduce.cu: in (outer, reduce, inner) -> out (outer, inner) ----------------------------------------
+void launch_reduce(ReduceOp op, const KernelTensor& out, const KernelTensor& in, std::int64_t outer,
+                   std::int64_t reduce, std::int64_t inner, cudaStream_t stream);
+
+// --- index.cu: gather rows, and its backward (atomic scatter-add) ---------------------------------------
+// Out-of-range indices are written to `report` (device pointer) and raised at the next sync.
+void launch_index_select(const KernelTensor& out, const KernelTensor& in, const KernelTensor& index,
+                         std::int64_t outer, std::int64_t n_in, std::int64_t inner, DeviceErrorReport* report,
+                         cudaStream_t stream);
+void launch_index_add(const KernelTensor& out, const KernelTensor& src, const KernelTensor& index,
+                      std::int64_t outer, std::int64_t n_out, std::int64_t inner, DeviceErrorReport* report,
+                      cudaStream_t stream);
+
+// --- loss.cu: softmax cross-entropy over the last dim -----------------------------------------------------
+void launch_cross_entropy(const KernelTensor& loss_rows, const KernelTensor& grad, const KernelTensor& logits,
+                          const KernelTensor& target, double grad_scale, DeviceErrorReport* report,
+                          cudaStream_t stream);
+
+// --- conv.cu: im2col / col2im for one sample ------------------------------------------------------------
+void launch_im2col(const KernelTensor& columns, const KernelTensor& image, const Backend::Conv2dShape& shape,
+                   cudaStream_t stream);
+void launch_col2im(const KernelTensor& image, const KernelTensor& columns, const Backend::Conv2dShape& shape,
+                   cudaStream_t stream);
+
+// --- pool.cu: 2-d max and average pooling, forward and backward --------------------------------------------
+void launch_max_pool2d(const KernelTensor& out, const KernelTensor& argmax, const KernelTensor& in,
+                       const Backend::Pool2dShape& shape, cudaStream_t stream);
+void launch_max_pool2d_backward(const KernelTensor& grad_in, const KernelTensor& grad_out, const KernelTensor& argmax,
+                                const Backend::Pool2dShape& shape, cudaStream_t stream);
+void launch_avg_pool2d(const KernelTensor& out, const KernelTensor& in, const Backend::Pool2dShape& shape,
+                       cudaStream_t stream);
+void launch_avg_pool2d_backward(const KernelTensor& grad_in, const KernelTensor& grad_out,
+                                const Backend::Pool2dShape& shape, cudaStream_t stream);
+
+// --- gemm.cpp: cuBLAS, row-major via the swap of operands ---------------------------------------------------
+void gemm(const Backend::GemmArgs& args, int device, cudaStream_t stream);
+
+// --- copy.cpp: every copy that touches this backend's memory ------------------------------------------------
+void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device, std::size_t bytes,
+                const Stream& stream, bool pinned, bool non_blocking);
+
+// --- pinned.cpp: page-locked host memory, cached and reused once the copy streams are past it ---------------
+void* pinned_allocate(std::size_t bytes);
+void pinned_deallocate(void* ptr) noexcept;
+void pinned_release_cached();  // give cached blocks back to the system (empty_cache)
+
+}  // namespace ferry::cuda

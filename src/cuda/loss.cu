@@ -1,0 +1,85 @@
+// loss.cu — softmax cross-entropy over the last dim of (rows, classes) logits with int64 targets:
+// the loss of each row and, when asked, its gradient, in the cpu's arithmetic (exp and the sum in
+// double). A target out of range leaves NaN and is raised at the next sync. Not here: the mean over
+// rows and autograd (the op layer).
+#include <cuda_runtime.h>
+
+#include <cmath>
+
+#include "device_report.cuh"
+#include "elementwise.cuh"
+#include "kernels.h"
+
+namespace ferry::cuda {
+
+namespace {
+
+// Combine `v` over the block; every thread gets the result. `shared` holds 32 values.
+template <typename T, typename Op>
+__device__ T block_all_reduce(T v, Op op, T* shared) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
+#pragma unroll
+  for (int mask = 16; mask > 0; mask >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, mask));
+  __syncthreads();  // `shared` may still be read from the previous call
+  if (lane == 0) shared[warp] = v;
+  __syncthreads();
+  v = shared[0];
+  for (int w = 1; w < warps; ++w) v = op(v, shared[w]);
+  return v;
+}
+
+// One block per row (grid-stride over rows). blockDim.x is a multiple of 32, at most 1024.
+template <typename T>
+__global__ void cross_entropy_kernel(T* loss, T* grad, const T* logits, const std::int64_t* target, std::int64_t rows,
+                                     std::int64_t classes, double grad_scale, DeviceErrorReport* report) {
+  __shared__ T shared_top[32];
+  __shared__ double shared_total[32];
+  for (std::int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+    const T* x = logits + row * classes;
+    // std::max(top, v) as the cpu writes it: (top < v) ? v : top
+    T top = x[0];
+    for (std::int64_t c = threadIdx.x; c < classes; c += blockDim.x) top = top < x[c] ? x[c] : top;
+    top = block_all_reduce(top, [](T a, T b) { return a < b ? b : a; }, shared_top);
+    double total = 0;
+    for (std::int64_t c = threadIdx.x; c < classes; c += blockDim.x) total += exp(static_cast<double>(x[c] - top));
+    total = block_all_reduce(total, [](double a, double b) { return a + b; }, shared_total);
+    const double log_sum = log(total) + static_cast<double>(top);
+    const std::int64_t t = target[row];
+    const bool valid = t >= 0 && t < classes;
+    if (threadIdx.x == 0) {
+      if (!valid) report_kernel_error(report, KernelErrorKind::CrossEntropyTarget, t, classes);
+      loss[row] = valid ? static_cast<T>(log_sum - static_cast<double>(x[t])) : static_cast<T>(NAN);
+    }
+    if (grad) {
+      T* g = grad + row * classes;
+      for (std::int64_t c = threadIdx.x; c < classes; c += blockDim.x) {
+        const double p = exp(static_cast<double>(x[c]) - log_sum);
+        g[c] = valid ? static_cast<T>((p - (c == t ? 1.0 : 0.0)) * grad_scale) : static_cast<T>(NAN);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+void launch_cross_entropy(const KernelTensor& loss_rows, const KernelTensor& grad, const KernelTensor& logits,
+                          const KernelTensor& target, double grad_scale, DeviceErrorReport* report,
+                          cudaStream_t stream) {
+  const std::int64_t rows = logits.shape[0], classes = logits.shape[1];
+  if (rows == 0) return;
+  FERRY_CHECK(classes > 0, InvalidArgument, "cross_entropy: expected at least one class, got logits of shape (", rows,
+              ", 0)");
+  FERRY_ASSERT(target.dtype == DType::Int64, "cross_entropy: the op layer passes int64 targets");
+  dispatch_float(logits.dtype, "cross_entropy", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const std::int64_t threads = std::min<std::int64_t>(256, (classes + 31) / 32 * 32);
+    const std::int64_t blocks = std::min<std::int64_t>(rows, current_multiprocessors() * 32LL);
+    cross_entropy_kernel<T><<<static_cast<unsigned>(blocks), static_cast<unsigned>(threads), 0, stream>>>(
+        static_cast<T*>(loss_rows.data), grad.data ? static_cast<T*>(grad.data) : nullptr,
+        static_cast<const T*>(logits.data), static_cast<const std::int64_t*>(target.data), rows, classes, grad_scale,
+        report);
+    FERRY_LAUNCH_CHECK();
+  });
+}
+
+}  // namespace ferry::cuda

@@ -1,0 +1,512 @@
+// functional.cpp — the nn layers as functions over any device: linear and conv2d (GEMMs through the
+// backend; conv via im2col/col2im), batch_norm, pooling, dropout. Each records one autograd node with a
+// hand-written backward. Not here: the losses (loss.cpp), BatchNorm's per-channel passes (batch_norm_kernels.cpp).
+#include "ferry/nn/functional.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "../core/internal.h"
+#include "batch_norm_kernels.h"
+#include "host_conv.h"
+#include "ferry/autograd.h"
+#include "ferry/backend.h"
+#include "ferry/factories.h"
+#include "ferry/ops.h"
+
+namespace ferry::nn::functional {
+
+using autograd::needs_grad;
+using autograd::record;
+using Grads = std::vector<Tensor>;
+
+namespace {
+
+KernelTensor kernel(const Tensor& t) { return ferry::detail::kernel_view(t); }
+Stream stream_of(Device device) { return ferry::detail::compute_stream(device); }
+
+void check_floating(const char* op, const Tensor& t, const char* what) {
+  FERRY_CHECK(is_floating(t.dtype()), DTypeMismatch, op, ": expected a float32 or float64 ", what, ", got ",
+              dtype_name(t.dtype()));
+}
+
+void check_same_dtype(const char* op, const Tensor& input, std::initializer_list<std::pair<const Tensor*, const char*>> others) {
+  for (const auto& [t, what] : others) {
+    if (!t->defined()) continue;
+    FERRY_CHECK(t->dtype() == input.dtype(), DTypeMismatch, op, ": expected ", what, " to have the input's dtype ",
+                dtype_name(input.dtype()), ", got ", dtype_name(t->dtype()));
+  }
+}
+
+// Row-major C = alpha op(A) op(B) + beta C, `batch` times with element strides between the matrices.
+struct Gemm {
+  bool trans_a = false, trans_b = false;
+  std::int64_t m = 0, n = 0, k = 0;
+  const Tensor* a = nullptr;
+  std::int64_t a_offset = 0, lda = 0, stride_a = 0;
+  const Tensor* b = nullptr;
+  std::int64_t b_offset = 0, ldb = 0, stride_b = 0;
+  const Tensor* c = nullptr;
+  std::int64_t c_offset = 0, ldc = 0, stride_c = 0;
+  std::int64_t batch = 1;
+  float beta = 0;
+};
+
+void run_gemm(const Gemm& g) {
+  const Tensor& c = *g.c;
+  const std::size_t es = c.element_size();
+  Backend::GemmArgs args;
+  args.trans_a = g.trans_a;
+  args.trans_b = g.trans_b;
+  args.m = g.m;
+  args.n = g.n;
+  args.k = g.k;
+  args.alpha = 1;
+  args.beta = g.beta;
+  args.a = static_cast<const char*>(g.a->data_ptr()) + g.a_offset * static_cast<std::int64_t>(es);
+  args.lda = g.lda;
+  args.stride_a = g.stride_a;
+  args.b = static_cast<const char*>(g.b->data_ptr()) + g.b_offset * static_cast<std::int64_t>(es);
+  args.ldb = g.ldb;
+  args.stride_b = g.stride_b;
+  args.c = static_cast<char*>(c.data_ptr()) + g.c_offset * static_cast<std::int64_t>(es);
+  args.ldc = g.ldc;
+  args.stride_c = g.stride_c;
+  args.batch = g.batch;
+  args.dtype = c.dtype();
+  backend(c.device()).gemm(args, stream_of(c.device()));
+}
+
+// out (shape) = broadcast of `vector` (C) along dim 1 of `shape` (N, C, rest...) — for bias init.
+void fill_with_channel_vector(const Tensor& out, const Tensor& vector) {
+  Shape per_channel(out.dim(), 1);
+  per_channel[1] = vector.numel();
+  backend(out.device()).unary(UnaryOp::Copy, kernel(out),
+                              ferry::detail::kernel_broadcast(vector.reshape(per_channel), out.shape()),
+                              stream_of(out.device()));
+}
+
+// Sum of a contiguous tensor over (outer, reduce, inner) -> (outer, inner), through the backend.
+Tensor reduce_sum(const Tensor& in, std::int64_t outer, std::int64_t reduce, std::int64_t inner) {
+  Tensor out = empty(inner == 1 ? Shape{outer} : Shape{outer, inner}, {.device = in.device(), .dtype = in.dtype()});
+  backend(in.device()).reduce(ReduceOp::Sum, kernel(out), kernel(in), outer, reduce, inner, stream_of(in.device()));
+  return out;
+}
+
+}  // namespace
+
+// --- linear -------------------------------------------------------------------------------------
+
+Tensor linear(const Tensor& input, const Tensor& weight, const Tensor& bias) {
+  check_same_device("linear", {&input, &weight, &bias});
+  check_floating("linear", input, "input");
+  check_same_dtype("linear", input, {{&weight, "weight"}, {&bias, "bias"}});
+  FERRY_CHECK(weight.dim() == 2, ShapeMismatch, "linear: expected weight (out_features, in_features), got shape ",
+              shape_str(weight.shape()));
+  const std::int64_t out_features = weight.size(0), in_features = weight.size(1);
+  FERRY_CHECK(input.dim() >= 1 && input.size(-1) == in_features, ShapeMismatch,
+              "mat1 and mat2 shapes cannot be multiplied (", input.dim() >= 1 ? input.numel() / std::max<std::int64_t>(input.size(-1), 1) : 0,
+              "x", input.dim() >= 1 ? input.size(-1) : 0, " and ", in_features, "x", out_features,
+              ") (in linear: input ", shape_str(input.shape()), ", weight ", shape_str(weight.shape()), ")");
+  FERRY_CHECK(!bias.defined() || (bias.dim() == 1 && bias.size(0) == out_features), ShapeMismatch,
+              "linear: expected bias (", out_features, "), got shape ", shape_str(bias.shape()));
+
+  const std::int64_t rows = input.numel() / std::max<std::int64_t>(in_features, 1);
+  const Tensor x = input.detach().contiguous().reshape({rows, in_features});  // (rows, in)
+  const Tensor w = weight.detach().contiguous();                               // (out, in)
+  Tensor out = empty({rows, out_features}, {.device = input.device(), .dtype = input.dtype()});  // (rows, out)
+  if (bias.defined() && out.numel() > 0) fill_with_channel_vector(out, bias.detach());  // then GEMM, beta = 1
+  if (out.numel() > 0) {
+    if (in_features == 0) {
+      if (!bias.defined()) out.fill_(0);
+    } else {
+      run_gemm({.trans_a = false, .trans_b = true, .m = rows, .n = out_features, .k = in_features,
+                .a = &x, .lda = in_features, .b = &w, .ldb = in_features, .c = &out, .ldc = out_features,
+                .beta = bias.defined() ? 1.0f : 0.0f});
+    }
+  }
+  Shape out_shape = input.shape();
+  out_shape.back() = out_features;
+  out = out.view(out_shape);
+
+  if (needs_grad({&input, &weight, &bias})) {
+    const bool want_x = input.requires_grad(), want_w = weight.requires_grad(), want_b = bias.requires_grad();
+    record("linear", {input, weight, bias}, out,
+           [x, w, rows, in_features, out_features, want_x, want_w, want_b, in_shape = input.shape()](const Tensor& grad) {
+             const Tensor g = grad.contiguous().reshape({rows, out_features});  // (rows, out)
+             Tensor gx, gw, gb;
+             if (want_x) {  // (rows, in) = g (rows, out) @ w (out, in)
+               gx = empty({rows, in_features}, {.device = g.device(), .dtype = g.dtype()});
+               if (out_features == 0) gx.fill_(0);
+               else if (gx.numel() > 0)
+                 run_gemm({.m = rows, .n = in_features, .k = out_features, .a = &g, .lda = out_features, .b = &w,
+                           .ldb = in_features, .c = &gx, .ldc = in_features});
+               gx = gx.view(in_shape);
+             }
+             if (want_w) {  // (out, in) = g^T (out, rows) @ x (rows, in)
+               gw = empty({out_features, in_features}, {.device = g.device(), .dtype = g.dtype()});
+               if (rows == 0) gw.fill_(0);
+               else if (gw.numel() > 0)
+                 run_gemm({.trans_a = true, .m = out_features, .n = in_features, .k = rows, .a = &g,
+                           .lda = out_features, .b = &x, .ldb = in_features, .c = &gw, .ldc = in_features});
+             }
+             if (want_b) gb = reduce_sum(g, 1, rows, out_features).view({out_features});
+             return Grads{gx, gw, gb};
+           });
+  }
+  return out;
+}
+
+// --- conv2d -------------------------------------------------------------------------------------
+
+namespace {
+constexpr std::int64_t kColumnsChunkBytes = std::int64_t{4} << 20;  // im2col buffer per chunk of samples
+
+std::int64_t samples_per_chunk(const Backend::Conv2dShape& s, std::size_t element_size) {
+  const std::int64_t per_sample = s.in_channels * s.kernel_h * s.kernel_w * s.out_h() * s.out_w() *
+                                  static_cast<std::int64_t>(element_size);
+  return std::clamp<std::int64_t>(kColumnsChunkBytes / std::max<std::int64_t>(per_sample, 1), 1, std::max<std::int64_t>(s.batch, 1));
+}
+
+bool is_pointwise(const Backend::Conv2dShape& s) {
+  return s.kernel_h == 1 && s.kernel_w == 1 && s.stride_h == 1 && s.stride_w == 1 && s.pad_h == 0 && s.pad_w == 0;
+}
+
+// The columns (b*K, L) of samples [first, first + b) of x (N, C, H, W): one im2col call that treats the
+// chunk as one image of b*C channels (its rows are the samples' (K, L) blocks, stacked).
+void chunk_columns(const Tensor& columns, const Tensor& x, const Backend::Conv2dShape& s, std::int64_t first,
+                   std::int64_t b) {
+  Backend::Conv2dShape cs = s;
+  cs.batch = 1;
+  cs.in_channels = b * s.in_channels;
+  const Tensor image = x.narrow(0, first, b).view({b * s.in_channels, s.height, s.width});
+  const std::int64_t rows = b * s.in_channels * s.kernel_h * s.kernel_w;
+  const Tensor cols = columns.narrow(0, 0, rows);
+  backend(x.device()).im2col(kernel(cols), kernel(image), cs, stream_of(x.device()));
+}
+}  // namespace
+
+Tensor conv2d(const Tensor& input_in, const Tensor& weight, const Tensor& bias, Size2 stride, Size2 padding,
+              Size2 dilation) {
+  check_same_device("conv2d", {&input_in, &weight, &bias});
+  check_floating("conv2d", input_in, "input");
+  check_same_dtype("conv2d", input_in, {{&weight, "weight"}, {&bias, "bias"}});
+  FERRY_CHECK(input_in.dim() == 3 || input_in.dim() == 4, ShapeMismatch,
+              "conv2d: expected a 3-d (C, H, W) or 4-d (N, C, H, W) input, got shape ", shape_str(input_in.shape()));
+  if (input_in.dim() == 3) return conv2d(input_in.unsqueeze(0), weight, bias, stride, padding, dilation).squeeze(0);
+  const Tensor& input = input_in;
+  FERRY_CHECK(weight.dim() == 4, ShapeMismatch, "conv2d: expected weight (out_channels, in_channels, kh, kw), got shape ",
+              shape_str(weight.shape()));
+  FERRY_CHECK(weight.size(1) == input.size(1), ShapeMismatch, "conv2d: expected input ", shape_str(input.shape()),
+              " to have ", weight.size(1), " channels (weight ", shape_str(weight.shape()), "), but got ",
+              input.size(1), " channels instead");
+  FERRY_CHECK(!bias.defined() || (bias.dim() == 1 && bias.size(0) == weight.size(0)), ShapeMismatch,
+              "conv2d: expected bias (", weight.size(0), "), got shape ", shape_str(bias.shape()));
+  FERRY_CHECK(stride.h >= 1 && stride.w >= 1 && padding.h >= 0 && padding.w >= 0 && dilation.h >= 1 && dilation.w >= 1,
+              InvalidArgument, "conv2d: expected stride >= 1, padding >= 0, dilation >= 1, got stride (", stride.h, ", ",
+              stride.w, "), padding (", padding.h, ", ", padding.w, "), dilation (", dilation.h, ", ", dilation.w, ")");
+
+  Backend::Conv2dShape s;
+  s.batch = input.size(0);
+  s.in_channels = input.size(1);
+  s.height = input.size(2);
+  s.width = input.size(3);
+  s.out_channels = weight.size(0);
+  s.kernel_h = weight.size(2);
+  s.kernel_w = weight.size(3);
+  s.stride_h = stride.h;
+  s.stride_w = stride.w;
+  s.pad_h = padding.h;
+  s.pad_w = padding.w;
+  s.dilation_h = dilation.h;
+  s.dilation_w = dilation.w;
+  const std::int64_t out_h = s.out_h(), out_w = s.out_w();
+  FERRY_CHECK(out_h >= 1 && out_w >= 1, ShapeMismatch, "conv2d: calculated output size (", out_h, " x ", out_w,
+              ") is too small for input ", shape_str(input.shape()), " and kernel (", s.kernel_h, " x ", s.kernel_w,
+              ") with padding (", s.pad_h, ", ", s.pad_w, ") and dilation (", s.dilation_h, ", ", s.dilation_w, ")");
+
+  const std::int64_t N = s.batch, C = s.in_channels, O = s.out_channels;
+  const std::int64_t K = C * s.kernel_h * s.kernel_w, L = out_h * out_w;
+  const Tensor x = input.detach().contiguous();   // (N, C, H, W)
+  const Tensor w = weight.detach().contiguous();  // (O, C, kh, kw) = (O, K)
+  const TensorOptions like{.device = x.device(), .dtype = x.dtype()};
+  Tensor out = empty({N, O, out_h, out_w}, like);  // (N, O, oh, ow) = (N, O, L)
+  const bool host = K > 0 && detail::use_host_conv(x.device(), N);
+  if (bias.defined() && !host && out.numel() > 0) fill_with_channel_vector(out, bias.detach());
+  const float beta = bias.defined() ? 1.0f : 0.0f;
+  const bool pointwise = is_pointwise(s);
+  const std::int64_t chunk = samples_per_chunk(s, x.element_size());
+
+  if (out.numel() > 0 && K > 0) {
+    if (host) {
+      detail::host_conv2d_forward(x, w, bias.defined() ? bias.detach().contiguous() : Tensor(), out, s);
+    } else if (pointwise) {  // the columns are the image itself: out[n] (O, L) = w (O, C) @ x[n] (C, L)
+      run_gemm({.m = O, .n = L, .k = K, .a = &w, .lda = K, .b = &x, .ldb = L, .stride_b = C * L, .c = &out,
+                .ldc = L, .stride_c = O * L, .batch = N, .beta = beta});
+    } else {
+      const Tensor columns = empty({chunk * K, L}, like);  // (chunk * K, L)
+      for (std::int64_t first = 0; first < N; first += chunk) {
+        const std::int64_t b = std::min(chunk, N - first);
+        chunk_columns(columns, x, s, first, b);
+        // out[n] (O, L) = w (O, K) @ columns[n] (K, L), for the b samples of the chunk
+        run_gemm({.m = O, .n = L, .k = K, .a = &w, .lda = K, .b = &columns, .ldb = L, .stride_b = K * L,
+                  .c = &out, .c_offset = first * O * L, .ldc = L, .stride_c = O * L, .batch = b, .beta = beta});
+      }
+    }
+  } else if (out.numel() > 0 && !bias.defined()) {
+    out.fill_(0);
+  }
+
+  if (needs_grad({&input, &weight, &bias})) {
+    const bool want_x = input.requires_grad(), want_w = weight.requires_grad(), want_b = bias.requires_grad();
+    record("conv2d", {input, weight, bias}, out,
+           [x, w, s, K, L, chunk, pointwise, want_x, want_w, want_b](const Tensor& grad) {
+             const Tensor g = grad.contiguous();  // (N, O, oh, ow) = (N, O, L)
+             const std::int64_t N = s.batch, C = s.in_channels, O = s.out_channels;
+             const TensorOptions like{.device = g.device(), .dtype = g.dtype()};
+             Tensor gx, gw, gb;
+             if (want_b) gb = reduce_sum(reduce_sum(g, N * O, L, 1), 1, N, O).view({O});
+             if (want_w) gw = empty({O, C, s.kernel_h, s.kernel_w}, like);  // (O, K); the first GEMM has beta 0
+             if (want_x) gx = empty({N, C, s.height, s.width}, like);
+             if (N == 0 || K == 0 || L == 0 || O == 0) {
+               if (want_x) gx.fill_(0);
+               return Grads{gx, gw, gb};
+             }
+             if (detail::use_host_conv(g.device(), N)) {
+               detail::host_conv2d_backward(g, x, w, s, want_x ? &gx : nullptr, want_w ? &gw : nullptr);
+               return Grads{gx, gw, gb};
+             }
+             if (pointwise) {
+               if (want_w) {  // gw (O, C) += g[n] (O, L) @ x[n]^T (L, C), sample by sample (in order: any device)
+                 for (std::int64_t n = 0; n < N; ++n)
+                   run_gemm({.trans_b = true, .m = O, .n = K, .k = L, .a = &g, .a_offset = n * O * L, .lda = L,
+                             .b = &x, .b_offset = n * C * L, .ldb = L, .c = &gw, .ldc = K, .beta = n ? 1.0f : 0.0f});
+               }
+               if (want_x) {  // gx[n] (C, L) = w^T (C, O) @ g[n] (O, L)
+                 run_gemm({.trans_a = true, .m = K, .n = L, .k = O, .a = &w, .lda = K, .b = &g, .ldb = L,
+                           .stride_b = O * L, .c = &gx, .ldc = L, .stride_c = C * L, .batch = N});
+               }
+               return Grads{gx, gw, gb};
+             }
+             const Tensor columns = empty({chunk * K, L}, like);  // (chunk * K, L), reused
+             for (std::int64_t first = 0; first < N; first += chunk) {
+               const std::int64_t b = std::min(chunk, N - first);
+               if (want_w) {
+                 chunk_columns(columns, x, s, first, b);
+                 for (std::int64_t j = 0; j < b; ++j) {  // gw (O, K) += g[n] (O, L) @ columns[n]^T (L, K)
+                   const std::int64_t n = first + j;
+                   run_gemm({.trans_b = true, .m = O, .n = K, .k = L, .a = &g, .a_offset = n * O * L, .lda = L,
+                             .b = &columns, .b_offset = j * K * L, .ldb = L, .c = &gw, .ldc = K,
+                             .beta = n ? 1.0f : 0.0f});
+                 }
+               }
+               if (want_x) {  // columns[n] (K, L) = w^T (K, O) @ g[n] (O, L); then col2im into gx[n]
+                 run_gemm({.trans_a = true, .m = K, .n = L, .k = O, .a = &w, .lda = K, .b = &g,
+                           .b_offset = first * O * L, .ldb = L, .stride_b = O * L, .c = &columns, .ldc = L,
+                           .stride_c = K * L, .batch = b});
+                 Backend::Conv2dShape cs = s;
+                 cs.batch = 1;
+                 cs.in_channels = b * C;
+                 const Tensor image = gx.narrow(0, first, b).view({b * C, s.height, s.width});
+                 backend(g.device()).col2im(kernel(image), kernel(columns.narrow(0, 0, b * K)), cs,
+                                            stream_of(g.device()));
+               }
+             }
+             return Grads{gx, gw, gb};
+           });
+  }
+  return out;
+}
+
+// --- batch_norm ---------------------------------------------------------------------------------
+
+Tensor batch_norm(const Tensor& input, const Tensor& running_mean, const Tensor& running_var, const Tensor& weight,
+                  const Tensor& bias, bool training, std::optional<double> momentum, double eps,
+                  const Tensor& num_batches_tracked) {
+  check_same_device("batch_norm", {&input, &running_mean, &running_var, &weight, &bias, &num_batches_tracked});
+  check_floating("batch_norm", input, "input");
+  check_same_dtype("batch_norm", input, {{&weight, "weight"}, {&bias, "bias"}});
+  FERRY_CHECK(input.dim() >= 2, ShapeMismatch, "batch_norm: expected an input (N, C, *) of at least 2 dims, got shape ",
+              shape_str(input.shape()));
+  detail::ChannelView view;
+  view.batch = input.size(0);
+  view.channels = input.size(1);
+  view.inner = 1;
+  for (int d = 2; d < input.dim(); ++d) view.inner *= input.size(d);
+  for (const auto& [t, what] : {std::pair{&running_mean, "running_mean"}, std::pair{&running_var, "running_var"},
+                                std::pair{&weight, "weight"}, std::pair{&bias, "bias"}}) {
+    FERRY_CHECK(!t->defined() || (t->dim() == 1 && t->size(0) == view.channels), ShapeMismatch, "batch_norm: expected ",
+                what, " of shape (", view.channels, "), got ", shape_str(t->shape()));
+  }
+  FERRY_CHECK(running_mean.defined() == running_var.defined(), InvalidArgument,
+              "batch_norm: running_mean and running_var must both be given or both be undefined");
+  FERRY_CHECK(training || running_mean.defined(), InvalidArgument,
+              "batch_norm: evaluation mode needs running_mean and running_var (track_running_stats=False "
+              "normalises with batch statistics always)");
+  const std::int64_t count = view.count();
+  FERRY_CHECK(!training || count > 1, InvalidArgument, "Expected more than 1 value per channel when training, got input size ",
+              shape_str(input.shape()));
+
+  const Tensor x = input.detach().contiguous();
+  Tensor mean, invstd;  // (C), the input's dtype
+  {
+    autograd::NoGradGuard no_grad;
+    if (training) {
+      Tensor variance;
+      detail::channel_statistics(x, view, mean, variance);
+      invstd = rsqrt(add(variance, eps));
+      if (running_mean.defined()) {
+        double factor = 0;
+        if (momentum) {
+          factor = *momentum;
+        } else {
+          FERRY_CHECK(num_batches_tracked.defined(), InvalidArgument,
+                      "batch_norm: momentum=None (cumulative average) needs num_batches_tracked");
+          factor = 1.0 / num_batches_tracked.item<double>();  // a host sync, as in PyTorch
+        }
+        const double unbias = static_cast<double>(count) / static_cast<double>(count - 1);
+        Tensor rm = running_mean, rv = running_var;
+        rm.mul_(1 - factor).add_(mean.to(rm.dtype()), factor);
+        rv.mul_(1 - factor).add_(variance.to(rv.dtype()), factor * unbias);
+      }
+    } else {
+      mean = running_mean.detach().to(x.dtype());
+      invstd = rsqrt(add(running_var.detach().to(x.dtype()), eps));
+    }
+  }
+  Tensor scale, shift;  // (C): y = x * scale + shift
+  {
+    autograd::NoGradGuard no_grad;
+    scale = weight.defined() ? mul(weight.detach(), invstd) : invstd;
+    shift = neg(mul(mean, scale));
+    if (bias.defined()) shift = add(shift, bias.detach());
+  }
+  Tensor out = detail::channel_affine(x, view, scale, shift).reshape(input.shape());
+
+  if (needs_grad({&input, &weight, &bias})) {
+    const bool want_x = input.requires_grad(), want_w = weight.requires_grad(), want_b = bias.requires_grad();
+    record("batch_norm", {input, weight, bias}, out,
+           [x, view, mean, invstd, scale, training, want_x, want_w, want_b](const Tensor& grad) {
+             const Tensor g = grad.contiguous();
+             Tensor gx, gw, gb, sum_dy, sum_dy_xmu;
+             if (want_w || want_b || (want_x && training)) {
+               detail::channel_backward_sums(g, x, mean, view, sum_dy, sum_dy_xmu);
+             }
+             if (want_w) gw = mul(sum_dy_xmu, invstd);  // sum(dy * xhat)
+             if (want_b) gb = sum_dy;
+             if (want_x) {
+               // dx = k dy + a x + b, k = weight * invstd; in training a = -k invstd^2 sum(dy (x - mean)) / M and
+               // b = -a mean - k sum(dy) / M (the batch statistics depend on x); in eval a = b = 0.
+               const Tensor& k = scale;
+               if (training) {
+                 const double m = static_cast<double>(view.count());
+                 const Tensor a = neg(div(mul(mul(k, square(invstd)), sum_dy_xmu), m));
+                 const Tensor b = sub(neg(mul(a, mean)), div(mul(k, sum_dy), m));
+                 gx = detail::channel_affine2(g, x, view, k, a, b).reshape(x.shape());
+               } else {
+                 gx = detail::channel_affine(g, view, k, zeros_like(k)).reshape(x.shape());
+               }
+             }
+             return Grads{gx, gw, gb};
+           });
+  }
+  return out;
+}
+
+// --- pooling ------------------------------------------------------------------------------------
+
+namespace {
+struct PoolPlan {
+  Backend::Pool2dShape shape;
+  Shape out_shape;
+};
+
+PoolPlan plan_pool(const char* op, const Tensor& input, Size2 kernel_size, Size2 stride, Size2 padding) {
+  check_floating(op, input, "input");
+  FERRY_CHECK(input.dim() == 4, ShapeMismatch, op, ": expected a 4-d (N, C, H, W) input, got shape ",
+              shape_str(input.shape()));
+  if (stride == Size2(0)) stride = kernel_size;
+  FERRY_CHECK(kernel_size.h >= 1 && kernel_size.w >= 1 && stride.h >= 1 && stride.w >= 1, InvalidArgument, op,
+              ": expected kernel size and stride >= 1, got kernel (", kernel_size.h, ", ", kernel_size.w,
+              "), stride (", stride.h, ", ", stride.w, ")");
+  FERRY_CHECK(padding.h >= 0 && padding.w >= 0 && 2 * padding.h <= kernel_size.h && 2 * padding.w <= kernel_size.w,
+              InvalidArgument, op, ": pad should be at most half of kernel size, but got pad (", padding.h, ", ",
+              padding.w, ") and kernel size (", kernel_size.h, ", ", kernel_size.w, ")");
+  PoolPlan plan;
+  Backend::Pool2dShape& s = plan.shape;
+  s.planes = input.size(0) * input.size(1);
+  s.height = input.size(2);
+  s.width = input.size(3);
+  s.kernel_h = kernel_size.h;
+  s.kernel_w = kernel_size.w;
+  s.stride_h = stride.h;
+  s.stride_w = stride.w;
+  s.pad_h = padding.h;
+  s.pad_w = padding.w;
+  FERRY_CHECK(s.height + 2 * s.pad_h >= s.kernel_h && s.width + 2 * s.pad_w >= s.kernel_w, ShapeMismatch, op,
+              ": output size is too small for input ", shape_str(input.shape()), " and kernel (", s.kernel_h, ", ",
+              s.kernel_w, ") with padding (", s.pad_h, ", ", s.pad_w, ")");
+  plan.out_shape = {input.size(0), input.size(1), s.out_h(), s.out_w()};
+  return plan;
+}
+}  // namespace
+
+Tensor max_pool2d(const Tensor& input, Size2 kernel_size, Size2 stride, Size2 padding) {
+  const PoolPlan plan = plan_pool("max_pool2d", input, kernel_size, stride, padding);
+  const Tensor x = input.detach().contiguous();
+  Tensor out = empty(plan.out_shape, {.device = x.device(), .dtype = x.dtype()});
+  Tensor argmax = empty(plan.out_shape, {.device = x.device(), .dtype = DType::Int64});
+  if (out.numel() > 0) {
+    backend(x.device()).max_pool2d(kernel(out), kernel(argmax), kernel(x), plan.shape, stream_of(x.device()));
+  }
+  if (needs_grad({&input})) {
+    record("max_pool2d", {input}, out, [argmax, s = plan.shape, in_shape = input.shape()](const Tensor& grad) {
+      const Tensor g = grad.contiguous();
+      Tensor gx = empty(in_shape, {.device = g.device(), .dtype = g.dtype()});
+      if (g.numel() == 0) return Grads{gx.fill_(0)};
+      backend(g.device()).max_pool2d_backward(kernel(gx), kernel(g), kernel(argmax), s, stream_of(g.device()));
+      return Grads{gx};
+    });
+  }
+  return out;
+}
+
+Tensor avg_pool2d(const Tensor& input, Size2 kernel_size, Size2 stride, Size2 padding) {
+  const PoolPlan plan = plan_pool("avg_pool2d", input, kernel_size, stride, padding);
+  const Tensor x = input.detach().contiguous();
+  Tensor out = empty(plan.out_shape, {.device = x.device(), .dtype = x.dtype()});
+  if (out.numel() > 0) backend(x.device()).avg_pool2d(kernel(out), kernel(x), plan.shape, stream_of(x.device()));
+  if (needs_grad({&input})) {
+    record("avg_pool2d", {input}, out, [s = plan.shape, in_shape = input.shape()](const Tensor& grad) {
+      const Tensor g = grad.contiguous();
+      Tensor gx = empty(in_shape, {.device = g.device(), .dtype = g.dtype()});
+      if (g.numel() == 0) return Grads{gx.fill_(0)};
+      backend(g.device()).avg_pool2d_backward(kernel(gx), kernel(g), s, stream_of(g.device()));
+      return Grads{gx};
+    });
+  }
+  return out;
+}
+
+// --- activations --------------------------------------------------------------------------------
+
+Tensor relu(const Tensor& input) { return ferry::relu(input); }
+
+Tensor dropout(const Tensor& input, double p, bool training) {
+  FERRY_CHECK(p >= 0 && p <= 1, InvalidArgument, "dropout probability has to be between 0 and 1, but got ", p);
+  if (!training || p == 0) return input;
+  check_floating("dropout", input, "input");
+  Tensor keep_scaled;  // 0 or 1/(1-p), the input's shape
+  {
+    autograd::NoGradGuard no_grad;
+    if (p == 1) {
+      keep_scaled = zeros(input.shape(), {.device = input.device(), .dtype = input.dtype()});
+    } else {
+      const Tensor draws = rand(input.shape(), {.device = input.device(), .dtype = input.dtype()});
+      keep_scaled = mul(ge(draws, p).to(input.dtype()), 1.0 / (1.0 - p));
+    }
+  }
+  return mul(input, keep_scaled);
+}
+
+}  // namespace ferry::nn::functional

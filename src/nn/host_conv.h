@@ -1,0 +1,22 @@
+// host_conv.h — conv2d for host-memory devices (cpu, sim): OpenMP over samples, each sample's im2col +
+// single-threaded GEMM in a thread's own cache-sized buffer (PyTorch's slow_conv2d scheme). Not part of the
+// public API; functional.cpp falls back to the portable backend path (chunked im2col + batched GEMM).
+#pragma once
+
+#include "ferry/backend.h"
+#include "ferry/tensor.h"
+
+namespace ferry::nn::detail {
+
+// True when conv2d on `device` with `batch` samples takes the host path: host memory (fused host
+// kernels on), more than one OpenMP thread and sample, and not already inside a parallel region.
+bool use_host_conv(Device device, std::int64_t batch);
+
+// out (N, O, oh, ow) = conv(x (N, C, H, W), w (O, C, kh, kw)) + bias (O) when defined. All contiguous.
+void host_conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& out,
+                         const Backend::Conv2dShape& s);
+// grad_input (N, C, H, W) and/or grad_weight (O, C, kh, kw) from grad (N, O, oh, ow); either may be null.
+void host_conv2d_backward(const Tensor& grad, const Tensor& x, const Tensor& w, const Backend::Conv2dShape& s,
+                          Tensor* grad_input, Tensor* grad_weight);
+
+}  // namespace ferry::nn::detail

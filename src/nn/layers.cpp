@@ -1,0 +1,51 @@
+// layers.cpp — the small layers without parameters (ReLU, Flatten, Dropout, MaxPool2d, AvgPool2d) and
+// Sequential. Not here: anything with weights (linear.cpp, conv.cpp, batchnorm.cpp).
+#include "ferry/nn/activation.h"
+#include "ferry/nn/functional.h"
+#include "ferry/nn/pooling.h"
+#include "ferry/nn/sequential.h"
+
+namespace ferry::nn {
+
+namespace {
+std::string size_str(Size2 s) { return s.h == s.w ? ferry::detail::concat(s.h) : ferry::detail::concat("(", s.h, ", ", s.w, ")"); }
+}  // namespace
+
+Tensor ReLU::forward(const Tensor& input) { return functional::relu(input); }
+
+Tensor Flatten::forward(const Tensor& input) { return input.flatten(start_dim, end_dim); }
+std::string Flatten::extra_repr() const { return ferry::detail::concat("start_dim=", start_dim, ", end_dim=", end_dim); }
+
+Dropout::Dropout(double p) : p(p) {
+  FERRY_CHECK(p >= 0 && p <= 1, InvalidArgument, "dropout probability has to be between 0 and 1, but got ", p);
+}
+Tensor Dropout::forward(const Tensor& input) { return functional::dropout(input, p, is_training()); }
+std::string Dropout::extra_repr() const { return ferry::detail::concat("p=", p, ", inplace=False"); }
+
+Tensor MaxPool2d::forward(const Tensor& input) { return functional::max_pool2d(input, kernel_size, stride, padding); }
+std::string MaxPool2d::extra_repr() const {
+  return "kernel_size=" + size_str(kernel_size) + ", stride=" + size_str(stride) + ", padding=" + size_str(padding) +
+         ", dilation=1, ceil_mode=False";
+}
+
+Tensor AvgPool2d::forward(const Tensor& input) { return functional::avg_pool2d(input, kernel_size, stride, padding); }
+std::string AvgPool2d::extra_repr() const {
+  return "kernel_size=" + size_str(kernel_size) + ", stride=" + size_str(stride) + ", padding=" + size_str(padding);
+}
+
+void Sequential::push_back(std::shared_ptr<Module> module) {
+  register_module(std::to_string(size()), std::move(module));
+}
+
+Tensor Sequential::forward(const Tensor& input) {
+  Tensor x = input;
+  for (const auto& [name, child] : named_children()) x = child->forward(x);
+  return x;
+}
+
+Module& Sequential::operator[](std::size_t index) const {
+  FERRY_CHECK(index < size(), InvalidArgument, "Sequential: index ", index, " is out of range for ", size(), " modules");
+  return *named_children()[index].second;
+}
+
+}  // namespace ferry::nn

@@ -1,0 +1,58 @@
+// adam.cpp — Adam and AdamW with PyTorch's exact rule (torch.optim.Adam / AdamW, single-tensor path):
+// bias corrections from a host-side step count, optional amsgrad, maximize. Tensor ops on the
+// parameter's device, no host syncs.
+#include <cmath>
+
+#include "ferry/autograd.h"
+#include "ferry/ops.h"
+#include "ferry/optim.h"
+
+namespace ferry::optim {
+
+Adam::Adam(std::vector<Tensor> parameters, const AdamOptions& adam) : Adam(std::move(parameters), adam, false) {}
+
+Adam::Adam(std::vector<Tensor> parameters, const AdamOptions& adam, bool decoupled_weight_decay)
+    : Optimizer(std::move(parameters)), options(adam), decoupled_weight_decay_(decoupled_weight_decay) {
+  FERRY_CHECK(options.lr >= 0, InvalidArgument, "Adam: invalid learning rate: ", options.lr);
+  FERRY_CHECK(options.eps >= 0, InvalidArgument, "Adam: invalid epsilon value: ", options.eps);
+  FERRY_CHECK(options.beta1 >= 0 && options.beta1 < 1, InvalidArgument, "Adam: invalid beta parameter at index 0: ",
+              options.beta1);
+  FERRY_CHECK(options.beta2 >= 0 && options.beta2 < 1, InvalidArgument, "Adam: invalid beta parameter at index 1: ",
+              options.beta2);
+  FERRY_CHECK(options.weight_decay >= 0, InvalidArgument, "Adam: invalid weight_decay value: ", options.weight_decay);
+}
+
+void Adam::step() {
+  autograd::NoGradGuard no_grad;
+  const double beta1 = options.beta1, beta2 = options.beta2;
+  for (std::size_t i = 0; i < parameters_.size(); ++i) {
+    Tensor p = parameters_[i];
+    const Tensor grad_in = p.grad();
+    if (!grad_in.defined()) continue;
+    check_same_device("Adam.step", {&p, &grad_in});
+    Tensor grad = options.maximize ? neg(grad_in) : grad_in;
+    const std::int64_t step = ++state_[i].step;
+    if (options.weight_decay != 0) {
+      if (decoupled_weight_decay_) p.mul_(1 - options.lr * options.weight_decay);  // AdamW
+      else grad = add(grad, p, options.weight_decay);                              // Adam
+    }
+    Tensor exp_avg = state_tensor(i, "exp_avg");
+    Tensor exp_avg_sq = state_tensor(i, "exp_avg_sq");
+    exp_avg.mul_(beta1).add_(grad, 1 - beta1);                // m = b1 m + (1 - b1) g
+    exp_avg_sq.mul_(beta2).add_(square(grad), 1 - beta2);     // v = b2 v + (1 - b2) g^2
+    const double bias_correction1 = 1 - std::pow(beta1, static_cast<double>(step));
+    const double bias_correction2 = 1 - std::pow(beta2, static_cast<double>(step));
+    const double step_size = options.lr / bias_correction1;
+    const double bias_correction2_sqrt = std::sqrt(bias_correction2);
+    Tensor second = exp_avg_sq;
+    if (options.amsgrad) {
+      Tensor max_exp_avg_sq = state_tensor(i, "max_exp_avg_sq");
+      max_exp_avg_sq.copy_(maximum(max_exp_avg_sq, exp_avg_sq));
+      second = max_exp_avg_sq;
+    }
+    const Tensor denom = add(div(sqrt(second), bias_correction2_sqrt), options.eps);  // sqrt(v) / sqrt(bc2) + eps
+    p.add_(div(exp_avg, denom), -step_size);                                          // p -= step_size * m / denom
+  }
+}
+
+}  // namespace ferry::optim

@@ -1,0 +1,114 @@
+// optimizer.cpp — what every optimizer shares: the parameter list, zero_grad, per-parameter state made on
+// the parameter's device, and state_dict / load_state_dict with PyTorch's state names. Not here: any
+// update rule (sgd.cpp, adam.cpp).
+#include <algorithm>
+#include <string>
+
+#include "../core/internal.h"
+#include "ferry/autograd.h"
+#include "ferry/factories.h"
+#include "ferry/ops.h"
+#include "ferry/optim.h"
+
+namespace ferry::optim {
+
+Optimizer::Optimizer(std::vector<Tensor> parameters) : parameters_(std::move(parameters)) {
+  for (std::size_t i = 0; i < parameters_.size(); ++i) {
+    FERRY_CHECK(parameters_[i].defined(), InvalidArgument, "optimizer: parameter ", i, " is undefined");
+    FERRY_CHECK(parameters_[i].is_leaf(), InvalidArgument, "optimizer: can't optimize a non-leaf Tensor (parameter ", i, ")");
+    FERRY_CHECK(is_floating(parameters_[i].dtype()), InvalidArgument, "optimizer: parameter ", i,
+                " is not floating point (", dtype_name(parameters_[i].dtype()), ")");
+  }
+  state_.resize(parameters_.size());
+}
+
+void Optimizer::zero_grad(bool set_to_none) {
+  for (const Tensor& p : parameters_) {
+    Tensor grad = p.grad();
+    if (!grad.defined()) continue;
+    if (set_to_none) p.set_grad(Tensor());
+    else grad.zero_();
+  }
+}
+
+Tensor& Optimizer::state_tensor(std::size_t i, const std::string& name, bool* created) {
+  NamedTensors& tensors = state_[i].tensors;
+  for (auto& [key, value] : tensors) {
+    if (key == name) {
+      if (created) *created = false;
+      check_same_device("optimizer state", {&parameters_[i], &value});
+      return value;
+    }
+  }
+  if (created) *created = true;
+  const Tensor& p = parameters_[i];
+  tensors.emplace_back(name, zeros(p.shape(), {.device = p.device(), .dtype = p.dtype()}));
+  return tensors.back().second;
+}
+
+NamedTensors Optimizer::state_dict() const {
+  NamedTensors out;
+  for (std::size_t i = 0; i < state_.size(); ++i) {
+    const std::string prefix = "state." + std::to_string(i) + ".";
+    if (counts_steps() && state_[i].step > 0) {
+      out.emplace_back(prefix + "step", scalar_tensor(static_cast<double>(state_[i].step), {.dtype = DType::Float32}));
+    }
+    for (const auto& [name, value] : state_[i].tensors) out.emplace_back(prefix + name, value.detach());
+  }
+  return out;
+}
+
+void Optimizer::load_state_dict(const NamedTensors& state) {
+  const std::vector<std::string> names = state_names();
+  struct Entry {
+    std::size_t index;
+    std::string name;
+    const Tensor* value;
+  };
+  std::vector<Entry> entries;
+  for (const auto& [key, value] : state) {  // "state.<i>.<name>"
+    const std::size_t dot = key.find('.', 6);
+    FERRY_CHECK(key.rfind("state.", 0) == 0 && dot != std::string::npos && dot > 6, InvalidArgument,
+                "optimizer load_state_dict: expected names \"state.<index>.<name>\", got \"", key, "\"");
+    std::size_t index = 0;
+    try {
+      index = std::stoul(key.substr(6, dot - 6));
+    } catch (const std::exception&) {
+      throw InvalidArgument("optimizer load_state_dict: bad parameter index in \"" + key + "\"");
+    }
+    const std::string name = key.substr(dot + 1);
+    FERRY_CHECK(index < parameters_.size(), InvalidArgument, "optimizer load_state_dict: \"", key,
+                "\" names parameter ", index, " but the optimizer has ", parameters_.size());
+    const bool known = (counts_steps() && name == "step") || std::find(names.begin(), names.end(), name) != names.end();
+    FERRY_CHECK(known, InvalidArgument, "optimizer load_state_dict: unknown state \"", name, "\" in \"", key, "\"");
+    FERRY_CHECK(name == "step" || (value.defined() && value.shape() == parameters_[index].shape()), ShapeMismatch,
+                "optimizer load_state_dict: \"", key, "\" has shape ",
+                value.defined() ? shape_str(value.shape()) : "(undefined)", " but parameter ", index, " has shape ",
+                shape_str(parameters_[index].shape()));
+    entries.push_back({index, name, &value});
+  }
+  autograd::NoGradGuard no_grad;
+  for (auto& s : state_) s = ParameterState{};
+  for (const Entry& e : entries) {
+    if (e.name == "step") {
+      state_[e.index].step = static_cast<std::int64_t>(e.value->item<double>());
+      continue;
+    }
+    state_tensor(e.index, e.name).copy_(*e.value);  // onto the parameter's device, through the transfer door
+  }
+}
+
+std::size_t Optimizer::to_parameter_devices() {
+  std::size_t bytes = 0;
+  for (std::size_t i = 0; i < state_.size(); ++i) {
+    const Device device = parameters_[i].device();
+    for (auto& [name, value] : state_[i].tensors) {
+      if (value.device() == device) continue;
+      bytes += value.nbytes();
+      value = ferry::detail::transfer(value.contiguous(), device, false, "optimizer state to()");
+    }
+  }
+  return bytes;
+}
+
+}  // namespace ferry::optim

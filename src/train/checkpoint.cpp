@@ -1,0 +1,96 @@
+// checkpoint.cpp — tensors <-> safetensors entries, and the metadata that makes a resume exact.
+#include "ferry/checkpoint.h"
+
+#include <cstring>
+
+#include "ferry/error.h"
+#include "ferry/factories.h"
+#include "ferry/safetensors.h"
+
+namespace ferry {
+
+namespace {
+constexpr const char* kOptimizerPrefix = "optimizer.";
+
+SafetensorsEntry to_entry(const std::string& name, const Tensor& tensor) {
+  Tensor host = tensor.detach().contiguous();
+  if (!host.device().is_cpu()) host = host.to(kCPU);
+  SafetensorsEntry entry;
+  entry.name = name;
+  entry.dtype = host.dtype();
+  entry.shape = host.shape();
+  entry.bytes.resize(host.nbytes());
+  if (host.nbytes() > 0) std::memcpy(entry.bytes.data(), host.data_ptr(), host.nbytes());
+  return entry;
+}
+
+Tensor from_entry(const SafetensorsEntry& entry) {
+  Tensor t = empty(entry.shape, {.dtype = entry.dtype});
+  if (!entry.bytes.empty()) std::memcpy(t.data_ptr(), entry.bytes.data(), entry.bytes.size());
+  return t;
+}
+
+std::int64_t metadata_int(const std::map<std::string, std::string>& metadata, const std::string& key,
+                          const std::string& path) {
+  auto it = metadata.find(key);
+  FERRY_CHECK(it != metadata.end(), FormatError, "Checkpoint '", path, "' lacks the metadata key '", key,
+              "' (was it written by `ferry train --checkpoint`?)");
+  try {
+    std::size_t used = 0;
+    const long long value = std::stoll(it->second, &used);
+    if (used != it->second.size()) throw std::invalid_argument("trailing");
+    return value;
+  } catch (const std::exception&) {
+    throw FormatError(detail::concat("Checkpoint '", path, "': metadata '", key, "' is not an integer: '",
+                                     it->second, "'"));
+  }
+}
+}  // namespace
+
+void save_checkpoint(const std::string& path, const nn::Module& model, const optim::Optimizer* optimizer,
+                     const CheckpointContents& contents) {
+  SafetensorsFile file;
+  for (const auto& [name, tensor] : model.state_dict()) file.entries.push_back(to_entry(name, tensor));
+  if (optimizer) {
+    for (const auto& [name, tensor] : optimizer->state_dict())
+      file.entries.push_back(to_entry(kOptimizerPrefix + name, tensor));
+  }
+  file.metadata = contents.settings;
+  file.metadata["format"] = "ferry-checkpoint-1";
+  file.metadata["epoch"] = std::to_string(contents.progress.epoch);
+  file.metadata["batch_in_epoch"] = std::to_string(contents.progress.batch_in_epoch);
+  file.metadata["global_step"] = std::to_string(contents.progress.global_step);
+  file.metadata["generator_seed"] = std::to_string(contents.generator.seed);
+  file.metadata["generator_offset"] = std::to_string(contents.generator.offset);
+  write_safetensors(path, file);
+}
+
+nn::NamedTensors read_tensors(const std::string& path, std::map<std::string, std::string>* metadata) {
+  const SafetensorsFile file = read_safetensors(path);
+  nn::NamedTensors tensors;
+  for (const SafetensorsEntry& entry : file.entries) tensors.emplace_back(entry.name, from_entry(entry));
+  if (metadata) *metadata = file.metadata;
+  return tensors;
+}
+
+CheckpointContents load_checkpoint(const std::string& path, nn::Module& model, optim::Optimizer* optimizer) {
+  std::map<std::string, std::string> metadata;
+  const nn::NamedTensors tensors = read_tensors(path, &metadata);
+  nn::NamedTensors model_state, optimizer_state;
+  for (const auto& [name, tensor] : tensors) {
+    if (name.rfind(kOptimizerPrefix, 0) == 0) optimizer_state.emplace_back(name.substr(std::strlen(kOptimizerPrefix)), tensor);
+    else model_state.emplace_back(name, tensor);
+  }
+  model.load_state_dict(model_state, true);
+  if (optimizer) optimizer->load_state_dict(optimizer_state);
+  CheckpointContents contents;
+  contents.progress.epoch = metadata_int(metadata, "epoch", path);
+  contents.progress.batch_in_epoch = metadata_int(metadata, "batch_in_epoch", path);
+  contents.progress.global_step = metadata_int(metadata, "global_step", path);
+  contents.generator.seed = static_cast<std::uint64_t>(metadata_int(metadata, "generator_seed", path));
+  contents.generator.offset = static_cast<std::uint64_t>(metadata_int(metadata, "generator_offset", path));
+  contents.settings = metadata;
+  return contents;
+}
+
+}  // namespace ferry

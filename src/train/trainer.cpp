@@ -1,0 +1,270 @@
+// trainer.cpp — the loop: batches from the loader, forward, cross-entropy, backward, SGD step; the
+// loss and accuracy summed on the device and read back only at log steps and epoch ends.
+#include "ferry/trainer.h"
+
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <iomanip>
+#include <ostream>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "ferry/autograd.h"
+#include "ferry/checkpoint.h"
+#include "ferry/factories.h"
+#include "ferry/ledger.h"
+#include "ferry/nn/activation.h"
+#include "ferry/nn/batchnorm.h"
+#include "ferry/nn/conv.h"
+#include "ferry/nn/linear.h"
+#include "ferry/nn/loss.h"
+#include "ferry/nn/pooling.h"
+#include "ferry/ops.h"
+#include "ferry/optim.h"
+#include "ferry/random.h"
+
+namespace ferry {
+
+namespace {
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
+
+// A one-line progress bar on a terminal (stderr); nothing otherwise (log lines carry the news).
+class ProgressBar {
+ public:
+  explicit ProgressBar(bool enabled) : enabled_(enabled && isatty(STDERR_FILENO)) {}
+  void update(std::int64_t epoch, std::int64_t epochs, std::int64_t done, std::int64_t total, double images_per_s,
+              double eta_s, double last_loss) {
+    if (!enabled_) return;
+    const int width = 30;
+    const int filled = total > 0 ? static_cast<int>(width * done / total) : width;
+    std::fprintf(stderr, "\r epoch %lld/%lld [%s%s] %lld/%lld  %.0f img/s  ETA %.0fs  loss %.4f ",
+                 static_cast<long long>(epoch + 1), static_cast<long long>(epochs), std::string(filled, '=').c_str(),
+                 std::string(width - filled, ' ').c_str(), static_cast<long long>(done), static_cast<long long>(total),
+                 images_per_s, eta_s, last_loss);
+    std::fflush(stderr);
+    shown_ = true;
+  }
+  bool enabled() const { return enabled_; }
+  void clear() {
+    if (enabled_ && shown_) std::fprintf(stderr, "\r%*s\r", 110, "");
+    shown_ = false;
+  }
+
+ private:
+  bool enabled_;
+  bool shown_ = false;
+};
+
+double schedule_lr(const TrainOptions& o, std::int64_t step, std::int64_t total_steps) {
+  if (o.schedule == "constant" || total_steps <= 0) return o.lr;
+  return o.lr * 0.5 * (1.0 + std::cos(M_PI * static_cast<double>(step) / static_cast<double>(total_steps)));
+}
+}  // namespace
+
+std::shared_ptr<nn::Sequential> make_fmnist_model(const TensorOptions& options) {
+  auto model = std::make_shared<nn::Sequential>();
+  std::int64_t in = 1;
+  for (std::int64_t out : {32, 64, 128}) {
+    model->push_back(std::make_shared<nn::Conv2d>(in, out, 3, nn::Conv2dOptions{.padding = 1}, options));
+    model->push_back(std::make_shared<nn::BatchNorm2d>(out, nn::BatchNormOptions{}, options));
+    model->push_back(std::make_shared<nn::ReLU>());
+    model->push_back(std::make_shared<nn::MaxPool2d>(2));
+    in = out;
+  }
+  model->push_back(std::make_shared<nn::Flatten>());
+  model->push_back(std::make_shared<nn::Linear>(128 * 3 * 3, 10, true, options));  // 28 -> 14 -> 7 -> 3
+  return model;
+}
+
+double evaluate_accuracy(nn::Module& model, DataLoader& loader) {
+  const bool was_training = model.is_training();
+  model.eval();
+  autograd::NoGradGuard no_grad;
+  Tensor correct = zeros({}, {.device = loader.options().device, .dtype = DType::Int64});
+  loader.start_epoch(0);
+  Batch batch;
+  while (loader.next(batch)) correct = correct + sum(eq(argmax(model(batch.images), 1), batch.labels));
+  model.train(was_training);
+  return static_cast<double>(correct.item<std::int64_t>()) / static_cast<double>(loader.size());
+}
+
+TrainResult train(nn::Module& model, const Dataset& train_set, const Dataset& test_set, const TrainOptions& o,
+                  std::ostream& out) {
+  FERRY_CHECK(o.epochs >= 1, InvalidArgument, "--epochs must be at least 1, got ", o.epochs);
+  FERRY_CHECK(o.log_every >= 1, InvalidArgument, "--log-every must be at least 1, got ", o.log_every);
+  FERRY_CHECK(o.lr > 0 && std::isfinite(o.lr), InvalidArgument, "--lr must be a positive number, got ", o.lr);
+  FERRY_CHECK(o.schedule == "cosine" || o.schedule == "constant", InvalidArgument,
+              "--schedule must be cosine or constant, got '", o.schedule, "'");
+  Ledger& ledger = Ledger::global();
+  const auto ledger_start = ledger.totals();
+
+  const std::size_t moved = model.to(o.device);
+  optim::SGD optimizer(model.parameters(), {.lr = o.lr, .momentum = o.momentum, .weight_decay = o.weight_decay});
+  TrainingProgress progress;
+  if (!o.resume_path.empty()) {
+    const CheckpointContents contents = load_checkpoint(o.resume_path, model, &optimizer);
+    progress = contents.progress;
+    set_generator_state(contents.generator);
+    out << "resumed from " << o.resume_path << " at epoch " << progress.epoch + 1 << ", batch "
+        << progress.batch_in_epoch << " (step " << progress.global_step << ")\n";
+  }
+
+  DataLoader train_loader(train_set, {.batch_size = o.batch_size, .shuffle = true, .seed = o.seed,
+                                      .placement = o.placement, .device = o.device});
+  DataLoader test_loader(test_set, {.batch_size = 1000, .shuffle = false, .placement = o.placement == Placement::Resident
+                                                                                            ? Placement::Resident
+                                                                                            : Placement::PerStep,
+                                    .device = o.device});
+  const std::int64_t steps_per_epoch = train_loader.batches_per_epoch();
+  const std::int64_t total_steps = o.epochs * steps_per_epoch;
+  out << "ferry train: fmnist CNN (" << model.parameter_count() << " parameters, " << moved
+      << " bytes moved to " << o.device.str() << "), " << train_set.size() << " training / " << test_set.size()
+      << " test images, batch " << o.batch_size << ", " << steps_per_epoch << " steps per epoch, placement "
+      << placement_name(o.placement);
+  if (train_loader.resident_bytes() > 0) out << " (" << train_loader.resident_bytes() << " bytes resident)";
+  out << "\n";
+
+  std::ofstream metrics;
+  if (!o.metrics_path.empty()) {
+    metrics.open(o.metrics_path, std::ios::app);
+    FERRY_CHECK(metrics.good(), IoError, "Cannot open metrics file '", o.metrics_path, "' for writing");
+  }
+  auto save = [&](const TrainingProgress& at) {
+    if (o.checkpoint_path.empty()) return;
+    CheckpointContents contents;
+    contents.progress = at;
+    contents.generator = generator_state();
+    contents.settings = {{"model", "fmnist"}, {"lr", std::to_string(o.lr)}, {"momentum", std::to_string(o.momentum)},
+                         {"weight_decay", std::to_string(o.weight_decay)}, {"batch", std::to_string(o.batch_size)},
+                         {"epochs", std::to_string(o.epochs)}, {"seed", std::to_string(o.seed)},
+                         {"schedule", o.schedule}, {"placement", std::string(placement_name(o.placement))}};
+    save_checkpoint(o.checkpoint_path, model, &optimizer, contents);
+  };
+
+  TrainResult result;
+  result.device = o.device;
+  result.steps = progress.global_step;
+  ProgressBar bar(o.progress_bar);
+  double transfer_s = 0, compute_s = 0, sync_s = 0, train_seconds = 0;
+  std::int64_t timed_epochs = 0;
+  model.train();
+  for (std::int64_t epoch = progress.epoch; epoch < o.epochs; ++epoch) {
+    const auto epoch_start = Clock::now();
+    train_loader.start_epoch(epoch, epoch == progress.epoch ? progress.batch_in_epoch : 0);
+    Tensor loss_sum = zeros({}, {.device = o.device});                            // summed on the device
+    Tensor correct = zeros({}, {.device = o.device, .dtype = DType::Int64});
+    std::int64_t seen = 0, batches = 0;
+    double last_loss = NAN;
+    bool stopped = false;
+    while (true) {
+      if (o.max_steps >= 0 && result.steps >= o.max_steps) {
+        stopped = true;
+        break;
+      }
+      ledger.begin_step(result.steps);
+      auto phase_start = Clock::now();
+      Batch batch;
+      const bool more = train_loader.next(batch);
+      transfer_s += seconds_since(phase_start);
+      if (!more) {
+        ledger.end_step();
+        break;
+      }
+      phase_start = Clock::now();
+      optimizer.set_learning_rate(schedule_lr(o, result.steps, total_steps));
+      Tensor logits = model(batch.images);
+      Tensor loss = nn::cross_entropy(logits, batch.labels);
+      optimizer.zero_grad();
+      loss.backward();
+      optimizer.step();
+      {
+        autograd::NoGradGuard no_grad;
+        const auto n = static_cast<double>(batch.labels.numel());
+        loss_sum = add(loss_sum, loss.detach(), n);
+        correct = correct + sum(eq(argmax(logits.detach(), 1), batch.labels));
+      }
+      compute_s += seconds_since(phase_start);
+      seen += batch.labels.numel();
+      ++batches;
+      ++result.steps;
+      if (result.steps % o.log_every == 0) {  // the only per-step host sync, once per log_every steps
+        phase_start = Clock::now();
+        last_loss = loss.item<double>();
+        sync_s += seconds_since(phase_start);
+        FERRY_CHECK(std::isfinite(last_loss), Error, "The loss became ", last_loss, " at step ", result.steps,
+                    " (epoch ", epoch + 1, "); stopping. ",
+                    o.checkpoint_path.empty() ? std::string("") : "The last good checkpoint is " + o.checkpoint_path);
+        result.loss_curve.emplace_back(result.steps, last_loss);
+        const double elapsed = seconds_since(epoch_start);
+        const double rate = static_cast<double>(seen) / std::max(elapsed, 1e-9);
+        const double eta = static_cast<double>((total_steps - result.steps) * o.batch_size) / std::max(rate, 1e-9);
+        bar.update(epoch, o.epochs, batch.index + 1, steps_per_epoch, rate, eta, last_loss);
+        if (!bar.enabled()) {
+          out << "  epoch " << epoch + 1 << " step " << batch.index + 1 << "/" << steps_per_epoch << "  loss "
+              << std::fixed << std::setprecision(4) << last_loss << "  " << std::setprecision(0) << rate
+              << " img/s\n" << std::defaultfloat;
+        }
+        if (metrics.is_open()) {
+          metrics << nlohmann::json{{"kind", "step"}, {"epoch", epoch + 1}, {"step", result.steps}, {"loss", last_loss},
+                                    {"lr", optimizer.learning_rate()}, {"images_per_s", rate}}.dump()
+                  << "\n";
+        }
+      }
+      ledger.end_step();
+    }
+    bar.clear();
+    if (stopped) {
+      save({epoch, batches + (epoch == progress.epoch ? progress.batch_in_epoch : 0), result.steps});
+      out << "stopped after " << result.steps << " steps (--max-steps)\n";
+      break;
+    }
+    // Epoch end: one sync for the sums, then the test pass.
+    auto phase_start = Clock::now();
+    EpochStats stats;
+    stats.epoch = epoch + 1;
+    stats.train_loss = seen ? loss_sum.item<double>() / static_cast<double>(seen) : NAN;
+    stats.train_accuracy = seen ? static_cast<double>(correct.item<std::int64_t>()) / static_cast<double>(seen) : NAN;
+    sync_s += seconds_since(phase_start);
+    stats.seconds = seconds_since(epoch_start);
+    const bool full_epoch = epoch != progress.epoch || progress.batch_in_epoch == 0;
+    if (full_epoch) {
+      train_seconds += stats.seconds;
+      ++timed_epochs;
+    }
+    FERRY_CHECK(std::isfinite(stats.train_loss), Error, "The mean training loss of epoch ", epoch + 1, " is ",
+                stats.train_loss, "; stopping");
+    stats.test_accuracy = evaluate_accuracy(model, test_loader);
+    result.history.push_back(stats);
+    result.epochs = epoch + 1;
+    result.test_accuracy = stats.test_accuracy;
+    out << "epoch " << stats.epoch << "/" << o.epochs << "  train loss " << std::fixed << std::setprecision(4)
+        << stats.train_loss << "  train acc " << std::setprecision(2) << 100 * stats.train_accuracy << " %  test acc "
+        << 100 * stats.test_accuracy << " %  " << std::setprecision(1) << stats.seconds << " s\n"
+        << std::defaultfloat;
+    if (metrics.is_open()) {
+      metrics << nlohmann::json{{"kind", "epoch"}, {"epoch", stats.epoch}, {"train_loss", stats.train_loss},
+                                {"train_accuracy", stats.train_accuracy}, {"test_accuracy", stats.test_accuracy},
+                                {"seconds", stats.seconds}}.dump()
+              << "\n";
+    }
+    save({epoch + 1, 0, result.steps});
+  }
+
+  const auto totals = ledger.totals();
+  result.seconds_per_epoch = timed_epochs ? train_seconds / static_cast<double>(timed_epochs) : 0;
+  result.t_transfer_s = transfer_s;
+  result.t_compute_s = compute_s;
+  result.t_sync_s = sync_s;
+  result.syncs = totals.syncs - ledger_start.syncs;
+  result.bytes_host_to_device = totals.bytes_host_to_device - ledger_start.bytes_host_to_device;
+  result.bytes_device_to_host = totals.bytes_device_to_host - ledger_start.bytes_device_to_host;
+  return result;
+}
+
+}  // namespace ferry

@@ -1,0 +1,154 @@
+#!/usr/bin/env bash
+# tests/cli/test_bench.sh — runs `ferry bench link|memory|gemm` at small sizes, the profile they save,
+# `ferry plan --profile`, `ferry plan speedup --gpu/--cpu` and `ferry devices`; usage: test_bench.sh path/to/ferry
+# Not here: the timing code's own tests (tests/test_profile.cpp). Checks JSON output and exit codes; runs in seconds.
+set -u
+
+FERRY="${1:?usage: test_bench.sh path/to/ferry}"
+failures=0
+scratch="$(mktemp -d)"
+trap 'rm -rf "$scratch"' EXIT
+export FERRY_SIM_LINK=16GB/s
+unset FERRY_PROFILE
+
+fail() {
+  echo "FAIL: $*" >&2
+  failures=$((failures + 1))
+}
+
+# check_json 'PYTHON_CONDITION' ARGS...: `ferry ARGS` must exit 0 and print one line of JSON on stdout for
+# which the Python expression (over `j`, the parsed object) is true.
+check_json() {
+  local condition="$1"
+  shift
+  local rc=0
+  "$FERRY" "$@" >"$scratch/out" 2>"$scratch/err" || rc=$?
+  if [[ $rc -ne 0 ]]; then
+    fail "ferry $* exited $rc: $(cat "$scratch/err")"
+    return
+  fi
+  if ! python3 -c '
+import json, sys
+lines = open(sys.argv[2]).read().splitlines()
+if len(lines) != 1:
+    sys.exit(f"expected one line of JSON, got {len(lines)}")
+j = json.loads(lines[0])
+if not eval("(" + sys.argv[1] + ")"):
+    sys.exit("condition false: " + sys.argv[1])
+' "$condition" "$scratch/out"; then
+    fail "ferry $* printed: $(head -c 600 "$scratch/out")"
+    return
+  fi
+  echo "ok: ferry $*"
+}
+
+# check_file 'PYTHON_CONDITION' FILE: FILE must be JSON for which the condition (over `j`) is true.
+check_file() {
+  if ! python3 -c '
+import json, sys
+j = json.load(open(sys.argv[2]))
+if not eval("(" + sys.argv[1] + ")"):
+    sys.exit("condition false: " + sys.argv[1])
+' "$1" "$2"; then
+    fail "$2: $(head -c 600 "$2")"
+    return
+  fi
+  echo "ok: $2 holds $1"
+}
+
+# expect_status CODE 'TEXT' ARGS...: `ferry ARGS` must exit CODE with TEXT on stderr and nothing on stdout.
+expect_status() {
+  local code="$1" needle="$2"
+  shift 2
+  local rc=0
+  "$FERRY" "$@" >"$scratch/out" 2>"$scratch/err" || rc=$?
+  if [[ $rc -ne $code ]]; then
+    fail "ferry $* exited $rc, expected $code: $(cat "$scratch/err")"
+    return
+  fi
+  if [[ -s "$scratch/out" ]]; then
+    fail "ferry $* printed on stdout: $(head -c 300 "$scratch/out")"
+    return
+  fi
+  if ! grep -qF -- "$needle" "$scratch/err"; then
+    fail "ferry $* stderr lacks '$needle': $(cat "$scratch/err")"
+    return
+  fi
+  echo "ok: ferry $* -> $code"
+}
+
+profile="$scratch/profile.json"
+fast=(--repeats 2 --max-seconds 0.5)
+
+# ---- bench link ----------------------------------------------------------------------------------
+check_json 'j["bench"] == "link" and j["device"] == "sim:0" and len(j["paths"]) == 2
+  and all(len(p["points"]) == 2 and p["bytes_per_second"] > 0 for p in j["paths"])
+  and [p["bytes"] for p in j["paths"][0]["points"]] == [4000, 1000000]
+  and {p["path"] for p in j["paths"]} == {"host_to_device_pageable", "device_to_host_pageable"}
+  and len(j["skipped"]) == 2 and j["link_setting_bytes_per_second"] == 16e9' \
+  bench link --device sim:0 --sizes 4KB,1MB "${fast[@]}" --json
+check_json 'j["with_allocation"] is True and j["paths"][0]["points"][0]["bytes"] == 65536' \
+  bench link --device sim:0 --sizes 64KiB "${fast[@]}" --with-allocation --json
+check_json 'j["profile"].endswith("profile.json") and j["trace"].endswith("trace.json")' \
+  bench link --device sim:0 --sizes 64KB,1MB "${fast[@]}" --save "$profile" --trace "$scratch/trace.json" --json
+check_file 'j["format"] == "ferry profile" and j["devices"][0]["device"] == "sim:0"
+  and j["devices"][0]["link"]["host_to_device_pageable"]["bytes_per_second"] > 0' "$profile"
+check_file 'any(e["ph"] == "X" and e["cat"] == "transfer" and e["args"]["label"] == "bench link"
+  and e["args"]["bytes"] == 64000 for e in j["traceEvents"])' "$scratch/trace.json"
+if "$FERRY" bench link --device sim:0 --sizes 4KB --repeats 1 >"$scratch/out" 2>"$scratch/err" \
+   && grep -q "host->device pageable" "$scratch/out" && grep -q "Exercise 2.2" "$scratch/out"; then
+  echo "ok: ferry bench link prints a table"
+else
+  fail "ferry bench link table: $(cat "$scratch/out" "$scratch/err")"
+fi
+
+# ---- bench memory and gemm, saved into the same profile -----------------------------------------
+check_json 'j["bench"] == "memory" and j["copy"]["bytes_per_second"] > 0 and j["add"]["bytes_per_second"] > 0
+  and len(j["copy"]["points"]) == 1' bench memory --device cpu --sizes 1MB "${fast[@]}" --save "$profile" --json
+check_json 'j["bench"] == "gemm" and j["dtype"] == "float32" and [p["n"] for p in j["points"]] == [32, 64]
+  and j["flop_per_second"] == max(p["flop_per_second"] for p in j["points"])' \
+  bench gemm --device cpu --sizes 32,64 "${fast[@]}" --save "$profile" --json
+check_json 'j["bench"] == "gemm" and j["device"] == "sim:0"' bench gemm --device sim:0 --sizes 16 --repeats 1 --json
+check_file '{d["device"] for d in j["devices"]} == {"sim:0", "cpu"}
+  and "link" in j["devices"][0] and "memory" in j["devices"][1] and "gemm" in j["devices"][1]' "$profile"
+
+# ---- ferry plan with the profile ----------------------------------------------------------------
+check_json 'j["bytes"] == 4000000 and j["seconds"] > 0 and j["seconds_at_16GB_per_s"] == 0.00025
+  and abs(j["bytes_per_second"] * j["seconds"] - 4e6) < 1' \
+  plan transfer --bytes 4MB --profile "$profile" --device sim:0 --json
+check_json 'j["seconds"] > 0' plan --profile "$profile" transfer --shape 1000x1000 --json
+check_json 'j["seconds"] > 0' plan transfer --bytes 4MB --profile "$profile" --direction d2h --json
+check_json 'j["seconds"] == 0.00025' plan transfer --bytes 4MB --link 16GB/s --json
+expect_status 2 "--link" plan transfer --bytes 4MB --json
+expect_status 2 "pinned" plan transfer --bytes 4MB --profile "$profile" --pinned --json
+expect_status 2 "no device 'sim:5'" plan transfer --bytes 4MB --profile "$profile" --device sim:5
+expect_status 2 "direction" plan transfer --bytes 4MB --profile "$profile" --direction sideways
+expect_status 1 "Cannot read the profile" plan transfer --bytes 4MB --profile "$scratch/missing.json"
+
+# ---- ferry plan speedup from the devices, ferry devices -----------------------------------------
+check_json 'j["speedup"] == 1 and j["cpu_cores"] >= 1' plan speedup --gpu sim:0 --cpu --json
+check_json 'j["speedup"] > 0 and j["gpu_cores"] == 8000' plan speedup --gpu-clock 1.5GHz --gpu-cores 8000 --cpu --json
+check_json 'j["speedup"] == 250' plan speedup --gpu-clock 1.5GHz --gpu-cores 8000 --cpu-clock 3GHz --cpu-cores 16 --json
+expect_status 2 "--cpu-clock" plan speedup --gpu sim:0
+expect_status 2 "cuda:7" plan speedup --gpu cuda:7 --cpu
+check_json 'all(("speedup_theoretical" in d) == (d["device"] != "cpu") for d in j["devices"])
+  and all(d["speedup_theoretical"] == 1 for d in j["devices"] if d["device"].startswith("sim"))' devices --json
+
+# ---- bad input: exit 2, one line on stderr --------------------------------------------------------
+expect_status 2 "no host link" bench link --device cpu --sizes 4KB
+expect_status 2 "4XB" bench link --device sim:0 --sizes 4XB
+expect_status 2 "--sizes" bench link --device sim:0 --sizes 0
+expect_status 2 "2.5" bench gemm --device cpu --sizes 2.5
+expect_status 2 "--repeats" bench memory --device cpu --sizes 1MB --repeats 0
+expect_status 2 "cuda:7" bench gemm --device cuda:7 --sizes 16
+expect_status 2 "bogus" bench link --device bogus
+expect_status 2 "subcommand" bench
+echo '{"not": "a profile"}' >"$scratch/other.json"
+expect_status 1 "not a ferry profile" bench gemm --device cpu --sizes 16 --repeats 1 --save "$scratch/other.json"
+check_file 'j == {"not": "a profile"}' "$scratch/other.json"
+
+if [[ $failures -ne 0 ]]; then
+  echo "$failures check(s) failed" >&2
+  exit 1
+fi
+echo "all bench checks passed"

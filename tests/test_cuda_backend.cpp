@@ -1,0 +1,553 @@
+// test_cuda_backend.cpp — the cuda backend against the cpu: every kernel on large, strided, misaligned
+// and every-dtype operands, copies through every path (pinned, pageable staging ring, non_blocking
+// ordering), memory stats and out-of-memory, errors, and same-seed random numbers.
+// Not here: the op-by-op parity suite over every device (test_core_ops.cpp, which includes cuda:0).
+// Without a CUDA device every test that needs one skips, saying why.
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "test_helpers.h"
+
+#ifdef FERRY_HAVE_CUDA
+#include <cuda_runtime_api.h>
+
+#include "../src/cuda/check.h"
+#include "../src/cuda/cuda_backend.h"
+#endif
+
+namespace ferry {
+namespace {
+
+using testing::all_close;
+
+const Device kCuda{DeviceType::CUDA, 0};
+
+std::string no_device_reason() {
+#ifdef FERRY_HAVE_CUDA
+  return cuda::unavailable_reason();
+#else
+  return "cudaGetDeviceCount: not called, this build has no CUDA backend (FERRY_CUDA=OFF)";
+#endif
+}
+
+bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+
+// The kernel's view of a tensor (what the op layer hands a backend).
+KernelTensor view_of(const Tensor& t) {
+  KernelTensor k;
+  k.data = t.data_ptr();
+  k.dtype = t.dtype();
+  k.ndim = t.dim();
+  for (int d = 0; d < t.dim(); ++d) {
+    k.shape[d] = t.shape()[d];
+    k.strides[d] = t.strides()[d];
+  }
+  return k;
+}
+
+// Bytes of two host tensors are identical.
+::testing::AssertionResult same_bytes(const Tensor& a, const Tensor& b) {
+  if (a.nbytes() != b.nbytes()) return ::testing::AssertionFailure() << a.nbytes() << " vs " << b.nbytes() << " bytes";
+  const Tensor x = a.contiguous(), y = b.contiguous();
+  const auto* p = static_cast<const unsigned char*>(x.data_ptr());
+  const auto* q = static_cast<const unsigned char*>(y.data_ptr());
+  for (std::size_t i = 0; i < a.nbytes(); ++i) {
+    if (p[i] != q[i]) return ::testing::AssertionFailure() << "byte " << i << ": " << int(p[i]) << " vs " << int(q[i]);
+  }
+  return ::testing::AssertionSuccess();
+}
+
+// --- without a device: these always run ------------------------------------------------------------
+
+TEST(CudaBackendAvailability, DeviceCountIsAnAnswerNeverAnError) {
+  const int count = device_count(DeviceType::CUDA);
+  EXPECT_GE(count, 0);
+  EXPECT_EQ(is_available(DeviceType::CUDA), count > 0);
+  if (count == 0) {
+    EXPECT_FALSE(no_device_reason().empty());
+    EXPECT_EQ(Device::parse("auto"), kCPU);
+    try {
+      Device::parse("cuda");
+      ADD_FAILURE() << "cuda parsed on a machine without one";
+    } catch (const DeviceUnavailable& e) {
+      EXPECT_TRUE(contains(e.what(), "Devices present: cpu")) << e.what();
+    }
+    EXPECT_EQ(device_count(DeviceType::CUDA), 0);  // asked again: the same answer, still no exception
+#ifdef FERRY_HAVE_CUDA
+    EXPECT_TRUE(contains(no_device_reason(), "cudaGetDeviceCount")) << no_device_reason();
+#endif
+  }
+}
+
+#ifdef FERRY_HAVE_CUDA
+TEST(CudaBackendAvailability, CheckMacrosNameTheCallFileLineAndDevice) {
+  try {
+    FERRY_CUDA_CHECK(cudaErrorInvalidValue);
+    ADD_FAILURE() << "no throw";
+  } catch (const BackendError& e) {
+    const std::string message = e.what();
+    EXPECT_TRUE(contains(message, "CUDA error cudaErrorInvalidValue")) << message;
+    EXPECT_TRUE(contains(message, "tests/test_cuda_backend.cpp:")) << message;
+    EXPECT_TRUE(contains(message, " on cuda:") || contains(message, " on no CUDA device")) << message;
+  }
+  try {
+    FERRY_CUBLAS_CHECK(CUBLAS_STATUS_NOT_INITIALIZED);
+    ADD_FAILURE() << "no throw";
+  } catch (const BackendError& e) {
+    const std::string message = e.what();
+    EXPECT_TRUE(contains(message, "cuBLAS error CUBLAS_STATUS_NOT_INITIALIZED (")) << message;
+    EXPECT_TRUE(contains(message, ") in CUBLAS_STATUS_NOT_INITIALIZED at tests/test_cuda_backend.cpp:")) << message;
+  }
+}
+#endif
+
+// --- with a device ----------------------------------------------------------------------------------
+
+class CudaBackend : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (device_count(DeviceType::CUDA) == 0) GTEST_SKIP() << "no CUDA device (" << no_device_reason() << ")";
+  }
+
+  // op on cpu inputs and on their cuda copies; the cuda result, moved back, is close to the cpu's.
+  static void expect_matches_cpu(const std::string& name, const std::vector<Tensor>& cpu_inputs,
+                                 const std::function<Tensor(const std::vector<Tensor>&)>& op, double rtol = 1e-5,
+                                 double atol = 1e-6) {
+    std::vector<Tensor> cuda_inputs;
+    for (const Tensor& t : cpu_inputs) cuda_inputs.push_back(t.to(kCuda));
+    const Tensor expected = op(cpu_inputs);
+    const Tensor got = op(cuda_inputs);
+    ASSERT_EQ(got.device(), kCuda) << name;
+    EXPECT_TRUE(all_close(got.cpu(), expected, rtol, atol)) << name;
+  }
+};
+
+TEST_F(CudaBackend, PropertiesDescribeTheCard) {
+  const DeviceProperties p = backend(kCuda).properties(0);
+  EXPECT_FALSE(p.name.empty());
+  EXPECT_GT(p.multiprocessors, 0);
+  EXPECT_GE(p.cores, p.multiprocessors * 64);
+  EXPECT_GT(p.clock_hz, 1e8);
+  EXPECT_GT(p.memory_bytes, std::int64_t{1} << 30);
+  EXPECT_GT(p.memory_bytes_per_second, 1e11);
+  EXPECT_TRUE(contains(p.link, "PCIe")) << p.link;
+}
+
+TEST_F(CudaBackend, StreamsAreSeparateAndNonBlocking) {
+  Backend& be = backend(kCuda);
+  const Stream compute = be.compute_stream(0), copy = be.copy_stream(0);
+  EXPECT_NE(compute.handle, nullptr);
+  EXPECT_NE(copy.handle, nullptr);
+  EXPECT_NE(compute.handle, copy.handle);
+  EXPECT_EQ(compute.device, kCuda);
+  be.stream_wait(copy, compute);
+  be.stream_wait(compute, copy);
+  be.synchronize(copy);
+  be.synchronize_device(0);
+}
+
+TEST_F(CudaBackend, OutOfMemoryNamesTheNumbersAndTheProcessCarriesOn) {
+  const MemoryStats before = backend(kCuda).memory_stats(0);
+  ASSERT_GT(before.total, 0);
+  // Far more than the card has: refused before CUDA is asked.
+  const std::int64_t huge = before.total * 2;
+  try {
+    empty({huge}, {.device = kCuda, .dtype = DType::UInt8});
+    ADD_FAILURE() << "allocated " << huge << " bytes";
+  } catch (const OutOfMemory& e) {
+    const std::string message = e.what();
+    EXPECT_TRUE(contains(message, "cuda:0")) << message;
+    EXPECT_TRUE(contains(message, std::to_string(huge) + " bytes")) << message;
+    for (const char* word : {"allocated", "reserved", "free", "total"}) EXPECT_TRUE(contains(message, word)) << message;
+  }
+  // Less than the card, more than is free: refused by the stream-ordered allocator itself.
+  const std::int64_t most = static_cast<std::int64_t>(static_cast<double>(before.free) * 0.6);
+  {
+    Tensor first = empty({most}, {.device = kCuda, .dtype = DType::UInt8});
+    EXPECT_THROW(empty({most}, {.device = kCuda, .dtype = DType::UInt8}), OutOfMemory);
+  }
+  backend(kCuda).empty_cache(0);
+  // ... and the process computes correctly afterwards.
+  manual_seed(3);
+  const Tensor x = randn({1000, 100});
+  expect_matches_cpu("after OOM", {x}, [](const std::vector<Tensor>& v) { return sum(mul(v[0], 2.0), {1}); });
+  EXPECT_EQ(backend(kCuda).memory_stats(0).allocated, before.allocated);
+}
+
+TEST_F(CudaBackend, MemoryStatsTrackAllocatedPeakAndReserved) {
+  Backend& be = backend(kCuda);
+  be.reset_peak_memory_stats(0);
+  const MemoryStats before = be.memory_stats(0);
+  constexpr std::int64_t kBytes = std::int64_t{4} << 20;
+  MemoryStats during;
+  {
+    Tensor t = empty({kBytes / 4}, {.device = kCuda});
+    during = be.memory_stats(0);
+    EXPECT_EQ(during.allocated, before.allocated + kBytes);
+    EXPECT_GE(during.peak, during.allocated);
+    EXPECT_GE(during.reserved, during.allocated);
+    EXPECT_EQ(during.allocations, before.allocations + 1);
+    EXPECT_GT(during.free, 0);
+    EXPECT_GT(during.total, during.free);
+  }
+  const MemoryStats after = be.memory_stats(0);
+  EXPECT_EQ(after.allocated, before.allocated);
+  EXPECT_GE(after.peak, before.allocated + kBytes);
+  be.empty_cache(0);
+  EXPECT_LE(be.memory_stats(0).reserved, after.reserved);
+  be.reset_peak_memory_stats(0);
+  EXPECT_EQ(be.memory_stats(0).peak, be.memory_stats(0).allocated);
+}
+
+TEST_F(CudaBackend, PinnedNonBlockingCopiesKeepStreamOrder) {
+  manual_seed(5);
+  const Tensor host = randn({1 << 24}).pin_memory();  // 64 MB, page-locked
+  ASSERT_TRUE(host.is_pinned());
+  const Tensor device = host.to(kCuda, /*non_blocking=*/true);
+  const Tensor doubled = mul(device, 2.0);  // a kernel right behind the async copy
+  const Tensor back = doubled.to(kCPU, /*non_blocking=*/true);
+  EXPECT_TRUE(back.is_pinned());
+  synchronize(kCuda);
+  EXPECT_TRUE(same_bytes(back, mul(host, 2.0)));
+
+  // A write after a non_blocking read of the same memory waits for the read.
+  Tensor source = full({1 << 22}, 1.0, {.device = kCuda});
+  const Tensor snapshot = source.to(kCPU, /*non_blocking=*/true);
+  source.fill_(5.0);
+  synchronize(kCuda);
+  EXPECT_TRUE(same_bytes(snapshot, full({1 << 22}, 1.0)));
+  EXPECT_EQ(source.select(0, 0).item<float>(), 5.0f);
+}
+
+TEST_F(CudaBackend, PageableCopiesAreExactOnEveryPath) {
+  // below, at and above the staging threshold (4 MB), chunk-sized and ragged
+  for (const std::int64_t bytes : {std::int64_t{1000}, (std::int64_t{4} << 20) - 1, std::int64_t{4} << 20,
+                                   (std::int64_t{5} << 20) + 3, (std::int64_t{33} << 20) + 17, std::int64_t{64} << 20}) {
+    manual_seed(static_cast<std::uint64_t>(bytes));
+    const Tensor host = randint(0, 256, {bytes}, {.dtype = DType::UInt8});
+    const Tensor device = host.to(kCuda);
+    EXPECT_TRUE(same_bytes(device.cpu(), host)) << bytes << " bytes, blocking";
+    Tensor async_device;
+    {
+      const Tensor temporary = host.clone();
+      async_device = temporary.to(kCuda, /*non_blocking=*/true);  // the source dies right after the call
+    }
+    EXPECT_TRUE(same_bytes(async_device.cpu(), host)) << bytes << " bytes, non_blocking";
+  }
+  // many copies in a row reuse the ring's buffers in order
+  manual_seed(9);
+  const Tensor a = randn({3 << 20}), b = randn({5 << 20});
+  std::vector<Tensor> on_device;
+  for (int i = 0; i < 6; ++i) on_device.push_back((i % 2 ? b : a).to(kCuda, /*non_blocking=*/true));
+  for (int i = 0; i < 6; ++i) EXPECT_TRUE(same_bytes(on_device[static_cast<std::size_t>(i)].cpu(), i % 2 ? b : a)) << i;
+}
+
+TEST_F(CudaBackend, DeviceToDeviceCopies) {
+  manual_seed(11);
+  const Tensor x = randn({1 << 20, 3}).to(kCuda);
+  EXPECT_TRUE(same_bytes(x.clone().cpu(), x.cpu()));
+  EXPECT_TRUE(same_bytes(x.t().contiguous().t().contiguous().cpu(), x.cpu()));
+  if (device_count(DeviceType::CUDA) > 1) {
+    const Device other{DeviceType::CUDA, 1};
+    const Tensor there = x.to(other, /*non_blocking=*/true);
+    EXPECT_EQ(there.device(), other);
+    EXPECT_TRUE(same_bytes(there.cpu(), x.cpu()));
+    EXPECT_TRUE(same_bytes(there.to(kCuda).cpu(), x.cpu()));
+  }
+}
+
+TEST_F(CudaBackend, ElementwiseMatchesCpuOnLargeStridedAndMisalignedOperands) {
+  manual_seed(13);
+  const Tensor a = randn({1027, 1031}), b = randn({1027, 1031}), row = randn({1031}), s = randn({});
+  using V = const std::vector<Tensor>&;
+  const std::vector<std::pair<std::string, std::function<Tensor(V)>>> cases = {
+      {"add", [](V x) { return add(x[0], x[1]); }},
+      {"add_alpha", [](V x) { return add(x[0], x[1], -0.5); }},
+      {"sub_broadcast_row", [](V x) { return sub(x[0], x[2]); }},
+      {"mul_scalar_tensor", [](V x) { return mul(x[0], x[3]); }},
+      {"div_transposed", [](V x) { return div(x[0].t(), add(abs(x[1]), 0.5).t()); }},
+      {"maximum_strided_rows", [](V x) { return maximum(x[0].narrow(1, 1, 1029), x[1].narrow(1, 2, 1029)); }},
+      {"add_misaligned", [](V x) {
+         const std::int64_t n = x[0].numel() - 2;
+         return add(x[0].flatten().narrow(0, 1, n), x[1].flatten().narrow(0, 2, n));
+       }},
+      {"minimum_nan", [](V x) { return minimum(x[0], log(x[1])); }},
+      {"pow", [](V x) { return pow(add(abs(x[0]), 0.1), x[1]); }},
+      {"exp_log_sqrt", [](V x) { return add(exp(x[0]), sqrt(log(add(abs(x[1]), 1.0)))); }},
+      {"unary_chain", [](V x) { return tanh(sigmoid(relu(neg(square(x[0]))) + rsqrt(add(abs(x[1]), 0.1)))); }},
+      {"sign_abs", [](V x) { return mul(sign(x[0]), abs(x[1])); }},
+      {"comparisons", [](V x) { return where(logical_not(le(x[0], x[1])), x[0], x[2]); }},
+      {"scalar_ops", [](V x) { return rdiv(add(abs(x[0]), 1.0), 3.0) - (2.0 - x[1]) * 0.25; }},
+      {"where_broadcast", [](V x) { return where(gt(x[2], 0.0), x[0], x[3]); }},
+      {"to_float64_and_back", [](V x) { return add(x[0].to(DType::Float64), 1e-9).to(DType::Float32); }},
+      {"eight_dims", [](V x) {
+         Tensor y = x[0].narrow(0, 0, 1024).narrow(1, 0, 1024).reshape({8, 8, 8, 8, 4, 4, 4, 4});
+         return add(y.permute({7, 6, 5, 4, 3, 2, 1, 0}), y.permute({7, 6, 5, 4, 3, 2, 1, 0}).contiguous());
+       }},
+  };
+  for (const auto& [name, op] : cases) expect_matches_cpu(name, {a, b, row, s}, op);
+  // in place, on a strided view
+  Tensor host = a.clone(), device = a.to(kCuda);
+  host.t().narrow(0, 3, 100).mul_(3.0);
+  device.t().narrow(0, 3, 100).mul_(3.0);
+  host.narrow(1, 5, 7).fill_(-0.0);
+  device.narrow(1, 5, 7).fill_(-0.0);
+  EXPECT_TRUE(same_bytes(device.cpu(), host));
+}
+
+TEST_F(CudaBackend, ElementwiseMatchesCpuForEveryDtype) {
+  manual_seed(17);
+  const Tensor ints = randint(-50, 50, {4097});  // 17 x 241
+  const Tensor other = randint(-50, 50, {4097});
+  const Tensor naturals = randint(0, 100, {4097});  // float -> uint8 of a negative value is undefined in C++
+  const std::vector<DType> dtypes = {DType::Float32, DType::Float64, DType::Int32, DType::Int64, DType::UInt8,
+                                     DType::Bool};
+  using V = const std::vector<Tensor>&;
+  for (DType dtype : dtypes) {
+    const Tensor x = ints.to(dtype), y = other.to(dtype);
+    const std::string name(dtype_name(dtype));
+    expect_matches_cpu(name + " add", {x, y}, [](V v) { return add(v[0], v[1]); }, 0, 0);
+    expect_matches_cpu(name + " mul", {x, y}, [](V v) { return mul(v[0], v[1]); }, 0, 0);
+    expect_matches_cpu(name + " maximum", {x, y}, [](V v) { return maximum(v[0], v[1]); }, 0, 0);
+    expect_matches_cpu(name + " lt", {x, y}, [](V v) { return lt(v[0], v[1]).to(DType::UInt8); }, 0, 0);
+    expect_matches_cpu(name + " eq scalar", {x}, [](V v) { return eq(v[0], 1.0).to(DType::UInt8); }, 0, 0);
+    expect_matches_cpu(name + " where", {x, y}, [](V v) { return where(gt(v[0], v[1]), v[0], v[1]); }, 0, 0);
+    expect_matches_cpu(name + " logical_not", {x}, [](V v) { return logical_not(v[0]).to(DType::UInt8); }, 0, 0);
+    expect_matches_cpu(name + " sum", {x}, [](V v) { return sum(v[0]); }, 0, 0);
+    expect_matches_cpu(name + " max dim", {x}, [](V v) { return max(v[0].reshape({17, 241}), 1).second; }, 0, 0);
+    if (dtype != DType::Bool) {
+      expect_matches_cpu(name + " sub", {x, y}, [](V v) { return sub(v[0], v[1]); }, 0, 0);
+      expect_matches_cpu(name + " abs", {x}, [](V v) { return abs(v[0]); }, 0, 0);
+      expect_matches_cpu(name + " times 3", {x}, [](V v) { return mul(v[0], 3.0); }, 0, 0);
+      expect_matches_cpu(name + " div", {x, y}, [](V v) { return div(v[0], v[1]); }, 1e-6, 1e-6);
+    }
+    const Tensor n = naturals.to(dtype);
+    for (DType target : dtypes) {
+      expect_matches_cpu(name + " to " + std::string(dtype_name(target)), {n},
+                         [target](V v) { return v[0].to(target).to(DType::Float64); }, 0, 0);
+      expect_matches_cpu(name + " strided to " + std::string(dtype_name(target)), {n},
+                         [target](V v) { return v[0].reshape({17, 241}).t().to(target).to(DType::Float64); }, 0, 0);
+    }
+  }
+}
+
+TEST_F(CudaBackend, ReductionsMatchCpu) {
+  manual_seed(19);
+  using V = const std::vector<Tensor>&;
+  const Tensor long_row = randn({(1 << 22) + 5});
+  expect_matches_cpu("sum all", {long_row}, [](V v) { return sum(v[0]); });
+  expect_matches_cpu("mean all", {long_row}, [](V v) { return mean(v[0]); });
+  expect_matches_cpu("max all", {long_row}, [](V v) { return max(v[0]); }, 0, 0);
+  expect_matches_cpu("argmin all", {long_row}, [](V v) { return argmin(v[0].reshape({1, -1}), 1); }, 0, 0);
+  const Tensor rows = randn({37, 100003});
+  expect_matches_cpu("sum rows", {rows}, [](V v) { return sum(v[0], {1}); });
+  expect_matches_cpu("sum columns", {rows}, [](V v) { return sum(v[0], {0}); });
+  expect_matches_cpu("var", {rows}, [](V v) { return var(v[0], {1}); }, 1e-4, 1e-5);
+  const Tensor cube = randn({3, 50000, 5});
+  expect_matches_cpu("mean middle", {cube}, [](V v) { return mean(v[0], {1}); });
+  expect_matches_cpu("max middle", {cube}, [](V v) { return max(v[0], 1).first; }, 0, 0);
+  expect_matches_cpu("argmax middle", {cube}, [](V v) { return argmax(v[0], 1); }, 0, 0);
+  expect_matches_cpu("sum outer and inner", {cube}, [](V v) { return sum(v[0], {0, 2}, true); });
+  // ties go to the first index, NaN wins and the first NaN is the one reported
+  const Tensor ties = randint(0, 3, {64, 999}).to(DType::Float32);
+  expect_matches_cpu("argmax ties", {ties}, [](V v) { return argmax(v[0], 1); }, 0, 0);
+  expect_matches_cpu("argmin ties columns", {ties}, [](V v) { return argmin(v[0], 0); }, 0, 0);
+  Tensor with_nan = randn({8, 5000});
+  with_nan.narrow(1, 1234, 1).fill_(NAN);
+  with_nan.narrow(1, 4321, 1).fill_(NAN);
+  expect_matches_cpu("max nan", {with_nan}, [](V v) { return max(v[0], 1).first; }, 0, 0);
+  expect_matches_cpu("argmax nan", {with_nan}, [](V v) { return argmax(v[0], 1); }, 0, 0);
+  expect_matches_cpu("argmin nan columns", {with_nan.t().contiguous()}, [](V v) { return argmin(v[0], 0); }, 0, 0);
+  // integers sum exactly; empty dims
+  const Tensor counts = randint(0, 1000, {1 << 20});
+  expect_matches_cpu("int64 sum", {counts}, [](V v) { return sum(v[0]); }, 0, 0);
+  const Tensor empty_dim = zeros({4, 0, 3});
+  expect_matches_cpu("sum empty", {empty_dim}, [](V v) { return sum(v[0], {1}); }, 0, 0);
+  expect_matches_cpu("mean empty", {empty_dim}, [](V v) { return mean(v[0], {1}); }, 0, 0);
+}
+
+TEST_F(CudaBackend, MatmulMatchesCpu) {
+  manual_seed(23);
+  using V = const std::vector<Tensor>&;
+  const Tensor a = randn({257, 129}), b = randn({129, 65}), bt = randn({65, 129}), at = randn({129, 257});
+  expect_matches_cpu("mm", {a, b}, [](V v) { return matmul(v[0], v[1]); }, 1e-4, 1e-4);
+  expect_matches_cpu("mm transposed b", {a, bt}, [](V v) { return matmul(v[0], v[1].t()); }, 1e-4, 1e-4);
+  expect_matches_cpu("mm transposed a", {at, b}, [](V v) { return matmul(v[0].t(), v[1]); }, 1e-4, 1e-4);
+  expect_matches_cpu("mm both transposed", {at, bt}, [](V v) { return matmul(v[0].t(), v[1].t()); }, 1e-4, 1e-4);
+  expect_matches_cpu("mm vector", {a, b}, [](V v) { return matmul(v[0], v[1].select(1, 3)); }, 1e-4, 1e-4);
+  const Tensor p = randn({6, 33, 17}), q = randn({6, 17, 9}), r = randn({2, 1, 33, 17});
+  expect_matches_cpu("bmm", {p, q}, [](V v) { return bmm(v[0], v[1]); }, 1e-4, 1e-4);
+  expect_matches_cpu("broadcast batches", {r, q}, [](V v) { return matmul(v[0], v[1]); }, 1e-4, 1e-4);
+  expect_matches_cpu("float64", {a.to(DType::Float64), b.to(DType::Float64)},
+                     [](V v) { return matmul(v[0], v[1]); }, 1e-12, 1e-12);
+#ifdef FERRY_HAVE_CUDA
+  cuda::set_allow_tf32(true);
+  expect_matches_cpu("tf32", {a, b}, [](V v) { return matmul(v[0], v[1]); }, 2e-2, 2e-2);
+  cuda::set_allow_tf32(false);
+  EXPECT_FALSE(cuda::allow_tf32());
+#endif
+}
+
+TEST_F(CudaBackend, IndexSelectAndItsBackwardMatchCpu) {
+  manual_seed(29);
+  const Tensor table = randn({50, 33});
+  const Tensor index = from_vector<std::int64_t>({3, 3, 7, 0, 49, 3, 12});
+  for (int dim : {0, 1}) {
+    Tensor expected_grad, got_grad;
+    for (Device d : {kCPU, kCuda}) {
+      Tensor x = table.to(d).detach().requires_grad_(true);
+      Tensor y = index_select(x, dim, index.to(d));
+      sum(mul(y, y)).backward();
+      (d.is_cpu() ? expected_grad : got_grad) = x.grad();
+    }
+    EXPECT_TRUE(all_close(got_grad.cpu(), expected_grad, 1e-5, 1e-6)) << "dim " << dim;
+  }
+  using V = const std::vector<Tensor>&;
+  for (DType dtype : {DType::Int64, DType::UInt8, DType::Float64}) {
+    expect_matches_cpu(std::string("index_select ") + std::string(dtype_name(dtype)), {table.to(dtype), index},
+                       [](V v) { return index_select(v[0], 1, v[1]); }, 0, 0);
+  }
+}
+
+TEST_F(CudaBackend, BadIndexIsReportedAtTheNextSync) {
+  const Tensor x = ones({5, 3}, {.device = kCuda});
+  const Tensor index = from_vector<std::int64_t>({0, 7}, {.device = kCuda});
+  const Tensor y = index_select(x, 0, index);  // enqueued; the kernel writes a report, not a fault
+  try {
+    synchronize(kCuda);
+    ADD_FAILURE() << "no error reported";
+  } catch (const InvalidArgument& e) {
+    EXPECT_TRUE(contains(e.what(), "index 7 is out of bounds for dimension with size 5")) << e.what();
+  }
+  EXPECT_NO_THROW(synchronize(kCuda));  // reported once
+  EXPECT_EQ(sum(x).item<float>(), 15.0f);
+}
+
+TEST_F(CudaBackend, CrossEntropyMatchesCpu) {
+  manual_seed(31);
+  for (const auto& [rows, classes] : std::vector<std::pair<std::int64_t, std::int64_t>>{{64, 10}, {3, 1000}, {5, 1}}) {
+    const Tensor logits = mul(randn({rows, classes}), 4.0);
+    const Tensor target = randint(0, classes, {rows});
+    Tensor loss[2], grad[2];
+    int slot = 0;
+    for (Device d : {kCPU, kCuda}) {
+      const Tensor l = logits.to(d), t = target.to(d);
+      loss[slot] = empty({rows}, {.device = d});
+      grad[slot] = empty({rows, classes}, {.device = d});
+      backend(d).cross_entropy(view_of(loss[slot]), view_of(grad[slot]), view_of(l), view_of(t), 0.5,
+                               backend(d).compute_stream(d.index));
+      ++slot;
+    }
+    EXPECT_TRUE(all_close(loss[1].cpu(), loss[0], 1e-5, 1e-6)) << rows << "x" << classes;
+    EXPECT_TRUE(all_close(grad[1].cpu(), grad[0], 1e-5, 1e-7)) << rows << "x" << classes;
+  }
+}
+
+TEST_F(CudaBackend, Im2colCol2imAndPoolingMatchCpu) {
+  manual_seed(37);
+  Backend::Conv2dShape conv;
+  conv.batch = 1;
+  conv.in_channels = 3;
+  conv.height = 9;
+  conv.width = 11;
+  conv.out_channels = 4;
+  conv.kernel_h = 3;
+  conv.kernel_w = 2;
+  conv.stride_h = 2;
+  conv.pad_h = 1;
+  conv.pad_w = 1;
+  conv.dilation_w = 2;
+  const std::int64_t rows = conv.in_channels * conv.kernel_h * conv.kernel_w, cols = conv.out_h() * conv.out_w();
+  const Tensor image = randn({conv.in_channels, conv.height, conv.width});
+  const Tensor columns_in = randn({rows, cols});
+  Tensor columns[2], images[2];
+  Backend::Pool2dShape pool;
+  pool.planes = 6;
+  pool.height = 13;
+  pool.width = 10;
+  pool.kernel_h = 3;
+  pool.kernel_w = 3;
+  pool.stride_h = 2;
+  pool.stride_w = 2;
+  pool.pad_h = 1;
+  pool.pad_w = 1;
+  Tensor planes = randn({pool.planes, pool.height, pool.width});
+  planes.select(0, 2).narrow(0, 4, 1).fill_(NAN);
+  const Tensor grad_out = randn({pool.planes, pool.out_h(), pool.out_w()});
+  Tensor max_out[2], argmax[2], max_grad[2], avg_out[2], avg_grad[2];
+  int slot = 0;
+  for (Device d : {kCPU, kCuda}) {
+    Backend& be = backend(d);
+    const Stream stream = be.compute_stream(d.index);
+    const Tensor img = image.to(d), cin = columns_in.to(d), x = planes.to(d), g = grad_out.to(d);
+    columns[slot] = empty({rows, cols}, {.device = d});
+    images[slot] = empty({conv.in_channels, conv.height, conv.width}, {.device = d});
+    be.im2col(view_of(columns[slot]), view_of(img), conv, stream);
+    be.col2im(view_of(images[slot]), view_of(cin), conv, stream);
+    max_out[slot] = empty({pool.planes, pool.out_h(), pool.out_w()}, {.device = d});
+    argmax[slot] = empty({pool.planes, pool.out_h(), pool.out_w()}, {.device = d, .dtype = DType::Int64});
+    max_grad[slot] = empty({pool.planes, pool.height, pool.width}, {.device = d});
+    avg_out[slot] = empty({pool.planes, pool.out_h(), pool.out_w()}, {.device = d});
+    avg_grad[slot] = empty({pool.planes, pool.height, pool.width}, {.device = d});
+    be.max_pool2d(view_of(max_out[slot]), view_of(argmax[slot]), view_of(x), pool, stream);
+    be.max_pool2d_backward(view_of(max_grad[slot]), view_of(g), view_of(argmax[slot]), pool, stream);
+    be.avg_pool2d(view_of(avg_out[slot]), view_of(x), pool, stream);
+    be.avg_pool2d_backward(view_of(avg_grad[slot]), view_of(g), pool, stream);
+    ++slot;
+  }
+  // gathers in the cpu's order: the same bits
+  EXPECT_TRUE(same_bytes(columns[1].cpu(), columns[0]));
+  EXPECT_TRUE(same_bytes(images[1].cpu(), images[0]));
+  EXPECT_TRUE(same_bytes(max_out[1].cpu(), max_out[0]));
+  EXPECT_TRUE(same_bytes(argmax[1].cpu(), argmax[0]));
+  EXPECT_TRUE(same_bytes(max_grad[1].cpu(), max_grad[0]));
+  EXPECT_TRUE(all_close(avg_out[1].cpu(), avg_out[0], 1e-6, 1e-7));
+  EXPECT_TRUE(all_close(avg_grad[1].cpu(), avg_grad[0], 1e-6, 1e-7));
+}
+
+TEST_F(CudaBackend, RandomNumbersAreTheCpusForTheSameSeed) {
+  const auto draw = [](Device d, const std::function<Tensor(const TensorOptions&)>& make, DType dtype) {
+    manual_seed(2024);
+    return make({.device = d, .dtype = dtype}).cpu();
+  };
+  const Shape shape{1000003};
+  for (DType dtype : {DType::Float32, DType::Float64}) {
+    const auto uniform_draw = [&](const TensorOptions& o) { return uniform(shape, -2.0, 3.0, o); };
+    EXPECT_TRUE(same_bytes(draw(kCuda, uniform_draw, dtype), draw(kCPU, uniform_draw, dtype)));
+    // Box-Muller's log/cos/sin may differ in the last bit of a double between libm and CUDA.
+    const auto normal_draw = [&](const TensorOptions& o) { return normal(shape, 1.0, 2.0, o); };
+    const double tolerance = dtype == DType::Float32 ? 1e-6 : 1e-13;
+    EXPECT_TRUE(all_close(draw(kCuda, normal_draw, dtype), draw(kCPU, normal_draw, dtype), tolerance, tolerance));
+  }
+  const auto randint_draw = [&](const TensorOptions& o) { return randint(-7, 1000, shape, o); };
+  EXPECT_TRUE(same_bytes(draw(kCuda, randint_draw, DType::Int64), draw(kCPU, randint_draw, DType::Int64)));
+  // consecutive draws continue the same counter stream on both devices
+  manual_seed(7);
+  const Tensor cpu_first = randn({5}), cpu_second = randn({7});
+  manual_seed(7);
+  const Tensor cuda_first = randn({5}, {.device = kCuda}), cuda_second = randn({7}, {.device = kCuda});
+  EXPECT_TRUE(all_close(cuda_first.cpu(), cpu_first, 1e-6, 1e-6));
+  EXPECT_TRUE(all_close(cuda_second.cpu(), cpu_second, 1e-6, 1e-6));
+}
+
+TEST_F(CudaBackend, ArangeAndFillMatchCpu) {
+  using V = const std::vector<Tensor>&;
+  for (DType dtype : {DType::Float32, DType::Float64, DType::Int64, DType::UInt8}) {
+    EXPECT_TRUE(same_bytes(arange(0, 200, 0.7, {.device = kCuda, .dtype = dtype}).cpu(),
+                           arange(0, 200, 0.7, {.dtype = dtype})))
+        << dtype_name(dtype);
+    EXPECT_TRUE(same_bytes(full({1001}, 3.5, {.device = kCuda, .dtype = dtype}).cpu(), full({1001}, 3.5, {.dtype = dtype})));
+  }
+  EXPECT_TRUE(same_bytes(zeros({7, 9}, {.device = kCuda}).cpu(), zeros({7, 9})));
+  expect_matches_cpu("fill strided", {zeros({64, 48})}, [](V v) {
+    Tensor t = v[0].clone();
+    t.t().narrow(0, 1, 5).fill_(2.5);
+    return t;
+  }, 0, 0);
+}
+
+}  // namespace
+}  // namespace ferry

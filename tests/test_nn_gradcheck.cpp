@@ -1,0 +1,267 @@
+// test_nn_gradcheck.cpp — every nn backward (layers and losses) against central finite differences in
+// float64, on cpu and on sim:0; the two devices must give identical numbers. Not here: PyTorch parity
+// (test_nn_parity.cpp), module bookkeeping (test_nn_module.cpp).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <functional>
+#include <vector>
+
+#include "ferry/autograd.h"
+#include "ferry/factories.h"
+#include "ferry/nn/functional.h"
+#include "ferry/ops.h"
+#include "ferry/random.h"
+
+namespace F = ferry::nn::functional;
+using ferry::Device;
+using ferry::DType;
+using ferry::Shape;
+using ferry::Tensor;
+
+namespace {
+
+// One differentiable argument: host values (float64), its shape, and whether it is checked.
+struct Argument {
+  Shape shape;
+  std::vector<double> values;
+  bool check = true;
+};
+
+Argument random_argument(const Shape& shape, std::uint64_t seed, double scale = 1, bool check = true) {
+  ferry::manual_seed(seed);
+  Tensor t = ferry::randn(shape, {.dtype = DType::Float64});
+  std::vector<double> values = t.to_vector<double>();
+  for (double& v : values) v *= scale;
+  return {shape, values, check};
+}
+
+Tensor materialise(const Argument& a, Device device, bool requires_grad) {
+  Tensor t = ferry::from_vector(a.values, a.shape).to(device);
+  if (requires_grad) t.requires_grad_(true);
+  return t;
+}
+
+using Function = std::function<Tensor(const std::vector<Tensor>&)>;
+
+struct GradcheckResult {
+  std::vector<std::vector<double>> analytic;  // per argument (empty when not checked)
+  std::vector<double> output;
+};
+
+// Checks d(sum(f(args) * w))/d(args) by backward against central differences (eps 1e-6, atol 1e-5,
+// rtol 1e-3: torch.autograd.gradcheck's tolerances) on `device`, w a fixed random projection.
+GradcheckResult gradcheck(const Function& f, const std::vector<Argument>& args, Device device,
+                          const std::string& what) {
+  constexpr double eps = 1e-6, atol = 1e-5, rtol = 1e-3;
+  std::vector<Tensor> inputs;
+  for (const Argument& a : args) inputs.push_back(materialise(a, device, a.check));
+  Tensor out = f(inputs);
+  ferry::manual_seed(99);
+  const Tensor projection = ferry::randn(out.shape(), {.device = device, .dtype = DType::Float64});
+  ferry::sum(ferry::mul(out, projection)).backward();
+
+  GradcheckResult result;
+  result.output = out.to_vector<double>();
+  auto objective = [&](const std::vector<Argument>& perturbed) {
+    ferry::autograd::NoGradGuard no_grad;
+    std::vector<Tensor> xs;
+    for (const Argument& a : perturbed) xs.push_back(materialise(a, device, false));
+    return ferry::sum(ferry::mul(f(xs), projection)).item<double>();
+  };
+  for (std::size_t i = 0; i < args.size(); ++i) {
+    if (!args[i].check) {
+      result.analytic.emplace_back();
+      continue;
+    }
+    const Tensor grad = inputs[i].grad();
+    EXPECT_TRUE(grad.defined()) << what << ": no gradient for argument " << i << " on " << device.str();
+    if (!grad.defined()) return result;
+    EXPECT_EQ(grad.device(), device) << what;
+    const std::vector<double> analytic = grad.to_vector<double>();
+    std::vector<Argument> perturbed = args;
+    for (std::size_t j = 0; j < analytic.size(); ++j) {
+      const double saved = perturbed[i].values[j];
+      perturbed[i].values[j] = saved + eps;
+      const double plus = objective(perturbed);
+      perturbed[i].values[j] = saved - eps;
+      const double minus = objective(perturbed);
+      perturbed[i].values[j] = saved;
+      const double numeric = (plus - minus) / (2 * eps);
+      EXPECT_LE(std::abs(numeric - analytic[j]), atol + rtol * std::abs(numeric))
+          << what << " on " << device.str() << ": argument " << i << " element " << j << ": analytic "
+          << analytic[j] << " numeric " << numeric;
+    }
+    result.analytic.push_back(analytic);
+  }
+  return result;
+}
+
+// Runs the check on cpu and sim:0 and requires identical outputs and gradients.
+void check_everywhere(const Function& f, const std::vector<Argument>& args, const std::string& what) {
+  const GradcheckResult on_cpu = gradcheck(f, args, ferry::kCPU, what);
+  const GradcheckResult on_sim = gradcheck(f, args, Device::parse("sim:0"), what);
+  EXPECT_EQ(on_cpu.output, on_sim.output) << what << ": sim:0 output differs from cpu";
+  EXPECT_EQ(on_cpu.analytic, on_sim.analytic) << what << ": sim:0 gradients differ from cpu";
+}
+
+}  // namespace
+
+TEST(NNGradcheck, Linear) {
+  check_everywhere([](const std::vector<Tensor>& a) { return F::linear(a[0], a[1], a[2]); },
+                   {random_argument({3, 4}, 1), random_argument({5, 4}, 2), random_argument({5}, 3)}, "linear");
+  check_everywhere([](const std::vector<Tensor>& a) { return F::linear(a[0], a[1]); },
+                   {random_argument({2, 3, 4}, 4), random_argument({2, 4}, 5)}, "linear 3-d input, no bias");
+  // Only the weight requires grad (the input of a first layer): the input's gradient is skipped.
+  check_everywhere([](const std::vector<Tensor>& a) { return F::linear(a[0], a[1], a[2]); },
+                   {random_argument({3, 4}, 6, 1, false), random_argument({2, 4}, 7), random_argument({2}, 8)},
+                   "linear, input without grad");
+}
+
+TEST(NNGradcheck, Conv2d) {
+  check_everywhere(
+      [](const std::vector<Tensor>& a) { return F::conv2d(a[0], a[1], a[2], 1, 1); },
+      {random_argument({2, 3, 5, 4}, 11), random_argument({4, 3, 3, 3}, 12), random_argument({4}, 13)},
+      "conv2d 3x3 pad 1");
+  check_everywhere(
+      [](const std::vector<Tensor>& a) { return F::conv2d(a[0], a[1], a[2], {2, 1}, {1, 0}, {1, 2}); },
+      {random_argument({2, 2, 7, 6}, 14), random_argument({3, 2, 3, 2}, 15), random_argument({3}, 16)},
+      "conv2d stride (2,1) padding (1,0) dilation (1,2)");
+  check_everywhere([](const std::vector<Tensor>& a) { return F::conv2d(a[0], a[1], Tensor(), 2, 2, 2); },
+                   {random_argument({1, 2, 7, 7}, 17), random_argument({2, 2, 3, 3}, 18)},
+                   "conv2d no bias, stride 2, padding 2, dilation 2");
+  check_everywhere([](const std::vector<Tensor>& a) { return F::conv2d(a[0], a[1], a[2]); },
+                   {random_argument({2, 3, 3, 4}, 19), random_argument({2, 3, 1, 1}, 20), random_argument({2}, 21)},
+                   "conv2d pointwise (1x1)");
+  check_everywhere([](const std::vector<Tensor>& a) { return F::conv2d(a[0], a[1], a[2], 1, 1); },
+                   {random_argument({2, 2, 4, 4}, 22, 1, false), random_argument({2, 2, 3, 3}, 23),
+                    random_argument({2}, 24)},
+                   "conv2d, input without grad");
+}
+
+TEST(NNGradcheck, BatchNorm) {
+  // Training: batch statistics (no running statistics given), affine.
+  check_everywhere(
+      [](const std::vector<Tensor>& a) { return F::batch_norm(a[0], Tensor(), Tensor(), a[1], a[2], true); },
+      {random_argument({4, 3, 2, 3}, 31), random_argument({3}, 32), random_argument({3}, 33)},
+      "batch_norm 2d training");
+  check_everywhere([](const std::vector<Tensor>& a) { return F::batch_norm(a[0], Tensor(), Tensor(), a[1], a[2], true); },
+                   {random_argument({6, 4}, 34), random_argument({4}, 35), random_argument({4}, 36)},
+                   "batch_norm 1d training");
+  check_everywhere([](const std::vector<Tensor>& a) { return F::batch_norm(a[0], Tensor(), Tensor(), Tensor(), Tensor(), true); },
+                   {random_argument({3, 2, 5}, 37)}, "batch_norm training without affine");
+  // Eval: fixed running statistics.
+  check_everywhere(
+      [](const std::vector<Tensor>& a) {
+        const Tensor running_mean = ferry::from_vector<double>({0.1, -0.2, 0.3}).to(a[0].device());
+        const Tensor running_var = ferry::from_vector<double>({0.5, 1.5, 2.0}).to(a[0].device());
+        return F::batch_norm(a[0], running_mean, running_var, a[1], a[2], false);
+      },
+      {random_argument({2, 3, 2, 2}, 38), random_argument({3}, 39), random_argument({3}, 40)}, "batch_norm eval");
+}
+
+TEST(NNGradcheck, BatchNormComposedPathMatchesFused) {
+  // The composed path (what cuda runs) against the fused host kernels, on sim with the fusion off.
+  const Argument x = random_argument({5, 3, 4, 2}, 41), w = random_argument({3}, 42), b = random_argument({3}, 43);
+  auto run = [&](Device device) {
+    Tensor xs = materialise(x, device, true), ws = materialise(w, device, true), bs = materialise(b, device, true);
+    Tensor out = F::batch_norm(xs, Tensor(), Tensor(), ws, bs, true);
+    ferry::manual_seed(5);
+    ferry::sum(ferry::mul(out, ferry::randn(out.shape(), {.device = device, .dtype = DType::Float64}))).backward();
+    return std::vector<std::vector<double>>{out.to_vector<double>(), xs.grad().to_vector<double>(),
+                                            ws.grad().to_vector<double>(), bs.grad().to_vector<double>()};
+  };
+  const auto fused = run(ferry::kCPU);
+  F::set_fused_host_kernels(false);
+  const auto composed = run(Device::parse("sim:0"));
+  F::set_fused_host_kernels(true);
+  for (std::size_t k = 0; k < fused.size(); ++k) {
+    for (std::size_t i = 0; i < fused[k].size(); ++i) EXPECT_NEAR(fused[k][i], composed[k][i], 1e-12) << k << " " << i;
+  }
+  check_everywhere([](const std::vector<Tensor>& a) {
+    F::set_fused_host_kernels(false);
+    Tensor out = F::batch_norm(a[0], Tensor(), Tensor(), a[1], a[2], true);
+    F::set_fused_host_kernels(true);
+    return out;
+  }, {random_argument({3, 2, 3}, 44), random_argument({2}, 45), random_argument({2}, 46)}, "batch_norm composed path");
+}
+
+TEST(NNGradcheck, Conv2dPortablePath) {
+  // The path every non-host device takes (chunked im2col + batched GEMM through the backend), checked
+  // on sim with the host kernels off; the default (host) path is what the other tests check on cpu and sim.
+  F::set_fused_host_kernels(false);
+  check_everywhere(
+      [](const std::vector<Tensor>& a) { return F::conv2d(a[0], a[1], a[2], {2, 1}, {1, 0}, {1, 2}); },
+      {random_argument({3, 2, 7, 6}, 47), random_argument({3, 2, 3, 2}, 48), random_argument({3}, 49)},
+      "portable conv2d stride (2,1) padding (1,0) dilation (1,2)");
+  check_everywhere([](const std::vector<Tensor>& a) { return F::conv2d(a[0], a[1], a[2]); },
+                   {random_argument({2, 3, 3, 4}, 50), random_argument({2, 3, 1, 1}, 51), random_argument({2}, 52)},
+                   "portable conv2d pointwise (1x1)");
+  F::set_fused_host_kernels(true);
+}
+
+TEST(NNGradcheck, Pooling) {
+  check_everywhere([](const std::vector<Tensor>& a) { return F::max_pool2d(a[0], 2); },
+                   {random_argument({2, 2, 4, 6}, 51)}, "max_pool2d k2");
+  check_everywhere([](const std::vector<Tensor>& a) { return F::max_pool2d(a[0], 3, 2, 1); },
+                   {random_argument({1, 2, 5, 5}, 52)}, "max_pool2d k3 s2 p1");
+  check_everywhere([](const std::vector<Tensor>& a) { return F::avg_pool2d(a[0], 2); },
+                   {random_argument({2, 2, 4, 6}, 53)}, "avg_pool2d k2");
+  check_everywhere([](const std::vector<Tensor>& a) { return F::avg_pool2d(a[0], {3, 2}, {2, 1}, {1, 1}); },
+                   {random_argument({1, 2, 5, 4}, 54)}, "avg_pool2d k(3,2) s(2,1) p1");
+}
+
+TEST(NNGradcheck, ActivationsAndDropout) {
+  check_everywhere([](const std::vector<Tensor>& a) { return F::relu(a[0]); }, {random_argument({3, 5}, 61)}, "relu");
+  check_everywhere(
+      [](const std::vector<Tensor>& a) {
+        ferry::manual_seed(7);  // the same mask for every evaluation
+        return F::dropout(a[0], 0.4, true);
+      },
+      {random_argument({4, 6}, 62)}, "dropout");
+}
+
+TEST(NNGradcheck, Losses) {
+  for (auto reduction : {ferry::nn::Reduction::Mean, ferry::nn::Reduction::Sum, ferry::nn::Reduction::None}) {
+    const std::string name = reduction == ferry::nn::Reduction::Mean ? "mean" : reduction == ferry::nn::Reduction::Sum ? "sum" : "none";
+    check_everywhere(
+        [reduction](const std::vector<Tensor>& a) {
+          const Tensor target = ferry::from_vector<std::int64_t>({2, 0, 4, 1, 4}).to(a[0].device());
+          return F::cross_entropy(a[0], target, reduction);
+        },
+        {random_argument({5, 5}, 71, 2)}, "cross_entropy " + name);
+    check_everywhere([reduction](const std::vector<Tensor>& a) { return F::mse_loss(a[0], a[1], reduction); },
+                     {random_argument({3, 4}, 72), random_argument({3, 4}, 73)}, "mse_loss " + name);
+  }
+}
+
+TEST(NNGradcheck, Conv2dBatchEqualsSampleBySample) {
+  // Both conv paths: the host one (samples over OpenMP threads) and the portable one, with samples big
+  // enough that its im2col buffer holds fewer samples than the batch (several chunks).
+  for (const bool host : {true, false}) {
+    F::set_fused_host_kernels(host);
+    ferry::manual_seed(81);
+    const Tensor x = ferry::randn({6, 16, 40, 40});
+    Tensor w = ferry::randn({8, 16, 3, 3}).requires_grad_(true);
+    Tensor b = ferry::randn({8}).requires_grad_(true);
+    Tensor out = F::conv2d(x, w, b, 1, 1);
+    ferry::sum(ferry::square(out)).backward();
+    const std::vector<float> gw = w.grad().to_vector<float>();
+    std::vector<double> gw_per_sample(gw.size(), 0.0);
+    for (std::int64_t n = 0; n < 6; ++n) {
+      Tensor wn = w.detach().clone().requires_grad_(true);
+      Tensor one = F::conv2d(x.narrow(0, n, 1), wn, b.detach(), 1, 1);
+      const std::vector<float> expected = out.detach().narrow(0, n, 1).contiguous().to_vector<float>();
+      const std::vector<float> actual = one.detach().to_vector<float>();
+      ASSERT_EQ(expected.size(), actual.size());
+      for (std::size_t i = 0; i < actual.size(); i += 97) EXPECT_NEAR(actual[i], expected[i], 1e-4) << n << " " << i;
+      ferry::sum(ferry::square(one)).backward();
+      const std::vector<float> g = wn.grad().to_vector<float>();
+      for (std::size_t i = 0; i < g.size(); ++i) gw_per_sample[i] += g[i];
+    }
+    for (std::size_t i = 0; i < gw.size(); ++i) {
+      EXPECT_NEAR(gw[i], gw_per_sample[i], 1e-3 * (1 + std::abs(gw_per_sample[i]))) << (host ? "host" : "portable");
+    }
+  }
+  F::set_fused_host_kernels(true);
+}

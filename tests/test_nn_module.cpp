@@ -1,0 +1,276 @@
+// test_nn_module.cpp — nn::Module bookkeeping: PyTorch state_dict names and order, strict loading and its
+// errors, moving a whole model to sim:0 (DESIGN.md invariant 7), train/eval, zero_grad, initialisation,
+// printing. Not here: the maths (test_nn_gradcheck.cpp, test_nn_parity.cpp).
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "ferry/autograd.h"
+#include "ferry/factories.h"
+#include "ferry/nn/activation.h"
+#include "ferry/nn/batchnorm.h"
+#include "ferry/nn/conv.h"
+#include "ferry/nn/functional.h"
+#include "ferry/nn/init.h"
+#include "ferry/nn/linear.h"
+#include "ferry/nn/loss.h"
+#include "ferry/nn/pooling.h"
+#include "ferry/nn/sequential.h"
+#include "ferry/ops.h"
+#include "ferry/optim.h"
+#include "ferry/random.h"
+
+using ferry::Device;
+using ferry::DType;
+using ferry::Tensor;
+namespace nn = ferry::nn;
+
+namespace {
+nn::Sequential make_cnn(std::int64_t in_channels = 3, std::int64_t features = 2048) {
+  nn::Sequential model;
+  const std::int64_t channels[] = {in_channels, 32, 64, 128};
+  for (int i = 0; i < 3; ++i) {
+    model.push_back(nn::Conv2d(channels[i], channels[i + 1], 3, {.padding = 1}));
+    model.push_back(nn::BatchNorm2d(channels[i + 1]));
+    model.push_back(nn::ReLU());
+    model.push_back(nn::MaxPool2d(2));
+  }
+  model.push_back(nn::Flatten());
+  model.push_back(nn::Linear(features, 10));
+  return model;
+}
+
+std::vector<std::string> names_of(const nn::NamedTensors& tensors) {
+  std::vector<std::string> names;
+  for (const auto& [name, t] : tensors) names.push_back(name);
+  return names;
+}
+
+Device sim0() { return Device::parse("sim:0"); }
+}  // namespace
+
+TEST(NNModule, StateDictHasPyTorchNamesInOrder) {
+  nn::Sequential model(nn::Conv2d(3, 4, 3), nn::BatchNorm2d(4), nn::ReLU(), nn::Flatten(), nn::Linear(4, 2));
+  const std::vector<std::string> expected = {"0.weight", "0.bias", "1.weight", "1.bias", "1.running_mean",
+                                             "1.running_var", "1.num_batches_tracked", "4.weight", "4.bias"};
+  const nn::NamedTensors state = model.state_dict();
+  EXPECT_EQ(names_of(state), expected);
+  const Tensor& tracked = *nn::find_tensor(state, "1.num_batches_tracked");
+  EXPECT_EQ(tracked.dtype(), DType::Int64);
+  EXPECT_EQ(tracked.dim(), 0);
+  EXPECT_EQ(names_of(model.named_parameters()),
+            (std::vector<std::string>{"0.weight", "0.bias", "1.weight", "1.bias", "4.weight", "4.bias"}));
+  EXPECT_EQ(names_of(model.named_buffers()),
+            (std::vector<std::string>{"1.running_mean", "1.running_var", "1.num_batches_tracked"}));
+  EXPECT_EQ(model.parameters().size(), 6u);
+  EXPECT_EQ(model.parameter_count(), 4 * 3 * 9 + 4 + 4 + 4 + 2 * 4 + 2);
+  // state_dict values alias the live tensors, detached.
+  auto& conv = model.at<nn::Conv2d>(0);
+  EXPECT_EQ(state[0].second.data_ptr(), conv.weight.data_ptr());
+  EXPECT_FALSE(state[0].second.requires_grad());
+  EXPECT_THROW(model.at<nn::Linear>(0), ferry::InvalidArgument);
+}
+
+TEST(NNModule, CnnStateDictMatchesThePyTorchSequential) {
+  nn::Sequential model = make_cnn();
+  const std::vector<std::string> names = names_of(model.state_dict());
+  ASSERT_EQ(names.size(), 23u);
+  EXPECT_EQ(names.front(), "0.weight");
+  EXPECT_EQ(names[6], "1.num_batches_tracked");
+  EXPECT_EQ(names.back(), "13.bias");
+  const std::string printed = model.str();
+  EXPECT_EQ(printed.substr(0, printed.find("\n  (2)")),
+            "Sequential(\n  (0): Conv2d(3, 32, kernel_size=(3, 3), stride=(1, 1), padding=(1, 1))\n"
+            "  (1): BatchNorm2d(32, eps=1e-05, momentum=0.1, affine=True, track_running_stats=True)");
+  EXPECT_NE(printed.find("(3): MaxPool2d(kernel_size=2, stride=2, padding=0, dilation=1, ceil_mode=False)"),
+            std::string::npos) << printed;
+  EXPECT_NE(printed.find("(13): Linear(in_features=2048, out_features=10, bias=True)\n)"), std::string::npos) << printed;
+}
+
+TEST(NNModule, LoadStateDictCopiesAndReportsEveryProblem) {
+  nn::Sequential source(nn::Linear(3, 2), nn::BatchNorm1d(2));
+  nn::Sequential target(nn::Linear(3, 2), nn::BatchNorm1d(2));
+  target.load_state_dict(source.state_dict());
+  auto& a = source.at<nn::Linear>(0);
+  auto& b = target.at<nn::Linear>(0);
+  EXPECT_EQ(a.weight.to_vector<float>(), b.weight.to_vector<float>());
+  EXPECT_NE(a.weight.data_ptr(), b.weight.data_ptr());  // copied, not aliased
+
+  nn::NamedTensors broken = source.state_dict();
+  broken.erase(broken.begin());                                    // drop 0.weight
+  broken.emplace_back("2.weight", ferry::zeros({2}));              // unknown
+  broken[0].second = ferry::zeros({5});                            // 0.bias with a wrong shape
+  try {
+    target.load_state_dict(broken);
+    FAIL() << "expected StateDictError";
+  } catch (const nn::StateDictError& e) {
+    const std::string message = e.what();
+    EXPECT_NE(message.find("Missing key(s) in state_dict: \"0.weight\""), std::string::npos) << message;
+    EXPECT_NE(message.find("Unexpected key(s) in state_dict: \"2.weight\""), std::string::npos) << message;
+    EXPECT_NE(message.find("size mismatch for 0.bias: copying a param with shape [5] from checkpoint, the shape in "
+                           "current model is [2]"),
+              std::string::npos)
+        << message;
+    EXPECT_EQ(e.missing_keys(), std::vector<std::string>{"0.weight"});
+    EXPECT_EQ(e.unexpected_keys(), std::vector<std::string>{"2.weight"});
+    EXPECT_EQ(e.mismatched_keys(), std::vector<std::string>{"0.bias"});
+  }
+  // Not strict: missing and unexpected keys are fine, shapes are still checked.
+  nn::NamedTensors partial = {{"0.bias", ferry::full({2}, 7.0)}, {"extra", ferry::zeros({1})}};
+  target.load_state_dict(partial, false);
+  EXPECT_EQ(b.bias.to_vector<float>(), (std::vector<float>{7, 7}));
+  EXPECT_THROW(target.load_state_dict({{"0.bias", ferry::zeros({3})}}, false), nn::StateDictError);
+  // A float64 checkpoint loads into float32 tensors (converted), int64 counters stay int64.
+  nn::NamedTensors doubles = source.state_dict();
+  for (auto& [name, t] : doubles) if (ferry::is_floating(t.dtype())) t = t.to(DType::Float64);
+  target.load_state_dict(doubles);
+  EXPECT_EQ(b.weight.dtype(), DType::Float32);
+}
+
+TEST(NNModule, ToSimMovesEveryParameterAndBufferInPlace) {
+  ferry::manual_seed(3);
+  nn::Sequential model = make_cnn();
+  // Give BatchNorm non-trivial running statistics, and the parameters gradients, before the move.
+  const Tensor x = ferry::randn({4, 3, 32, 32});
+  model.train();
+  ferry::nn::functional::cross_entropy(model(x), ferry::from_vector<std::int64_t>({1, 2, 3, 4})).backward();
+
+  std::size_t expected_bytes = 0;
+  for (const Tensor& t : model.parameters()) expected_bytes += t.nbytes() + t.grad().nbytes();
+  for (const Tensor& t : model.buffers()) expected_bytes += t.nbytes();
+  const std::vector<Tensor> handles = model.parameters();  // held across the move
+  ferry::optim::SGD optimizer(model.parameters(), {.lr = 0.1, .momentum = 0.9});  // made before the move
+
+  model.eval();
+  const std::vector<float> cpu_logits = model(x).to_vector<float>();
+
+  const std::size_t moved = model.to(sim0());
+  EXPECT_EQ(moved, expected_bytes);
+  for (const auto& [name, t] : model.state_dict()) EXPECT_EQ(t.device(), sim0()) << name << " left on " << t.device().str();
+  for (const auto& [name, t] : model.named_parameters()) EXPECT_EQ(t.grad().device(), sim0()) << name << ".grad";
+  EXPECT_EQ(model.device(), sim0());
+  for (const Tensor& h : handles) EXPECT_EQ(h.device(), sim0());  // identity kept: old handles see the move
+  EXPECT_TRUE(model.at<nn::Conv2d>(0).weight.is_same(handles[0]));
+  EXPECT_TRUE(handles[0].requires_grad() && handles[0].is_leaf());
+
+  const std::vector<float> sim_logits = model(x.to(sim0())).to_vector<float>();
+  EXPECT_EQ(cpu_logits, sim_logits) << "eval-mode outputs differ between cpu and sim:0";
+
+  EXPECT_EQ(model.to(sim0()), 0u);  // already there: nothing moves
+  optimizer.step();                 // the optimizer made before the move updates the moved tensors
+  EXPECT_EQ(handles[0].device(), sim0());
+  EXPECT_EQ(model.to(ferry::kCPU), expected_bytes);
+  EXPECT_EQ(model.device(), ferry::kCPU);
+}
+
+TEST(NNModule, InputOnAnotherDeviceIsADeviceMismatch) {
+  nn::Linear layer(4, 2);
+  layer.to(sim0());
+  try {
+    layer(ferry::ones({3, 4}));
+    FAIL() << "expected DeviceMismatch";
+  } catch (const ferry::DeviceMismatch& e) {
+    EXPECT_NE(std::string(e.what()).find("(in linear)"), std::string::npos) << e.what();
+  }
+}
+
+TEST(NNModule, TrainEvalReachEveryChildAndChangeBatchNorm) {
+  nn::Sequential model(nn::BatchNorm1d(3), nn::Dropout(0.5));
+  EXPECT_TRUE(model.is_training());
+  EXPECT_TRUE(model[0].is_training());
+  const Tensor x = ferry::randn({8, 3});
+  auto& bn = model.at<nn::BatchNorm1d>(0);
+  model(x);
+  EXPECT_EQ(bn.num_batches_tracked.item<std::int64_t>(), 1);
+  model.eval();
+  EXPECT_FALSE(model[1].is_training());
+  const Tensor before = bn.running_mean.clone();
+  const Tensor y = model(x);
+  EXPECT_EQ(bn.num_batches_tracked.item<std::int64_t>(), 1);  // eval: no update
+  EXPECT_EQ(bn.running_mean.to_vector<float>(), before.to_vector<float>());
+  // eval = (x - running_mean) / sqrt(running_var + eps) * weight + bias, dropout the identity
+  const Tensor expected = ferry::div(ferry::sub(x, bn.running_mean), ferry::sqrt(ferry::add(bn.running_var, 1e-5)));
+  const auto got = y.to_vector<float>(), want = expected.to_vector<float>();
+  for (std::size_t i = 0; i < got.size(); ++i) EXPECT_NEAR(got[i], want[i], 1e-5);
+}
+
+TEST(NNModule, ZeroGradSetsToNoneOrZeros) {
+  nn::Linear layer(3, 2);
+  ferry::sum(layer(ferry::ones({4, 3}))).backward();
+  ASSERT_TRUE(layer.weight.grad().defined());
+  layer.zero_grad(false);
+  EXPECT_EQ(layer.weight.grad().to_vector<float>(), std::vector<float>(6, 0.0f));
+  layer.zero_grad();
+  EXPECT_FALSE(layer.weight.grad().defined());
+  EXPECT_FALSE(layer.bias.grad().defined());
+}
+
+TEST(NNModule, InitialisationFollowsPyTorchAndIsTheSameOnEveryDevice) {
+  ferry::manual_seed(11);
+  nn::Linear on_cpu(50, 20);
+  ferry::manual_seed(11);
+  nn::Linear on_sim(50, 20, true, {.device = sim0()});
+  EXPECT_EQ(on_sim.weight.device(), sim0());
+  EXPECT_EQ(on_cpu.weight.to_vector<float>(), on_sim.weight.to_vector<float>());
+  EXPECT_EQ(on_cpu.bias.to_vector<float>(), on_sim.bias.to_vector<float>());
+  const double bound = 1 / std::sqrt(50.0);
+  double largest = 0;
+  for (float v : on_cpu.weight.to_vector<float>()) largest = std::max(largest, std::abs(double(v)));
+  EXPECT_LE(largest, bound);
+  EXPECT_GT(largest, 0.9 * bound);  // 1000 draws fill the interval
+  nn::Conv2d conv(3, 8, 3);
+  const double conv_bound = 1 / std::sqrt(27.0);
+  for (float v : conv.weight.to_vector<float>()) EXPECT_LE(std::abs(v), conv_bound);
+  for (float v : conv.bias.to_vector<float>()) EXPECT_LE(std::abs(v), conv_bound);
+  nn::BatchNorm2d bn(4);
+  EXPECT_EQ(bn.weight.to_vector<float>(), std::vector<float>(4, 1.0f));
+  EXPECT_EQ(bn.bias.to_vector<float>(), std::vector<float>(4, 0.0f));
+  EXPECT_EQ(bn.running_var.to_vector<float>(), std::vector<float>(4, 1.0f));
+  EXPECT_EQ(ferry::nn::init::fan_in_and_fan_out(conv.weight), (std::pair<std::int64_t, std::int64_t>{27, 72}));
+  EXPECT_NEAR(ferry::nn::init::calculate_gain("leaky_relu", std::sqrt(5.0)), std::sqrt(1.0 / 3.0), 1e-12);
+}
+
+TEST(NNModule, ToDtypeConvertsFloatingTensorsOnly) {
+  nn::Sequential model(nn::Linear(3, 2), nn::BatchNorm1d(2));
+  const Tensor weight = model.at<nn::Linear>(0).weight;
+  model.to(DType::Float64);
+  EXPECT_EQ(weight.dtype(), DType::Float64);
+  EXPECT_EQ(model.at<nn::BatchNorm1d>(1).running_mean.dtype(), DType::Float64);
+  EXPECT_EQ(model.at<nn::BatchNorm1d>(1).num_batches_tracked.dtype(), DType::Int64);
+  EXPECT_EQ(model(ferry::ones({4, 3}, {.dtype = DType::Float64})).dtype(), DType::Float64);
+}
+
+TEST(NNModule, DropoutDropsTheSameElementsOnEveryDevice) {
+  nn::Dropout dropout(0.25);
+  const Tensor x = ferry::ones({1000});
+  ferry::manual_seed(5);
+  const std::vector<float> on_cpu = dropout(x).to_vector<float>();
+  ferry::manual_seed(5);
+  const std::vector<float> on_sim = dropout(x.to(sim0())).to_vector<float>();
+  EXPECT_EQ(on_cpu, on_sim);
+  int kept = 0;
+  for (float v : on_cpu) {
+    EXPECT_TRUE(v == 0.0f || std::abs(v - 1 / 0.75f) < 1e-6) << v;
+    kept += v != 0.0f;
+  }
+  EXPECT_NEAR(kept, 750, 60);
+  dropout.eval();
+  EXPECT_TRUE(dropout(x).is_same(x));
+  EXPECT_THROW(nn::Dropout(1.5), ferry::InvalidArgument);
+}
+
+TEST(NNModule, LayersCheckTheirInputs) {
+  nn::Conv2d conv(3, 4, 3);
+  EXPECT_THROW(conv(ferry::ones({2, 5, 8, 8})), ferry::ShapeMismatch);
+  EXPECT_THROW(conv(ferry::ones({2, 3, 2, 2})), ferry::ShapeMismatch);
+  EXPECT_THROW(nn::Conv2d(3, 4, 3, {.groups = 2}), ferry::NotSupported);
+  nn::BatchNorm2d bn(3);
+  EXPECT_THROW(bn(ferry::ones({2, 3, 4})), ferry::ShapeMismatch);
+  EXPECT_THROW(bn(ferry::ones({1, 3, 1, 1})), ferry::InvalidArgument);  // one value per channel in training
+  nn::Linear linear(4, 2);
+  EXPECT_THROW(linear(ferry::ones({3, 5})), ferry::ShapeMismatch);
+  EXPECT_THROW(linear(ferry::ones({3, 4}, {.dtype = DType::Float64})), ferry::DTypeMismatch);
+  EXPECT_THROW(nn::MaxPool2d(2, 2, 2)(ferry::ones({1, 1, 4, 4})), ferry::InvalidArgument);
+  EXPECT_THROW(ferry::nn::functional::cross_entropy(ferry::ones({3, 4}), ferry::from_vector<std::int64_t>({0, 4, 1})),
+               ferry::InvalidArgument);
+}

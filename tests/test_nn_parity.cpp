@@ -1,0 +1,213 @@
+// test_nn_parity.cpp — ferry's layers, losses and a 10-step SGD run of the `cnn` workload against PyTorch
+// fixtures (tools/make_fixtures.py), on cpu and on sim:0. Relative error = max |ferry - torch| / max |torch|.
+// Not here: finite-difference checks (test_nn_gradcheck.cpp), optimizer parity (test_optim.cpp).
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <string>
+
+#include "fixtures/fixture_reader.h"
+#include "ferry/factories.h"
+#include "ferry/nn/activation.h"
+#include "ferry/nn/batchnorm.h"
+#include "ferry/nn/conv.h"
+#include "ferry/nn/linear.h"
+#include "ferry/nn/loss.h"
+#include "ferry/nn/pooling.h"
+#include "ferry/nn/sequential.h"
+#include "ferry/ops.h"
+#include "ferry/optim.h"
+
+using ferry::Device;
+using ferry::Tensor;
+using ferry::testing::Fixture;
+using ferry::testing::load_fixture;
+namespace nn = ferry::nn;
+
+namespace {
+
+constexpr double kLayerTolerance = 1e-4;  // outputs and gradients of one layer
+constexpr double kTrainingTolerance = 1e-3;  // parameters after 10 SGD steps
+
+std::shared_ptr<nn::Module> make_layer(const std::string& name, const Fixture& f) {
+  auto n = [&](const char* key) { return static_cast<std::int64_t>(f.number(key)); };
+  if (name.rfind("linear", 0) == 0) return std::make_shared<nn::Linear>(n("in"), n("out"), f.text("bias", "1") == "1");
+  if (name.rfind("conv2d", 0) == 0) {
+    return std::make_shared<nn::Conv2d>(n("in"), n("out"), nn::Size2{n("kh"), n("kw")},
+                                        nn::Conv2dOptions{.stride = {n("sh"), n("sw")}, .padding = {n("ph"), n("pw")},
+                                                          .dilation = {n("dh"), n("dw")}, .bias = n("bias") == 1});
+  }
+  if (name.rfind("batchnorm", 0) == 0) {
+    nn::BatchNormOptions options;
+    if (f.text("momentum") == "None") options.momentum = std::nullopt;
+    else options.momentum = f.number("momentum");
+    if (n("dims") == 1) return std::make_shared<nn::BatchNorm1d>(n("features"), options);
+    return std::make_shared<nn::BatchNorm2d>(n("features"), options);
+  }
+  if (name == "relu") return std::make_shared<nn::ReLU>();
+  if (name == "flatten") return std::make_shared<nn::Flatten>();
+  if (name.rfind("maxpool2d", 0) == 0) return std::make_shared<nn::MaxPool2d>(n("k"), n("s"), n("p"));
+  if (name.rfind("avgpool2d", 0) == 0) return std::make_shared<nn::AvgPool2d>(n("k"), n("s"), n("p"));
+  throw std::runtime_error("no layer for fixture " + name);
+}
+
+// Entries "prefix.<name>" of a fixture as a state dict with "<name>" keys.
+nn::NamedTensors with_prefix(const Fixture& f, const std::string& prefix) {
+  nn::NamedTensors out;
+  for (const auto& [key, value] : f.tensors) {
+    if (key.rfind(prefix, 0) == 0) out.emplace_back(key.substr(prefix.size()), value);
+  }
+  return out;
+}
+
+struct LayerRun {
+  std::vector<std::vector<double>> values;  // every result, to compare devices
+};
+
+LayerRun check_layer(const std::string& name, Device device) {
+  const Fixture f = load_fixture(name);
+  auto layer = make_layer(name, f);
+  layer->to(device);
+  layer->load_state_dict(with_prefix(f, "param."));
+  layer->train(f.number("train") == 1);
+  Tensor x = f["input"].to(device).requires_grad_(true);
+  Tensor out;
+  for (int step = 0; step < static_cast<int>(f.number("steps")); ++step) out = layer->forward(x);
+  out.backward(f["grad_output"].to(device));
+  const std::string where = name + " on " + device.str();
+  LayerRun run;
+  EXPECT_EQ(out.device(), device) << where;
+  EXPECT_CLOSE_TO_FIXTURE(out, f["output"], kLayerTolerance, where + ": output");
+  EXPECT_CLOSE_TO_FIXTURE(x.grad(), f["grad_input"], kLayerTolerance, where + ": grad_input");
+  run.values.push_back(out.to_vector<double>());
+  run.values.push_back(x.grad().to_vector<double>());
+  for (const auto& [pname, p] : layer->named_parameters()) {
+    EXPECT_CLOSE_TO_FIXTURE(p.grad(), f["grad." + pname], kLayerTolerance, where + ": grad of " + pname);
+    run.values.push_back(p.grad().to_vector<double>());
+  }
+  for (const auto& [key, value] : layer->state_dict()) {  // running statistics after the steps
+    EXPECT_CLOSE_TO_FIXTURE(value, f["after." + key], kLayerTolerance, where + ": " + key + " after");
+    run.values.push_back(value.to_vector<double>());
+  }
+  return run;
+}
+
+}  // namespace
+
+class NNParityLayer : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(NNParityLayer, MatchesPyTorchOnCpuAndSim) {
+  const LayerRun cpu = check_layer(GetParam(), ferry::kCPU);
+  const LayerRun sim = check_layer(GetParam(), Device::parse("sim:0"));
+  EXPECT_EQ(cpu.values, sim.values) << GetParam() << ": sim:0 differs from cpu";
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, NNParityLayer,
+                         ::testing::Values("linear", "linear_3d_nobias", "conv2d_pad1", "conv2d_strided_dilated",
+                                           "conv2d_nobias_s2_d2", "conv2d_pointwise", "batchnorm2d_train",
+                                           "batchnorm2d_eval", "batchnorm1d_train_2d", "batchnorm1d_train_3d",
+                                           "batchnorm1d_cumulative", "relu", "maxpool2d_k2", "maxpool2d_k3s2p1",
+                                           "avgpool2d_k2", "avgpool2d_k3s2p1", "flatten"));
+
+class NNParityLoss : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(NNParityLoss, MatchesPyTorchOnCpuAndSim) {
+  const Fixture f = load_fixture(GetParam());
+  const std::string reduction_name = f.text("reduction");
+  const nn::Reduction reduction = reduction_name == "mean" ? nn::Reduction::Mean
+                                  : reduction_name == "sum" ? nn::Reduction::Sum
+                                                            : nn::Reduction::None;
+  std::vector<std::vector<double>> results;
+  for (const Device device : {ferry::kCPU, Device::parse("sim:0")}) {
+    const std::string where = GetParam() + " on " + device.str();
+    Tensor x = f["input"].detach().to(device).requires_grad_(true);
+    const Tensor target = f["target"].to(device);
+    Tensor loss = f.text("kind") == "cross_entropy" ? nn::functional::cross_entropy(x, target, reduction)
+                                                    : nn::functional::mse_loss(x, target, reduction);
+    loss.backward(f["grad_output"].to(device));
+    EXPECT_CLOSE_TO_FIXTURE(loss, f["output"], kLayerTolerance, where + ": loss");
+    EXPECT_CLOSE_TO_FIXTURE(x.grad(), f["grad_input"], kLayerTolerance, where + ": grad_input");
+    results.push_back(loss.to_vector<double>());
+    results.push_back(x.grad().to_vector<double>());
+  }
+  EXPECT_EQ(results[0], results[2]);
+  EXPECT_EQ(results[1], results[3]);
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, NNParityLoss,
+                         ::testing::Values("cross_entropy_mean", "cross_entropy_sum", "cross_entropy_none", "mse_mean",
+                                           "mse_sum", "mse_none"));
+
+namespace {
+// DESIGN.md's `cnn` workload: 3 x [Conv3x3 pad 1, BatchNorm2d, ReLU, MaxPool 2] (32, 64, 128), Flatten,
+// Linear 2048 -> 10.
+nn::Sequential make_cnn() {
+  nn::Sequential model;
+  const std::int64_t channels[] = {3, 32, 64, 128};
+  for (int i = 0; i < 3; ++i) {
+    model.push_back(nn::Conv2d(channels[i], channels[i + 1], 3, {.padding = 1}));
+    model.push_back(nn::BatchNorm2d(channels[i + 1]));
+    model.push_back(nn::ReLU());
+    model.push_back(nn::MaxPool2d(2));
+  }
+  model.push_back(nn::Flatten());
+  model.push_back(nn::Linear(2048, 10));
+  return model;
+}
+
+struct TrainingRun {
+  std::vector<double> losses;
+  nn::NamedTensors final_state;
+  std::vector<double> eval_logits;
+};
+
+TrainingRun train_cnn(const Fixture& f, Device device) {
+  nn::Sequential model = make_cnn();
+  model.load_state_dict(with_prefix(f, "initial."));
+  model.to(device);
+  ferry::optim::SGD optimizer(model.parameters(), {.lr = f.number("lr"), .momentum = f.number("momentum")});
+  const Tensor x = f["input"].to(device), target = f["target"].to(device);
+  TrainingRun run;
+  model.train();
+  for (int step = 0; step < static_cast<int>(f.number("steps")); ++step) {
+    optimizer.zero_grad();
+    Tensor loss = nn::functional::cross_entropy(model(x), target);
+    loss.backward();
+    optimizer.step();
+    run.losses.push_back(loss.item<double>());
+  }
+  run.final_state = model.state_dict();
+  model.eval();
+  run.eval_logits = model(x).to_vector<double>();
+  return run;
+}
+}  // namespace
+
+TEST(NNParityCnn, TenSgdMomentumStepsMatchPyTorch) {
+  const Fixture f = load_fixture("cnn_sgd");
+  std::vector<TrainingRun> runs;
+  for (const Device device : {ferry::kCPU, Device::parse("sim:0")}) {
+    const std::string where = "cnn on " + device.str();
+    TrainingRun run = train_cnn(f, device);
+    const std::vector<double> expected_losses = f["losses"].to_vector<double>();
+    ASSERT_EQ(run.losses.size(), expected_losses.size());
+    for (std::size_t i = 0; i < run.losses.size(); ++i) {
+      EXPECT_NEAR(run.losses[i], expected_losses[i], 1e-4 * std::abs(expected_losses[i]) * (i + 1))
+          << where << ": loss at step " << i;
+    }
+    ASSERT_EQ(run.final_state.size(), 23u);  // 3 conv + 1 linear: 2 each; 3 BatchNorm: 5 each
+    for (const auto& [name, value] : run.final_state) {
+      EXPECT_EQ(value.device(), device) << where << ": " << name;
+      EXPECT_CLOSE_TO_FIXTURE(value, f["final." + name], kTrainingTolerance, where + ": " + name + " after 10 steps");
+    }
+    EXPECT_CLOSE_TO_FIXTURE(ferry::from_vector(run.eval_logits, {8, 10}), f["eval_logits"], kTrainingTolerance,
+                            where + ": eval-mode logits after training");
+    runs.push_back(std::move(run));
+  }
+  EXPECT_EQ(runs[0].losses, runs[1].losses) << "sim:0 losses differ from cpu";
+  EXPECT_EQ(runs[0].eval_logits, runs[1].eval_logits) << "sim:0 eval logits differ from cpu";
+  for (std::size_t i = 0; i < runs[0].final_state.size(); ++i) {
+    EXPECT_EQ(runs[0].final_state[i].second.to_vector<double>(), runs[1].final_state[i].second.to_vector<double>())
+        << runs[0].final_state[i].first << ": sim:0 differs from cpu";
+  }
+}

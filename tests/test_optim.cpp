@@ -1,0 +1,184 @@
+// test_optim.cpp — SGD, Adam and AdamW against PyTorch fixtures step by step (tools/make_fixtures.py), on
+// cpu and sim:0; state on the parameter's device; state_dict save and exact restore; zero_grad.
+// Not here: the training parity of a whole model (test_nn_parity.cpp).
+#include <gtest/gtest.h>
+
+#include <memory>
+
+#include "fixtures/fixture_reader.h"
+#include "ferry/factories.h"
+#include "ferry/nn/linear.h"
+#include "ferry/ops.h"
+#include "ferry/optim.h"
+#include "ferry/random.h"
+
+using ferry::Device;
+using ferry::Tensor;
+using ferry::testing::Fixture;
+using ferry::testing::load_fixture;
+namespace optim = ferry::optim;
+
+namespace {
+Device sim0() { return Device::parse("sim:0"); }
+
+std::unique_ptr<optim::Optimizer> make_optimizer(const Fixture& f, std::vector<Tensor> params) {
+  auto number = [&](const char* key, double fallback) { return f.metadata.count(key) ? f.number(key) : fallback; };
+  auto flag = [&](const char* key) { return f.text(key, "False") == "True"; };
+  const std::string kind = f.text("kind");
+  if (kind == "sgd") {
+    return std::make_unique<optim::SGD>(
+        params, optim::SGDOptions{.lr = f.number("lr"), .momentum = number("momentum", 0), .dampening = number("dampening", 0),
+                                  .weight_decay = number("weight_decay", 0), .nesterov = flag("nesterov"),
+                                  .maximize = flag("maximize")});
+  }
+  optim::AdamOptions options{.lr = f.number("lr"), .beta1 = number("beta1", 0.9), .beta2 = number("beta2", 0.999),
+                             .eps = number("eps", 1e-8), .weight_decay = number("weight_decay", 0),
+                             .amsgrad = flag("amsgrad"), .maximize = flag("maximize")};
+  if (kind == "adamw") {
+    if (!f.metadata.count("weight_decay")) options.weight_decay = 1e-2;
+    return std::make_unique<optim::AdamW>(params, options);
+  }
+  return std::make_unique<optim::Adam>(params, options);
+}
+}  // namespace
+
+class OptimParity : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(OptimParity, EveryStepMatchesPyTorchOnCpuAndSim) {
+  const Fixture f = load_fixture(GetParam());
+  std::vector<std::vector<float>> results;
+  for (const Device device : {ferry::kCPU, sim0()}) {
+    Tensor p = f["initial"].to(device).clone().requires_grad_(true);
+    auto optimizer = make_optimizer(f, {p});
+    const Tensor grads = f["grads"], expected = f["params"];
+    for (std::int64_t step = 0; step < grads.size(0); ++step) {
+      optimizer->zero_grad();
+      p.set_grad(grads.select(0, step).contiguous().to(device));
+      optimizer->step();
+      EXPECT_CLOSE_TO_FIXTURE(p.detach(), expected.select(0, step).contiguous(), 1e-5,
+                              GetParam() + " on " + device.str() + " step " + std::to_string(step));
+      results.push_back(p.to_vector<float>());
+    }
+    // The state, under PyTorch's names, lives on the parameter's device (except the host step count).
+    for (const auto& [name, value] : optimizer->state_dict()) {
+      ASSERT_EQ(name.rfind("state.0.", 0), 0u) << name;
+      const std::string key = "state." + name.substr(8);
+      ASSERT_TRUE(f.has(key)) << GetParam() << ": ferry has state " << name << " that PyTorch lacks";
+      if (name == "state.0.step") {
+        EXPECT_EQ(value.item<double>(), f[key].to_vector<double>()[0]);
+      } else {
+        EXPECT_EQ(value.device(), device) << name;
+        EXPECT_CLOSE_TO_FIXTURE(value, f[key], 1e-5, GetParam() + ": " + name);
+      }
+    }
+    std::size_t torch_state = 0;
+    for (const auto& [key, value] : f.tensors) torch_state += key.rfind("state.", 0) == 0;
+    EXPECT_EQ(optimizer->state_dict().size(), torch_state) << GetParam();
+  }
+  const std::size_t half = results.size() / 2;
+  for (std::size_t i = 0; i < half; ++i) EXPECT_EQ(results[i], results[half + i]) << "sim:0 differs from cpu at step " << i;
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, OptimParity,
+                         ::testing::Values("sgd_plain", "sgd_momentum_dampening_wd", "sgd_nesterov_wd", "sgd_maximize",
+                                           "adam", "adam_wd_amsgrad", "adamw"));
+
+namespace {
+// A small model and a fixed batch; returns the parameters after `steps` steps of `optimizer`.
+void run_steps(ferry::nn::Linear& model, optim::Optimizer& optimizer, int steps, Device device) {
+  ferry::manual_seed(21);
+  const Tensor x = ferry::randn({8, model.in_features}).to(device);
+  for (int i = 0; i < steps; ++i) {
+    optimizer.zero_grad();
+    ferry::sum(ferry::square(model(x))).backward();
+    optimizer.step();
+  }
+}
+}  // namespace
+
+TEST(OptimState, SaveAndRestoreContinuesExactly) {
+  for (const bool adam : {false, true}) {
+    ferry::manual_seed(2);
+    ferry::nn::Linear a(5, 3);
+    ferry::nn::Linear b(5, 3);
+    b.load_state_dict(a.state_dict());
+    std::unique_ptr<optim::Optimizer> oa, ob;
+    if (adam) {
+      oa = std::make_unique<optim::Adam>(a.parameters(), optim::AdamOptions{.lr = 0.01, .amsgrad = true});
+      ob = std::make_unique<optim::Adam>(b.parameters(), optim::AdamOptions{.lr = 0.01, .amsgrad = true});
+    } else {
+      oa = std::make_unique<optim::SGD>(a.parameters(), optim::SGDOptions{.lr = 0.01, .momentum = 0.9, .nesterov = true});
+      ob = std::make_unique<optim::SGD>(b.parameters(), optim::SGDOptions{.lr = 0.01, .momentum = 0.9, .nesterov = true});
+    }
+    run_steps(a, *oa, 3, ferry::kCPU);
+    // Checkpoint: copies of the model and optimizer state, restored into b (whose optimizer is fresh),
+    // on another device.
+    ferry::nn::NamedTensors model_state, optimizer_state;
+    for (const auto& [name, t] : a.state_dict()) model_state.emplace_back(name, t.clone());
+    for (const auto& [name, t] : oa->state_dict()) optimizer_state.emplace_back(name, t.clone());
+    std::vector<std::string> names;
+    for (const auto& [name, t] : optimizer_state) names.push_back(name);
+    if (adam) {
+      EXPECT_EQ(names, (std::vector<std::string>{"state.0.step", "state.0.exp_avg", "state.0.exp_avg_sq",
+                                                 "state.0.max_exp_avg_sq", "state.1.step", "state.1.exp_avg",
+                                                 "state.1.exp_avg_sq", "state.1.max_exp_avg_sq"}));
+    } else {
+      EXPECT_EQ(names, (std::vector<std::string>{"state.0.momentum_buffer", "state.1.momentum_buffer"}));
+    }
+    b.to(sim0());
+    b.load_state_dict(model_state);
+    ob->load_state_dict(optimizer_state);
+    for (const auto& [name, t] : ob->state_dict()) {
+      if (name.find("step") == std::string::npos) {
+        EXPECT_EQ(t.device(), sim0()) << name;
+      }
+    }
+    run_steps(a, *oa, 2, ferry::kCPU);
+    run_steps(b, *ob, 2, sim0());
+    EXPECT_EQ(a.weight.to_vector<float>(), b.weight.to_vector<float>()) << (adam ? "adam" : "sgd");
+    EXPECT_EQ(a.bias.to_vector<float>(), b.bias.to_vector<float>()) << (adam ? "adam" : "sgd");
+  }
+}
+
+TEST(OptimState, LoadRejectsUnknownNamesAndShapes) {
+  ferry::nn::Linear model(2, 2);
+  optim::SGD sgd(model.parameters(), {.lr = 0.1, .momentum = 0.9});
+  EXPECT_THROW(sgd.load_state_dict({{"state.0.exp_avg", ferry::zeros({2, 2})}}), ferry::InvalidArgument);
+  EXPECT_THROW(sgd.load_state_dict({{"state.5.momentum_buffer", ferry::zeros({2, 2})}}), ferry::InvalidArgument);
+  EXPECT_THROW(sgd.load_state_dict({{"state.0.momentum_buffer", ferry::zeros({3})}}), ferry::ShapeMismatch);
+  EXPECT_THROW(sgd.load_state_dict({{"momentum_buffer", ferry::zeros({2, 2})}}), ferry::InvalidArgument);
+}
+
+TEST(OptimState, StateFollowsTheParameterDevice) {
+  ferry::nn::Linear model(4, 3);
+  model.to(sim0());
+  optim::SGD sgd(model.parameters(), {.lr = 0.1, .momentum = 0.9});
+  run_steps(model, sgd, 1, sim0());
+  for (const auto& [name, t] : sgd.state_dict()) EXPECT_EQ(t.device(), sim0()) << name;
+  // The model moves back after the state exists: stepping is a device mismatch until the state follows.
+  model.to(ferry::kCPU);
+  sgd.zero_grad();
+  ferry::sum(model(ferry::ones({2, 4}))).backward();
+  EXPECT_THROW(sgd.step(), ferry::DeviceMismatch);
+  EXPECT_EQ(sgd.to_parameter_devices(), (4u * 3u + 3u) * 4u);
+  sgd.step();
+  for (const auto& [name, t] : sgd.state_dict()) EXPECT_EQ(t.device(), ferry::kCPU) << name;
+}
+
+TEST(OptimState, ZeroGradAndSkippedParameters) {
+  Tensor used = ferry::ones({3}).requires_grad_(true);
+  Tensor unused = ferry::ones({3}).requires_grad_(true);
+  optim::Adam adam({used, unused}, {.lr = 0.1});
+  ferry::sum(ferry::mul(used, 2.0)).backward();
+  adam.step();
+  EXPECT_NE(used.to_vector<float>()[0], 1.0f);
+  EXPECT_EQ(unused.to_vector<float>(), std::vector<float>(3, 1.0f));  // no gradient: untouched, no state
+  EXPECT_EQ(adam.state_dict().size(), 3u);
+  adam.zero_grad(false);
+  EXPECT_EQ(used.grad().to_vector<float>(), std::vector<float>(3, 0.0f));
+  adam.zero_grad();
+  EXPECT_FALSE(used.grad().defined());
+  EXPECT_THROW(optim::SGD({used}, {.lr = 0.1, .nesterov = true}), ferry::InvalidArgument);
+  EXPECT_THROW(optim::Adam({used}, {.beta1 = 1.0}), ferry::InvalidArgument);
+  EXPECT_THROW(optim::SGD({ferry::sum(ferry::mul(used, 2.0))}, {.lr = 0.1}), ferry::InvalidArgument);  // non-leaf
+}

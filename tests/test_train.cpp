@@ -1,0 +1,191 @@
+// test_train.cpp — the data loader's placements and order, checkpoints, and the training loop:
+// loss goes down, resume continues bit for bit, and the loop reads values back only at log steps.
+#include <filesystem>
+#include <sstream>
+
+#include "ferry/checkpoint.h"
+#include "ferry/dataloader.h"
+#include "ferry/nn/loss.h"
+#include "ferry/trainer.h"
+#include "test_helpers.h"
+
+namespace ferry {
+namespace {
+
+const Device kSim0{DeviceType::Sim, 0};
+
+// A small synthetic dataset shaped like Fashion-MNIST: the label is which quadrant is brightest.
+Dataset quadrant_dataset(std::int64_t n, std::uint64_t seed) {
+  manual_seed(seed);
+  Tensor images = mul(randn({n, 1, 28, 28}), 0.3);
+  Tensor labels = randint(0, 4, {n});
+  const auto label_values = labels.to_vector<std::int64_t>();
+  for (std::int64_t i = 0; i < n; ++i) {
+    const std::int64_t q = label_values[static_cast<std::size_t>(i)];
+    images.select(0, i).narrow(1, (q / 2) * 14, 14).narrow(2, (q % 2) * 14, 14).add_(ones({1, 14, 14}));
+  }
+  return {images, labels};
+}
+
+std::string temp_path(const std::string& name) {
+  return (std::filesystem::temp_directory_path() / ("ferry_test_" + std::to_string(getpid()) + "_" + name)).string();
+}
+
+TEST(DataLoader, OrderIsSeededPerEpochAndCoversEverySample) {
+  Dataset d = quadrant_dataset(10, 1);
+  DataLoader loader(d, {.batch_size = 4, .seed = 3});
+  EXPECT_EQ(loader.batches_per_epoch(), 3);
+  auto epoch_labels = [&](std::int64_t epoch) {
+    loader.start_epoch(epoch);
+    std::vector<std::int64_t> all;
+    Batch b;
+    std::vector<std::int64_t> sizes;
+    while (loader.next(b)) {
+      sizes.push_back(b.labels.numel());
+      for (auto v : b.labels.to_vector<std::int64_t>()) all.push_back(v);
+    }
+    EXPECT_EQ(sizes, (std::vector<std::int64_t>{4, 4, 2}));
+    return all;
+  };
+  const auto e0 = epoch_labels(0), e0_again = epoch_labels(0), e1 = epoch_labels(1);
+  EXPECT_EQ(e0, e0_again);
+  auto sorted0 = e0, sorted1 = e1, expected = d.labels.to_vector<std::int64_t>();
+  std::sort(sorted0.begin(), sorted0.end());
+  std::sort(sorted1.begin(), sorted1.end());
+  std::sort(expected.begin(), expected.end());
+  EXPECT_EQ(sorted0, expected);
+  EXPECT_EQ(sorted1, expected);
+  DataLoader drop(d, {.batch_size = 4, .drop_last = true});
+  EXPECT_EQ(drop.batches_per_epoch(), 2);
+  EXPECT_THROW(DataLoader(d, {.batch_size = 0}), InvalidArgument);
+  EXPECT_THROW(parse_placement("pinned"), InvalidArgument);
+}
+
+TEST(DataLoader, PlacementsGiveTheSameBatchesWithDifferentCrossings) {
+  Dataset d = quadrant_dataset(64, 2);
+  std::vector<std::vector<float>> reference;
+  for (Placement placement : {Placement::Resident, Placement::PerStep, Placement::Prefetch}) {
+    Ledger::global().clear();
+    DataLoader loader(d, {.batch_size = 16, .seed = 9, .placement = placement, .device = kSim0});
+    const auto after_setup = Ledger::global().totals().transfers;
+    loader.start_epoch(0);
+    Batch b;
+    std::vector<std::vector<float>> got;
+    while (loader.next(b)) {
+      EXPECT_EQ(b.images.device(), kSim0);
+      got.push_back(b.images.cpu().to_vector<float>());
+    }
+    if (reference.empty()) reference = got;
+    EXPECT_EQ(got, reference) << placement_name(placement);
+    if (placement == Placement::Resident) {
+      EXPECT_EQ(after_setup, 2);  // images and labels, once
+      EXPECT_EQ(loader.resident_bytes(), 64 * 784 * 4 + 64 * 8);
+    } else {
+      EXPECT_EQ(loader.resident_bytes(), 0);
+      EXPECT_GE(Ledger::global().totals().bytes_host_to_device, 64 * 784 * 4);  // every batch crossed
+    }
+  }
+}
+
+TEST(Checkpoint, RoundTripsModelOptimizerAndProgress) {
+  manual_seed(4);
+  auto model = make_fmnist_model();
+  optim::SGD sgd(model->parameters(), {.lr = 0.1, .momentum = 0.9});
+  Dataset d = quadrant_dataset(8, 5);
+  Tensor loss = nn::cross_entropy((*model)(d.images), d.labels);
+  loss.backward();
+  sgd.step();
+  const std::string path = temp_path("roundtrip.safetensors");
+  save_checkpoint(path, *model, &sgd, {.progress = {2, 3, 40}, .generator = {7, 12}, .settings = {{"lr", "0.1"}}});
+  manual_seed(99);
+  auto other = make_fmnist_model();
+  optim::SGD other_sgd(other->parameters(), {.lr = 0.1, .momentum = 0.9});
+  const CheckpointContents c = load_checkpoint(path, *other, &other_sgd);
+  EXPECT_EQ(c.progress.epoch, 2);
+  EXPECT_EQ(c.progress.batch_in_epoch, 3);
+  EXPECT_EQ(c.progress.global_step, 40);
+  EXPECT_EQ(c.generator.seed, 7u);
+  EXPECT_EQ(c.generator.offset, 12u);
+  EXPECT_EQ(c.settings.at("lr"), "0.1");
+  const auto a = model->state_dict(), b = other->state_dict();
+  ASSERT_EQ(a.size(), b.size());
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    EXPECT_EQ(a[i].first, b[i].first);
+    EXPECT_TRUE(testing::all_close(a[i].second, b[i].second, 0, 0)) << a[i].first;
+  }
+  EXPECT_EQ(sgd.state_dict().size(), other_sgd.state_dict().size());
+  // PyTorch's names for the equivalent nn.Sequential.
+  std::map<std::string, std::string> metadata;
+  const auto tensors = read_tensors(path, &metadata);
+  EXPECT_EQ(tensors[0].first, "0.weight");
+  EXPECT_NE(nn::find_tensor(tensors, "1.running_mean"), nullptr);
+  EXPECT_NE(nn::find_tensor(tensors, "1.num_batches_tracked"), nullptr);
+  EXPECT_NE(nn::find_tensor(tensors, "13.weight"), nullptr);
+  EXPECT_NE(nn::find_tensor(tensors, "optimizer.state.0.momentum_buffer"), nullptr);
+  EXPECT_EQ(metadata.at("format"), "ferry-checkpoint-1");
+  std::filesystem::remove(path);
+  EXPECT_THROW(load_checkpoint(path, *other, nullptr), IoError);
+}
+
+TrainOptions quick_options(Device device) {
+  TrainOptions o;
+  o.device = device;
+  o.epochs = 2;
+  o.batch_size = 16;
+  o.lr = 0.05;
+  o.log_every = 5;
+  o.progress_bar = false;
+  return o;
+}
+
+TEST(Trainer, LearnsAndReadsBackOnlyAtLogSteps) {
+  const Dataset train_set = quadrant_dataset(256, 10), test_set = quadrant_dataset(64, 11);
+  manual_seed(0);
+  auto model = make_fmnist_model();
+  std::ostringstream log;
+  TrainOptions o = quick_options(kSim0);
+  const TrainResult r = train(*model, train_set, test_set, o, log);
+  EXPECT_EQ(r.epochs, 2);
+  EXPECT_EQ(r.steps, 32);
+  EXPECT_LT(r.history.back().train_loss, r.history.front().train_loss) << log.str();
+  EXPECT_GT(r.test_accuracy, 0.5) << log.str();
+  // Syncs: one per log step (32 / 5 = 6), two per epoch end (loss, accuracy), one per test pass.
+  EXPECT_EQ(r.syncs, 6 + 2 * 2 + 2) << log.str();
+  // Resident data: the dataset crossed once (plus the per-epoch order), not every step.
+  EXPECT_LT(r.bytes_host_to_device, 2 * (256 + 64) * 784 * 4);
+  EXPECT_NE(log.str().find("epoch 2/2"), std::string::npos);
+  for (const Tensor& p : model->parameters()) EXPECT_EQ(p.device(), kSim0);
+}
+
+// --resume continues bit for bit: N steps straight equal k steps, a checkpoint, then N - k more.
+TEST(Trainer, ResumeIsBitForBit) {
+  const Dataset train_set = quadrant_dataset(96, 20), test_set = quadrant_dataset(16, 21);
+  std::ostringstream log;
+  TrainOptions o = quick_options(kCPU);
+  o.epochs = 2;  // 12 steps in all
+  manual_seed(1);
+  auto straight = make_fmnist_model();
+  train(*straight, train_set, test_set, o, log);
+
+  const std::string path = temp_path("resume.safetensors");
+  manual_seed(1);
+  auto first = make_fmnist_model();
+  TrainOptions part = o;
+  part.max_steps = 8;  // stops mid second epoch
+  part.checkpoint_path = path;
+  train(*first, train_set, test_set, part, log);
+  manual_seed(12345);  // whatever the process did in between
+  auto resumed = make_fmnist_model();
+  TrainOptions rest = o;
+  rest.resume_path = path;
+  const TrainResult r = train(*resumed, train_set, test_set, rest, log);
+  EXPECT_EQ(r.steps, 12);
+  const auto a = straight->state_dict(), b = resumed->state_dict();
+  ASSERT_EQ(a.size(), b.size());
+  for (std::size_t i = 0; i < a.size(); ++i)
+    EXPECT_TRUE(testing::all_close(a[i].second, b[i].second, 0, 0)) << a[i].first;
+  std::filesystem::remove(path);
+}
+
+}  // namespace
+}  // namespace ferry

@@ -1,0 +1,82 @@
+#!/usr/bin/env python3
+"""interop_check.py — load a `ferry train` checkpoint into PyTorch's equivalent nn.Sequential and
+evaluate it on Fashion-MNIST's test set; the accuracy must equal `ferry eval`'s.
+
+Usage: /usr/bin/python3 tools/interop_check.py fmnist.safetensors [--data DIR] [--expect ACCURACY]
+Needs Debian's python3-torch (or any torch); parses safetensors with json + numpy, no other package.
+"""
+import argparse
+import gzip
+import json
+import struct
+import sys
+
+import numpy as np
+import torch
+from torch import nn
+
+DTYPES = {"F32": np.float32, "F64": np.float64, "I64": np.int64, "I32": np.int32, "U8": np.uint8, "BOOL": np.bool_}
+
+
+def read_safetensors(path):
+    with open(path, "rb") as f:
+        data = f.read()
+    (header_len,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8 : 8 + header_len])
+    metadata = header.pop("__metadata__", {})
+    base = 8 + header_len
+    tensors = {}
+    for name, info in header.items():
+        begin, end = info["data_offsets"]
+        array = np.frombuffer(data[base + begin : base + end], dtype=DTYPES[info["dtype"]]).reshape(info["shape"])
+        tensors[name] = torch.from_numpy(array.copy())
+    return tensors, metadata
+
+
+def fmnist_model():
+    layers, channels = [], 1
+    for out in (32, 64, 128):
+        layers += [nn.Conv2d(channels, out, 3, padding=1), nn.BatchNorm2d(out), nn.ReLU(), nn.MaxPool2d(2)]
+        channels = out
+    layers += [nn.Flatten(), nn.Linear(128 * 3 * 3, 10)]
+    return nn.Sequential(*layers)
+
+
+def read_idx(path):
+    with gzip.open(path, "rb") as f:
+        data = f.read()
+    ndim = data[3]
+    shape = struct.unpack(">" + "I" * ndim, data[4 : 4 + 4 * ndim])
+    return np.frombuffer(data[4 + 4 * ndim :], dtype=np.uint8).reshape(shape)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("checkpoint")
+    parser.add_argument("--data", default="/usr/share/datasets/fashion-mnist")
+    parser.add_argument("--expect", type=float, help="ferry's test accuracy (0-1); exit 1 if PyTorch's differs")
+    args = parser.parse_args()
+
+    tensors, metadata = read_safetensors(args.checkpoint)
+    weights = {k: v for k, v in tensors.items() if not k.startswith("optimizer.")}
+    model = fmnist_model()
+    model.load_state_dict(weights, strict=True)  # ferry's names are PyTorch's
+    model.eval()
+
+    images = read_idx(f"{args.data}/t10k-images-idx3-ubyte.gz").astype(np.float32)
+    labels = torch.from_numpy(read_idx(f"{args.data}/t10k-labels-idx1-ubyte.gz").astype(np.int64))
+    # The same float32 arithmetic as ferry's loader: (x * (1/255) - mean) * (1/std).
+    x = (images * np.float32(1 / 255) - np.float32(0.2860)) * np.float32(1 / 0.3530)
+    x = torch.from_numpy(x).unsqueeze(1)
+    with torch.no_grad():
+        predictions = torch.cat([model(x[i : i + 1000]).argmax(1) for i in range(0, len(x), 1000)])
+    accuracy = (predictions == labels).float().mean().item()
+    print(json.dumps({"test_accuracy": accuracy, "tensors": len(weights), "epoch": metadata.get("epoch")}))
+    if args.expect is not None and abs(accuracy - args.expect) > 1e-4:
+        print(f"PyTorch's accuracy {accuracy:.4f} differs from ferry's {args.expect:.4f}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,229 @@
+#!/usr/bin/python3
+# make_fixtures.py — write PyTorch reference fixtures for ferry's nn and optim parity tests.
+# Not a test: run it with Debian's python3-torch (`/usr/bin/python3 tools/make_fixtures.py`) when a case
+# changes; the C++ tests (tests/test_nn_parity.cpp, tests/test_optim.cpp) read what it writes.
+#
+# Format: one safetensors file per case in tests/fixtures/nn/ (8-byte little-endian header length, a JSON
+# header {"name": {"dtype", "shape", "data_offsets"}, "__metadata__": {...}}, then the raw little-endian
+# data), written here with numpy + json so that no extra package is needed. Case settings (stride,
+# momentum, lr, ...) sit in "__metadata__" as strings.
+#
+# Layer cases hold: input, the layer's parameters (and buffers), grad_output (a fixed random upstream
+# gradient), output, and grad_<name> for the input and each parameter, from (output * grad_output).sum().
+import json
+import os
+import struct
+import sys
+
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+OUT = os.path.join(HERE, "..", "tests", "fixtures", "nn")
+DTYPES = {np.dtype("float32"): "F32", np.dtype("float64"): "F64", np.dtype("int64"): "I64"}
+
+
+def write_safetensors(path, tensors, metadata):
+    header = {"__metadata__": {k: str(v) for k, v in metadata.items()}}
+    offset = 0
+    blobs = []
+    for name, value in tensors.items():
+        array = value.detach().cpu().numpy() if isinstance(value, torch.Tensor) else np.asarray(value)
+        array = np.array(array, order="C", copy=True)  # keeps 0-d tensors 0-d (ascontiguousarray would not)
+        data = array.astype(array.dtype.newbyteorder("<")).tobytes()
+        header[name] = {"dtype": DTYPES[array.dtype], "shape": list(array.shape),
+                        "data_offsets": [offset, offset + len(data)]}
+        blobs.append(data)
+        offset += len(data)
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * ((8 - len(text) % 8) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(text)))
+        f.write(text)
+        for blob in blobs:
+            f.write(blob)
+
+
+def layer_case(name, module, input_shape, metadata, train=True, setup=None, steps=1):
+    """Run `module` forward/backward on a fixed input; record everything the C++ test needs."""
+    torch.manual_seed(abs(hash(name)) % (2 ** 31))
+    x = torch.randn(*input_shape)
+    tensors = {}
+    if setup:
+        setup(module)
+    for key, value in module.state_dict().items():
+        tensors["param." + key] = value.clone()
+    module.train(train)
+    x.requires_grad_(True)
+    for step in range(steps):  # extra steps only move running statistics
+        out = module(x)
+        if step + 1 < steps:
+            continue
+        grad_output = torch.randn_like(out)
+        (out * grad_output).sum().backward()
+    tensors["input"] = x.detach()
+    tensors["grad_output"] = grad_output
+    tensors["output"] = out.detach()
+    tensors["grad_input"] = x.grad
+    for key, p in module.named_parameters():
+        tensors["grad." + key] = p.grad
+    for key, value in module.state_dict().items():
+        tensors["after." + key] = value.clone()
+    metadata = dict(metadata, train=int(train), steps=steps)
+    write_safetensors(os.path.join(OUT, name + ".safetensors"), tensors, metadata)
+
+
+def randomise_affine(module):
+    with torch.no_grad():
+        module.weight.copy_(torch.rand_like(module.weight) + 0.5)
+        module.bias.copy_(torch.randn_like(module.bias))
+        if module.running_mean is not None:
+            module.running_mean.copy_(torch.randn_like(module.running_mean) * 0.1)
+            module.running_var.copy_(torch.rand_like(module.running_var) + 0.5)
+
+
+def loss_case(name, kind, reduction):
+    torch.manual_seed(abs(hash(name)) % (2 ** 31))
+    if kind == "cross_entropy":
+        x = torch.randn(7, 5) * 2
+        target = torch.randint(0, 5, (7,))
+        x.requires_grad_(True)
+        loss = F.cross_entropy(x, target, reduction=reduction)
+    else:
+        x = torch.randn(4, 6)
+        target = torch.randn(4, 6)
+        x.requires_grad_(True)
+        loss = F.mse_loss(x, target, reduction=reduction)
+    grad_output = torch.randn_like(loss)
+    (loss * grad_output).sum().backward()
+    write_safetensors(os.path.join(OUT, name + ".safetensors"),
+                      {"input": x.detach(), "target": target, "output": loss.detach(), "grad_output": grad_output,
+                       "grad_input": x.grad},
+                      {"kind": kind, "reduction": reduction})
+
+
+def cnn():
+    # DESIGN.md's `cnn` workload, as the nn.Sequential whose state_dict names ferry matches.
+    layers = []
+    channels = [3, 32, 64, 128]
+    for i in range(3):
+        layers += [nn.Conv2d(channels[i], channels[i + 1], 3, padding=1), nn.BatchNorm2d(channels[i + 1]), nn.ReLU(),
+                   nn.MaxPool2d(2)]
+    layers += [nn.Flatten(), nn.Linear(2048, 10)]
+    return nn.Sequential(*layers)
+
+
+def cnn_case(batch=8, steps=10, lr=0.01, momentum=0.9):
+    torch.manual_seed(1234)
+    model = cnn()
+    x = torch.randn(batch, 3, 32, 32)
+    target = torch.randint(0, 10, (batch,))
+    tensors = {"input": x, "target": target}
+    for key, value in model.state_dict().items():
+        tensors["initial." + key] = value.clone()
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
+    losses = []
+    model.train()
+    for _ in range(steps):
+        optimizer.zero_grad()
+        loss = F.cross_entropy(model(x), target)
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    tensors["losses"] = torch.tensor(losses, dtype=torch.float32)
+    for key, value in model.state_dict().items():
+        tensors["final." + key] = value.clone()
+    model.eval()
+    with torch.no_grad():
+        tensors["eval_logits"] = model(x)
+    write_safetensors(os.path.join(OUT, "cnn_sgd.safetensors"), tensors,
+                      {"batch": batch, "steps": steps, "lr": lr, "momentum": momentum})
+
+
+def optim_case(name, make, steps=6, shape=(4, 3)):
+    torch.manual_seed(abs(hash(name)) % (2 ** 31))
+    p = torch.randn(*shape, requires_grad=True)
+    initial = p.detach().clone()
+    grads = torch.randn(steps, *shape)
+    optimizer, settings = make([p])
+    history = []
+    for step in range(steps):
+        optimizer.zero_grad()
+        p.grad = grads[step].clone()
+        optimizer.step()
+        history.append(p.detach().clone())
+    tensors = {"initial": initial, "grads": grads, "params": torch.stack(history)}
+    for key, value in optimizer.state_dict()["state"].get(0, {}).items():
+        if value is not None:
+            tensors["state." + key] = value if isinstance(value, torch.Tensor) else torch.tensor(float(value))
+    write_safetensors(os.path.join(OUT, name + ".safetensors"), tensors, settings)
+
+
+def main():
+    os.makedirs(OUT, exist_ok=True)
+    torch.set_num_threads(1)
+    # hash() of str is salted per process; fix it so the fixtures are reproducible.
+    if os.environ.get("PYTHONHASHSEED") != "0":
+        os.environ["PYTHONHASHSEED"] = "0"
+        os.execv(sys.executable, [sys.executable] + sys.argv)
+
+    torch.manual_seed(0)
+    layer_case("linear", nn.Linear(5, 3), (6, 5), {"in": 5, "out": 3})
+    layer_case("linear_3d_nobias", nn.Linear(4, 6, bias=False), (2, 3, 4), {"in": 4, "out": 6, "bias": 0})
+    layer_case("conv2d_pad1", nn.Conv2d(3, 4, 3, padding=1), (2, 3, 8, 8),
+               {"in": 3, "out": 4, "kh": 3, "kw": 3, "sh": 1, "sw": 1, "ph": 1, "pw": 1, "dh": 1, "dw": 1, "bias": 1})
+    layer_case("conv2d_strided_dilated", nn.Conv2d(3, 5, (3, 2), stride=(2, 1), padding=(1, 0), dilation=(1, 2)),
+               (2, 3, 9, 7),
+               {"in": 3, "out": 5, "kh": 3, "kw": 2, "sh": 2, "sw": 1, "ph": 1, "pw": 0, "dh": 1, "dw": 2, "bias": 1})
+    layer_case("conv2d_nobias_s2_d2", nn.Conv2d(2, 3, 3, stride=2, padding=2, dilation=2, bias=False), (3, 2, 10, 9),
+               {"in": 2, "out": 3, "kh": 3, "kw": 3, "sh": 2, "sw": 2, "ph": 2, "pw": 2, "dh": 2, "dw": 2, "bias": 0})
+    layer_case("conv2d_pointwise", nn.Conv2d(6, 4, 1), (3, 6, 5, 4),
+               {"in": 6, "out": 4, "kh": 1, "kw": 1, "sh": 1, "sw": 1, "ph": 0, "pw": 0, "dh": 1, "dw": 1, "bias": 1})
+    layer_case("batchnorm2d_train", nn.BatchNorm2d(3), (4, 3, 5, 5), {"features": 3, "dims": 2, "momentum": 0.1},
+               setup=randomise_affine, steps=2)
+    layer_case("batchnorm2d_eval", nn.BatchNorm2d(3), (4, 3, 5, 5), {"features": 3, "dims": 2, "momentum": 0.1},
+               setup=randomise_affine, train=False)
+    layer_case("batchnorm1d_train_2d", nn.BatchNorm1d(5), (8, 5), {"features": 5, "dims": 1, "momentum": 0.1},
+               setup=randomise_affine)
+    layer_case("batchnorm1d_train_3d", nn.BatchNorm1d(3, momentum=0.3), (4, 3, 6),
+               {"features": 3, "dims": 1, "momentum": 0.3}, setup=randomise_affine)
+    layer_case("batchnorm1d_cumulative", nn.BatchNorm1d(4, momentum=None), (6, 4),
+               {"features": 4, "dims": 1, "momentum": "None"}, setup=randomise_affine, steps=3)
+    layer_case("relu", nn.ReLU(), (5, 7), {})
+    layer_case("maxpool2d_k2", nn.MaxPool2d(2), (2, 3, 8, 8), {"k": 2, "s": 2, "p": 0})
+    layer_case("maxpool2d_k3s2p1", nn.MaxPool2d(3, stride=2, padding=1), (2, 3, 9, 9), {"k": 3, "s": 2, "p": 1})
+    layer_case("avgpool2d_k2", nn.AvgPool2d(2), (2, 3, 8, 8), {"k": 2, "s": 2, "p": 0})
+    layer_case("avgpool2d_k3s2p1", nn.AvgPool2d(3, stride=2, padding=1), (2, 3, 9, 9), {"k": 3, "s": 2, "p": 1})
+    layer_case("flatten", nn.Flatten(), (2, 3, 4, 5), {})
+
+    for reduction in ("mean", "sum", "none"):
+        loss_case("cross_entropy_" + reduction, "cross_entropy", reduction)
+        loss_case("mse_" + reduction, "mse", reduction)
+
+    cnn_case()
+
+    def sgd(**kw):
+        return lambda params: (torch.optim.SGD(params, **kw), dict(kw, kind="sgd"))
+
+    def adam(cls, kind, **kw):
+        betas = kw.get("betas", (0.9, 0.999))
+        settings = {k: v for k, v in kw.items() if k != "betas"}
+        return lambda params: (cls(params, **kw), dict(settings, kind=kind, beta1=betas[0], beta2=betas[1]))
+
+    optim_case("sgd_plain", sgd(lr=0.1))
+    optim_case("sgd_momentum_dampening_wd", sgd(lr=0.05, momentum=0.9, dampening=0.1, weight_decay=0.01))
+    optim_case("sgd_nesterov_wd", sgd(lr=0.05, momentum=0.8, nesterov=True, weight_decay=0.001))
+    optim_case("sgd_maximize", sgd(lr=0.1, momentum=0.5, maximize=True))
+    optim_case("adam", adam(torch.optim.Adam, "adam", lr=0.01))
+    optim_case("adam_wd_amsgrad", adam(torch.optim.Adam, "adam", lr=0.02, betas=(0.8, 0.99), eps=1e-6,
+                                       weight_decay=0.1, amsgrad=True))
+    optim_case("adamw", adam(torch.optim.AdamW, "adamw", lr=0.01, weight_decay=0.1))
+
+    total = sum(os.path.getsize(os.path.join(OUT, f)) for f in os.listdir(OUT))
+    print(f"wrote {len(os.listdir(OUT))} fixtures to {os.path.normpath(OUT)} ({total / 1e6:.2f} MB), torch {torch.__version__}")
+
+
+if __name__ == "__main__":
+    main()
