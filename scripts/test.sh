@@ -28,4 +28,18 @@ if not found:
     print("  none")
 PY
 fi
+
+# Hardening (docs/reliability.md): the cpu suite again under ASan + UBSan, every committed fuzz input replayed,
+# then a short bounded fuzz of each target. FERRY_HARDENING=0 skips it; FERRY_FUZZ_SECONDS sets the fuzz time.
+if [ "${FERRY_HARDENING:-1}" != 0 ]; then
+  hardening_start=$SECONDS
+  for step in "scripts/sanitize.sh" "scripts/fuzz.sh replay" "scripts/fuzz.sh run ${FERRY_FUZZ_SECONDS:-20}"; do
+    step_start=$SECONDS
+    echo
+    echo "== $step"
+    bash $step || { echo "== $step FAILED"; [ "$status" -ne 0 ] || status=1; }
+    echo "== $step: $((SECONDS - step_start)) s"
+  done
+  echo "Hardening took $((SECONDS - hardening_start)) s"
+fi
 exit $status

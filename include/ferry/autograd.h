@@ -2,6 +2,7 @@
 // a Node; Tensor::backward() walks the nodes in reverse topological order. No double backward.
 #pragma once
 
+#include <cstdint>
 #include <functional>
 #include <string>
 #include <vector>
@@ -46,6 +47,17 @@ Tensor reduce_to_shape(const Tensor& grad, const Shape& shape);
 
 // Run backward from `root` with d(root)/d(root) = gradient.
 void run_backward(const Tensor& root, const Tensor& gradient);
+
+// A hook called right after backward has written or accumulated a gradient into a leaf's .grad: once per
+// gradient that reaches the leaf (a leaf used twice in the forward pass sees it twice), on the thread
+// running backward, with grad mode off. DistributedDataParallel uses it to start the all-reduce of a
+// gradient bucket while the rest of backward runs (PyTorch's register_post_accumulate_grad_hook).
+using PostAccumulateGradHook = std::function<void(const Tensor& leaf)>;
+// Registers `hook` on `leaf` (a tensor that requires grad and has no grad_fn). Hooks run in the order
+// registered. Returns a handle for remove_post_accumulate_grad_hook.
+std::uint64_t register_post_accumulate_grad_hook(const Tensor& leaf, PostAccumulateGradHook hook);
+// Removes a hook; a handle already removed (or never given) is ignored.
+void remove_post_accumulate_grad_hook(std::uint64_t handle);
 
 // Anomaly mode: every op checks its output, and backward every gradient, for NaN/Inf and throws
 // naming the first op where it appeared.

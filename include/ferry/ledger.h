@@ -36,6 +36,22 @@ struct SyncRecord {
   std::int64_t step = -1;
 };
 
+// One collective of a data-parallel job (ferry/dist/process_group.h): what it carried and how long the
+// host saw it take. Launch to completion includes time hidden behind other work (backward); wait_ms is
+// the part the host sat blocked in wait().
+struct CollectiveRecord {
+  std::string op;          // "all_reduce", "broadcast", "all_gather", "reduce_scatter", "barrier"
+  std::string backend;     // "mpi", "nccl"
+  Device device;           // where the tensor lives (mpi stages non-host tensors through host memory)
+  std::int64_t bytes = 0;  // payload on this rank: the tensor's bytes (all_gather/reduce_scatter: the larger side)
+  int world_size = 1;      // ranks taking part
+  double start_ms = 0;     // launch, since the ledger's epoch (host clock)
+  double duration_ms = 0;  // launch to completion as seen by the host
+  double wait_ms = 0;      // of which the host was blocked in wait()
+  std::int64_t step = -1;
+  std::string label;       // "gradient bucket 0", ...
+};
+
 // What may happen at a host sync, or at a non_blocking copy from pageable memory.
 enum class SyncPolicy : std::uint8_t { Allow, Warn, Error };
 
@@ -67,6 +83,7 @@ class Ledger {
   // Checks the sync policy first (throws SyncPolicyViolation under Error), then records.
   void check_sync_allowed(Device device, const std::string& reason);
   void record_sync(SyncRecord record);
+  void record_collective(CollectiveRecord record);
 
   void set_enabled(bool enabled);  // records nothing while disabled (counters too)
   bool enabled() const;
@@ -81,11 +98,14 @@ class Ledger {
 
   std::vector<TransferRecord> transfers() const;
   std::vector<SyncRecord> syncs() const;
+  std::vector<CollectiveRecord> collectives() const;
 
   struct Totals {
     std::int64_t transfers = 0, syncs = 0;
     std::int64_t bytes_host_to_device = 0, bytes_device_to_host = 0, bytes_device_to_device = 0;
     double transfer_ms = 0, sync_ms = 0;
+    std::int64_t collectives = 0, collective_bytes = 0;  // collective_bytes: payload summed (bytes)
+    double collective_ms = 0, collective_wait_ms = 0;    // launch to completion; host blocked in wait()
   };
   Totals totals() const;
 
@@ -99,6 +119,7 @@ class Ledger {
   std::int64_t step_syncs_ = 0, step_h2d_bytes_ = 0, step_d2h_bytes_ = 0;
   std::vector<TransferRecord> transfers_;
   std::vector<SyncRecord> syncs_;
+  std::vector<CollectiveRecord> collectives_;
   Totals totals_;
 };
 

@@ -1,6 +1,5 @@
-// ferry/profile.h — measured rates of this machine's devices: link host->device and device->host
-// (pageable, pinned), device memory bandwidth, fp32 GEMM FLOP/s; how to measure them, save and load them
-// as JSON, and the process's active profile that `ferry plan --profile` and the device-mismatch hint use.
+// ferry/profile.h — measured rates of this machine's devices (link each way pageable and pinned, memory
+// bandwidth, fp32 GEMM FLOP/s): measuring them, JSON files, and the active profile hints and plans use.
 // Not here: the sheet's formulas (ferry/cost_model.h); the command line (tools/ferry/bench_command.cpp).
 #pragma once
 

@@ -14,6 +14,8 @@
 #include "ferry/dataset.h"
 #include "ferry/nn/sequential.h"
 
+namespace ferry::dist { class ProcessGroup; }
+
 namespace ferry {
 
 struct TrainOptions {
@@ -32,6 +34,13 @@ struct TrainOptions {
   std::string resume_path;
   std::string metrics_path;      // JSON lines
   bool progress_bar = true;      // on a terminal; plain lines otherwise
+  std::string model_name = "fmnist";  // what the log and the checkpoint's settings call the model
+  // Data-parallel (ferry train --ddp): with a group, batch_size is the global batch B and each rank trains
+  // on its B/N slice (N must divide B); gradients are averaged across ranks before each step; rank 0 alone
+  // writes checkpoints and metrics (pass the other ranks a silent `out`). nullptr: one process.
+  dist::ProcessGroup* process_group = nullptr;
+  std::int64_t bucket_bytes = 25 * 1024 * 1024;  // bytes per gradient bucket (PyTorch's 25 MiB)
+  std::int64_t check_replicas_every = 0;         // steps between replica checks; 0: each epoch end and the stop
 };
 
 struct EpochStats {
@@ -53,11 +62,25 @@ struct TrainResult {
   std::int64_t bytes_host_to_device = 0, bytes_device_to_host = 0;
   std::vector<EpochStats> history;
   std::vector<std::pair<std::int64_t, double>> loss_curve;  // (step, loss) at log steps
+  // Data-parallel runs only (world_size 1 otherwise).
+  int world_size = 1;
+  std::string comm_backend;                   // "mpi", "nccl"
+  std::int64_t parameters = 0;                // P, elements
+  std::int64_t gradient_bytes_per_step = 0;   // bytes all-reduced per step on each rank (every bucket)
+  std::int64_t collectives = 0;               // collectives this rank took part in
+  std::int64_t collective_bytes = 0;          // their payload in all, bytes
+  double collective_s = 0;                    // launch to completion, summed (overlaps compute)
+  double t_comm_s = 0;                        // host blocked waiting for gradients after backward
+  std::int64_t replica_checks = 0;            // check_replicas() calls, all passed
 };
 
 // The `fmnist` workload of DESIGN.md: 3 x [Conv3x3 pad 1, BatchNorm2d, ReLU, MaxPool 2] with 32, 64,
 // 128 channels, Flatten, Linear 1152 -> 10. Parameters drawn from the generator on options.device.
 std::shared_ptr<nn::Sequential> make_fmnist_model(const TensorOptions& options = {});
+
+// The `mlp` workload of DESIGN.md on 28 x 28 images: Flatten, Linear 784 -> 1024, ReLU, Linear 1024 -> 1024,
+// ReLU, Linear 1024 -> 10. No BatchNorm, no dropout: data-parallel runs match one process to rounding.
+std::shared_ptr<nn::Sequential> make_mlp_model(const TensorOptions& options = {});
 
 // Fraction of `loader`'s samples that `model` classifies right (eval mode, no grad, one sync).
 double evaluate_accuracy(nn::Module& model, DataLoader& loader);

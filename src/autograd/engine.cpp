@@ -1,6 +1,8 @@
 // engine.cpp — grad mode, recording nodes, and the backward pass (reverse topological order).
 #include <algorithm>
+#include <atomic>
 #include <cmath>
+#include <mutex>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -21,7 +23,65 @@ bool all_finite(const Tensor& t) {
   // |x| < inf is false for NaN and for +-Inf.
   return ferry::sum(logical_not(lt(abs(t), INFINITY))).item<std::int64_t>() == 0;
 }
+
+// Post-accumulate hooks by leaf. The weak pointer tells a live leaf from a freed one whose address
+// was reused; `g_hook_count` keeps backward free of the lock while no hook is registered.
+struct HookEntry {
+  std::uint64_t handle = 0;
+  std::weak_ptr<TensorImpl> leaf;
+  PostAccumulateGradHook hook;
+};
+std::mutex g_hooks_mutex;
+std::unordered_map<const TensorImpl*, std::vector<HookEntry>> g_hooks;
+std::uint64_t g_next_hook_handle = 1;
+std::atomic<std::size_t> g_hook_count{0};
+
+void run_post_accumulate_hooks(const Tensor& leaf) {
+  if (g_hook_count.load(std::memory_order_relaxed) == 0) return;
+  std::vector<PostAccumulateGradHook> hooks;
+  {
+    std::lock_guard lock(g_hooks_mutex);
+    auto found = g_hooks.find(leaf.impl());
+    if (found == g_hooks.end()) return;
+    for (const HookEntry& entry : found->second) {
+      if (entry.leaf.lock() == leaf.impl_ptr()) hooks.push_back(entry.hook);
+    }
+  }
+  for (const auto& hook : hooks) hook(leaf);  // outside the lock: a hook may register or remove hooks
+}
 }  // namespace
+
+std::uint64_t register_post_accumulate_grad_hook(const Tensor& leaf, PostAccumulateGradHook hook) {
+  FERRY_CHECK(leaf.defined() && leaf.requires_grad() && leaf.is_leaf(), InvalidArgument,
+              "register_post_accumulate_grad_hook(): expected a leaf tensor that requires grad");
+  FERRY_CHECK(hook != nullptr, InvalidArgument, "register_post_accumulate_grad_hook(): the hook is empty");
+  std::lock_guard lock(g_hooks_mutex);
+  auto& entries = g_hooks[leaf.impl()];
+  // Entries of a freed leaf at the same address are stale: drop them.
+  std::erase_if(entries, [&](const HookEntry& e) {
+    const bool stale = e.leaf.lock() != leaf.impl_ptr();
+    if (stale) g_hook_count.fetch_sub(1, std::memory_order_relaxed);
+    return stale;
+  });
+  const std::uint64_t handle = g_next_hook_handle++;
+  entries.push_back({handle, leaf.impl_ptr(), std::move(hook)});
+  g_hook_count.fetch_add(1, std::memory_order_relaxed);
+  return handle;
+}
+
+void remove_post_accumulate_grad_hook(std::uint64_t handle) {
+  std::lock_guard lock(g_hooks_mutex);
+  for (auto it = g_hooks.begin(); it != g_hooks.end(); ++it) {
+    auto& entries = it->second;
+    const auto before = entries.size();
+    std::erase_if(entries, [&](const HookEntry& e) { return e.handle == handle; });
+    if (entries.size() != before) {
+      g_hook_count.fetch_sub(before - entries.size(), std::memory_order_relaxed);
+      if (entries.empty()) g_hooks.erase(it);
+      return;
+    }
+  }
+}
 
 bool grad_enabled() { return t_grad_enabled; }
 void set_grad_enabled(bool enabled) { t_grad_enabled = enabled; }
@@ -93,10 +153,11 @@ void run_backward(const Tensor& root, const Tensor& gradient) {
     Tensor existing = leaf.grad();
     if (existing.defined()) {
       existing.add_(grad);
-      return;
+    } else {
+      const bool owned = grad.impl_ptr().use_count() == 1 && grad.storage().use_count() == 1 && grad.is_contiguous();
+      leaf.set_grad(owned ? grad : grad.clone());
     }
-    const bool owned = grad.impl_ptr().use_count() == 1 && grad.storage().use_count() == 1 && grad.is_contiguous();
-    leaf.set_grad(owned ? grad : grad.clone());
+    run_post_accumulate_hooks(leaf);
   };
   Node* root_node = root.impl()->grad_fn.get();
   if (!root_node) {

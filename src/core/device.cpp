@@ -50,10 +50,29 @@ std::string available_devices_text() {
   return text;
 }
 
+namespace {
+// The text as quoted in an error: control bytes written as \xNN, so that the message stays one line.
+std::string printable(std::string_view text) {
+  constexpr char kDigits[] = "0123456789abcdef";
+  std::string out;
+  for (const char c : text) {
+    const auto byte = static_cast<unsigned char>(c);
+    if (byte < 0x20 || byte == 0x7F) {
+      out += "\\x";
+      out += kDigits[byte >> 4];
+      out += kDigits[byte & 0xF];
+    } else {
+      out += c;
+    }
+  }
+  return out;
+}
+}  // namespace
+
 Device Device::parse(std::string_view text) {
   auto malformed = [&]() {
     return InvalidArgument(detail::concat(
-        "Invalid device string '", text,
+        "Invalid device string '", printable(text),
         "': expected 'cpu', 'cuda', 'cuda:N', 'sim', 'sim:N' or 'auto'. Devices present: ",
         available_devices_text()));
   };
@@ -87,7 +106,7 @@ Device Device::parse(std::string_view text) {
   const int count = device_count(type);
   if (index >= count) {
     throw DeviceUnavailable(detail::concat(
-        "Device '", text, "' is not available: this machine has ",
+        "Device '", printable(text), "' is not available: this machine has ",
         count == 0 ? std::string("no ") + std::string(device_type_name(type)) + " devices"
                    : detail::concat(count, " ", device_type_name(type), " device", count == 1 ? "" : "s",
                                     " (", device_type_name(type), ":0..", count - 1, ")"),

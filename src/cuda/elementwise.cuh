@@ -262,4 +262,42 @@ void launch_strided(const Map& map, const KernelTensor* const (&operands)[N], st
   FERRY_LAUNCH_CHECK();
 }
 
+// --- one input, one output (unary ops and conversions) ----------------------------------------------
+
+template <typename O, typename I, typename Fn>
+struct UnaryMap {
+  static constexpr int kVec = vector_width<O, I>();
+  struct Loaded {
+    Pack<I, kVec> in;
+  };
+  O* out;
+  Input<I> in;
+  Fn fn;
+
+  __device__ __forceinline__ Loaded load(std::int64_t p) const { return {in.template pack<kVec>(p)}; }
+  __device__ __forceinline__ void store(std::int64_t p, const Loaded& r) const {
+    Pack<O, kVec> o;
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) o.v[j] = fn(r.in.v[j]);
+    reinterpret_cast<Pack<O, kVec>*>(out)[p] = o;
+  }
+  __device__ __forceinline__ void element(std::int64_t i) const { out[i] = fn(in.at(i)); }
+  __device__ __forceinline__ void strided(const std::int64_t (&off)[2]) const { out[off[0]] = fn(in.at_offset(off[1])); }
+};
+
+// out = fn(in), vectorised when both are contiguous (or `in` is one broadcast value) and aligned.
+template <typename O, typename I, typename Fn>
+void run_unary_map(const KernelTensor& out, const KernelTensor& in, Fn fn, cudaStream_t stream) {
+  using Map = UnaryMap<O, I, Fn>;
+  Map map{static_cast<O*>(out.data), Input<I>{}, fn};
+  const std::int64_t n = out.numel();
+  if (out.is_contiguous() && is_aligned(out.data, sizeof(O) * Map::kVec) && vector_input<I, Map::kVec>(in, map.in)) {
+    launch_contiguous(map, n, stream);
+    return;
+  }
+  map.in = Input<I>{static_cast<const I*>(in.data), false, I{}};
+  const KernelTensor* operands[2] = {&out, &in};
+  launch_strided<2>(map, operands, n, stream);
+}
+
 }  // namespace ferry::cuda

@@ -32,17 +32,19 @@ struct FillMap {
   __device__ __forceinline__ void strided(const std::int64_t (&off)[1]) const { out[off[0]] = value; }
 };
 
-// out (n,) at `stride` elements: out[i] = start + i * step, rounded once per operation as on the cpu
-// (no fused multiply-add, so float64 results match bit for bit).
+// out (n,) at `stride` elements: out[i] = start + i * step as one fused multiply-add, which is what the
+// cpu's Release build computes (GCC contracts `a + b * c` at -O3 -march=x86-64-v3), so the float64
+// results agree bit for bit there; a cpu build without FMA can differ in the last bit.
 template <typename T>
 __global__ void arange_kernel(T* out, std::int64_t n, std::int64_t stride, double start, double step) {
   for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
-    out[i * stride] = cast_to<T>(__dadd_rn(start, __dmul_rn(static_cast<double>(i), step)));
+    out[i * stride] = cast_to<T>(__fma_rn(static_cast<double>(i), step, start));
   }
 }
 
-// out (n,) contiguous: element i from counter offset + i of the Philox stream named by `seed`.
+// out (n,) contiguous: element i from counter offset + i of the Philox stream named by `seed`, scaled
+// with one fused multiply-add as the cpu's Release build does (see arange_kernel).
 template <typename T>
 __global__ void random_kernel(T* out, std::int64_t n, RandomKind kind, double low, double high, std::uint64_t range,
                               std::uint64_t seed, std::uint64_t offset) {
@@ -52,10 +54,10 @@ __global__ void random_kernel(T* out, std::int64_t n, RandomKind kind, double lo
     double v;
     switch (kind) {
       case RandomKind::Uniform:
-        v = __dadd_rn(low, __dmul_rn(high - low, detail::philox_uniform(seed, offset, u)));
+        v = __fma_rn(high - low, detail::philox_uniform(seed, offset, u), low);
         break;
       case RandomKind::Normal:
-        v = __dadd_rn(low, __dmul_rn(high, detail::philox_normal(seed, offset, u)));
+        v = __fma_rn(high, detail::philox_normal(seed, offset, u), low);
         break;
       default:
         v = low + static_cast<double>(detail::philox_below(seed, offset, u, range));

@@ -19,8 +19,10 @@ void launch_arange(const KernelTensor& out, double start, double step, cudaStrea
 void launch_random(const KernelTensor& out, RandomKind kind, double low, double high, std::uint64_t seed,
                    std::uint64_t offset, cudaStream_t stream);
 
-// --- unary.cu: unary ops and dtype conversion (UnaryOp::Copy) ---------------------------------------
+// --- unary.cu: unary ops; UnaryOp::Copy is a memcpy or a conversion ----------------------------------
 void launch_unary(UnaryOp op, const KernelTensor& out, const KernelTensor& in, cudaStream_t stream);
+// --- convert.cu: out = in cast to out's dtype, any strides ---------------------------------------------
+void launch_convert(const KernelTensor& out, const KernelTensor& in, cudaStream_t stream);
 
 // --- binary.cu: binary ops with broadcasting, ops with a scalar, where ---------------------------------
 void launch_binary(BinaryOp op, const KernelTensor& out, const KernelTensor& a, const KernelTensor& b,

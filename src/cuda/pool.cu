@@ -40,10 +40,6 @@ __device__ __forceinline__ void covering_outputs(std::int64_t i, std::int64_t pa
   if (last > outputs - 1) last = outputs - 1;
 }
 
-// a * b rounded on its own, never fused into a following add (the cpu does not fuse either)
-__device__ __forceinline__ float multiply_rounded(float a, float b) { return __fmul_rn(a, b); }
-__device__ __forceinline__ double multiply_rounded(double a, double b) { return __dmul_rn(a, b); }
-
 // in (planes, H, W) -> out, argmax (planes, oh, ow): the cpu's scan, including where it stops on NaN.
 template <typename T>
 __global__ void __launch_bounds__(kPoolThreads)
@@ -136,7 +132,7 @@ __global__ void __launch_bounds__(kPoolThreads) avg_pool2d_backward_kernel(T* gr
     const T* go = grad_out + p * g.out_h * g.out_w;
     T sum = T(0);
     for (std::int64_t y = y0; y <= y1; ++y) {
-      for (std::int64_t x = x0; x <= x1; ++x) sum += multiply_rounded(go[y * g.out_w + x], scale);
+      for (std::int64_t x = x0; x <= x1; ++x) sum += go[y * g.out_w + x] * scale;
     }
     grad_in[t] = sum;
   }

@@ -1,5 +1,6 @@
-// unary.cu — unary ops (neg, exp, ..., logical_not) and dtype conversion (UnaryOp::Copy) on the GPU,
-// matching the cpu reference value for value. Not here: ops of two operands (binary.cu).
+// unary.cu — unary ops (neg, exp, ..., logical_not) on the GPU, matching the cpu reference value for
+// value; UnaryOp::Copy is a device-to-device memcpy or a conversion (convert.cu). Not here: ops of two
+// operands (binary.cu).
 #include <cuda_runtime.h>
 
 #include <cmath>
@@ -12,11 +13,29 @@ namespace ferry::cuda {
 
 namespace {
 
+// Ops that integers compute in double (exp, log, ...): launch_unary runs them as convert to float64,
+// the float64 op, convert back, which is the cpu's arithmetic, so integer kernels stay small.
+bool is_transcendental(UnaryOp op) {
+  return op == UnaryOp::Exp || op == UnaryOp::Log || op == UnaryOp::Sqrt || op == UnaryOp::Rsqrt ||
+         op == UnaryOp::Sigmoid || op == UnaryOp::Tanh || op == UnaryOp::Reciprocal;
+}
+
 // The cpu's apply_unary: integers compute in double, floats in their own type.
 template <typename T>
 __device__ __forceinline__ T unary_value(UnaryOp op, T x) {
   if constexpr (std::is_same_v<T, bool>) {
     return op == UnaryOp::LogicalNot ? !x : x;
+  } else if constexpr (std::is_integral_v<T>) {
+    const double v = static_cast<double>(x);
+    switch (op) {
+      case UnaryOp::Neg: return cast_to<T>(-v);
+      case UnaryOp::Abs: return cast_to<T>(v < 0 ? -v : v);
+      case UnaryOp::Sign: return static_cast<T>((v > 0) - (v < 0));
+      case UnaryOp::Relu: return v > 0 ? x : T(0);
+      case UnaryOp::Square: return cast_to<T>(v * v);
+      case UnaryOp::LogicalNot: return static_cast<T>(v == 0);
+      default: return x;  // Copy; transcendental ops never get here (see is_transcendental)
+    }
   } else {
     using F = std::conditional_t<std::is_floating_point_v<T>, T, double>;
     const F v = static_cast<F>(x);
@@ -50,47 +69,6 @@ struct UnaryFn {
   }
 };
 
-// Dtype conversion: the value cast as the cpu casts it.
-template <typename O, typename I>
-struct ConvertFn {
-  __device__ __forceinline__ O operator()(I x) const { return cast_to<O>(x); }
-};
-
-template <typename O, typename I, typename Fn>
-struct UnaryMap {
-  static constexpr int kVec = vector_width<O, I>();
-  struct Loaded {
-    Pack<I, kVec> in;
-  };
-  O* out;
-  Input<I> in;
-  Fn fn;
-
-  __device__ __forceinline__ Loaded load(std::int64_t p) const { return {in.template pack<kVec>(p)}; }
-  __device__ __forceinline__ void store(std::int64_t p, const Loaded& r) const {
-    Pack<O, kVec> o;
-#pragma unroll
-    for (int j = 0; j < kVec; ++j) o.v[j] = fn(r.in.v[j]);
-    reinterpret_cast<Pack<O, kVec>*>(out)[p] = o;
-  }
-  __device__ __forceinline__ void element(std::int64_t i) const { out[i] = fn(in.at(i)); }
-  __device__ __forceinline__ void strided(const std::int64_t (&off)[2]) const { out[off[0]] = fn(in.at_offset(off[1])); }
-};
-
-template <typename O, typename I, typename Fn>
-void run_unary_map(const KernelTensor& out, const KernelTensor& in, Fn fn, cudaStream_t stream) {
-  using Map = UnaryMap<O, I, Fn>;
-  Map map{static_cast<O*>(out.data), Input<I>{}, fn};
-  const std::int64_t n = out.numel();
-  if (out.is_contiguous() && is_aligned(out.data, sizeof(O) * Map::kVec) && vector_input<I, Map::kVec>(in, map.in)) {
-    launch_contiguous(map, n, stream);
-    return;
-  }
-  map.in = Input<I>{static_cast<const I*>(in.data), false, I{}};
-  const KernelTensor* operands[2] = {&out, &in};
-  launch_strided<2>(map, operands, n, stream);
-}
-
 // float32 gets one kernel per op (the op folds away); other dtypes share a kernel with a switch.
 template <typename O, typename T>
 void run_unary(UnaryOp op, const KernelTensor& out, const KernelTensor& in, cudaStream_t stream) {
@@ -114,18 +92,10 @@ void run_unary(UnaryOp op, const KernelTensor& out, const KernelTensor& in, cuda
       FERRY_UNARY_CASE(LogicalNot)
 #undef FERRY_UNARY_CASE
     }
+    throw InternalError("cuda unary: an op without a float32 kernel");
+  } else {
+    run_unary_map<O, T>(out, in, UnaryFn<-1, O, T>{op}, stream);
   }
-  run_unary_map<O, T>(out, in, UnaryFn<-1, O, T>{op}, stream);
-}
-
-void convert(const KernelTensor& out, const KernelTensor& in, cudaStream_t stream) {
-  dispatch_dtype(out.dtype, [&](auto out_tag) {
-    using O = typename decltype(out_tag)::type;
-    dispatch_dtype(in.dtype, [&](auto in_tag) {
-      using I = typename decltype(in_tag)::type;
-      run_unary_map<O, I>(out, in, ConvertFn<O, I>{}, stream);
-    });
-  });
 }
 
 }  // namespace
@@ -140,7 +110,7 @@ void launch_unary(UnaryOp op, const KernelTensor& out, const KernelTensor& in, c
       }
       return;
     }
-    convert(out, in, stream);
+    launch_convert(out, in, stream);
     return;
   }
   // The result has the input's dtype, or bool (what the cpu writes); anything else goes through a
@@ -149,7 +119,24 @@ void launch_unary(UnaryOp op, const KernelTensor& out, const KernelTensor& in, c
     ScratchBuffer buffer(static_cast<std::size_t>(out.numel()) * element_size(in.dtype), stream);
     const KernelTensor temporary = contiguous_view(buffer.data(), in.dtype, out);
     launch_unary(op, temporary, in, stream);
-    convert(out, temporary, stream);
+    launch_convert(out, temporary, stream);
+    return;
+  }
+  const bool integral = in.dtype == DType::Int32 || in.dtype == DType::Int64 || in.dtype == DType::UInt8;
+  if (integral && is_transcendental(op)) {
+    const std::size_t n = static_cast<std::size_t>(out.numel());
+    ScratchBuffer wide_buffer(n * sizeof(double), stream);
+    const KernelTensor wide = contiguous_view(wide_buffer.data(), DType::Float64, out);
+    launch_convert(wide, in, stream);
+    launch_unary(op, wide, wide, stream);
+    if (out.dtype == in.dtype) {
+      launch_convert(out, wide, stream);
+    } else {  // bool of the integer result, as the cpu casts it
+      ScratchBuffer narrow_buffer(n * element_size(in.dtype), stream);
+      const KernelTensor narrow = contiguous_view(narrow_buffer.data(), in.dtype, out);
+      launch_convert(narrow, wide, stream);
+      launch_convert(out, narrow, stream);
+    }
     return;
   }
   dispatch_dtype(in.dtype, [&](auto tag) {

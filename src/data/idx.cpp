@@ -213,18 +213,20 @@ IdxArray read_idx_gz(const std::string& path) {
   got += reader.read(header_bytes + 4, 4 * static_cast<std::size_t>(rank));
   const IdxHeader header = parse_idx_header(header_bytes, got, where);
 
-  // Grow with the data that arrives, so a header that claims terabytes costs nothing up front.
+  // Grow with the data that arrives, so a header that claims terabytes costs nothing up front: the
+  // first read asks for 64 KiB, each later one for twice as much, up to 4 MiB at a time.
   IdxArray array;
   array.shape = header.shape;
-  constexpr std::size_t kChunkBytes = std::size_t{1} << 22;
-  array.data.reserve(std::min(header.data_bytes, std::size_t{64} << 20));
+  constexpr std::size_t kMaxChunkBytes = std::size_t{1} << 22;
+  std::size_t chunk_bytes = std::size_t{1} << 16;
   while (array.data.size() < header.data_bytes) {
     const std::size_t already = array.data.size();
-    const std::size_t want = std::min(kChunkBytes, header.data_bytes - already);
+    const std::size_t want = std::min(chunk_bytes, header.data_bytes - already);
     array.data.resize(already + want);
     const std::size_t arrived = reader.read(array.data.data() + already, want);
     array.data.resize(already + arrived);
     if (arrived < want) break;
+    chunk_bytes = std::min(2 * chunk_bytes, kMaxChunkBytes);
   }
   const std::size_t extra = array.data.size() == header.data_bytes ? reader.skip_to_end() : 0;
   check_data_size(header, array.data.size() + extra, where);

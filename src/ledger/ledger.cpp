@@ -49,6 +49,7 @@ void Ledger::clear() {
   std::lock_guard lock(mutex_);
   transfers_.clear();
   syncs_.clear();
+  collectives_.clear();
   totals_ = {};
   step_syncs_ = step_h2d_bytes_ = step_d2h_bytes_ = 0;
 }
@@ -134,6 +135,17 @@ void Ledger::record_sync(SyncRecord record) {
   syncs_.push_back(std::move(record));
 }
 
+void Ledger::record_collective(CollectiveRecord record) {
+  std::lock_guard lock(mutex_);
+  if (!enabled_) return;
+  record.step = step_;
+  totals_.collectives += 1;
+  totals_.collective_bytes += record.bytes;
+  totals_.collective_ms += record.duration_ms;
+  totals_.collective_wait_ms += record.wait_ms;
+  collectives_.push_back(std::move(record));
+}
+
 std::vector<TransferRecord> Ledger::transfers() const {
   std::lock_guard lock(mutex_);
   return transfers_;
@@ -141,6 +153,10 @@ std::vector<TransferRecord> Ledger::transfers() const {
 std::vector<SyncRecord> Ledger::syncs() const {
   std::lock_guard lock(mutex_);
   return syncs_;
+}
+std::vector<CollectiveRecord> Ledger::collectives() const {
+  std::lock_guard lock(mutex_);
+  return collectives_;
 }
 Ledger::Totals Ledger::totals() const {
   std::lock_guard lock(mutex_);

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <nlohmann/json.hpp>
+#include <unordered_map>
 #include <utility>
 
 #include "ferry/cost_model.h"
@@ -34,21 +35,23 @@ struct StepInstance {
 };
 
 // Finds the step a record belongs to: same step number, and (when ferry::Step recorded several steps
-// with that number, as loops that restart at 0 each epoch do) the one whose window holds the record.
+// with that number, as loops that restart at 0 each epoch do) the one whose window holds the record,
+// else the nearest. A step number with no ferry::Step record is one step whose window grows to hold
+// its records.
 class StepIndex {
  public:
   explicit StepIndex(const std::vector<StepRecord>& steps) {
-    for (const StepRecord& s : steps) {
-      instances_.push_back(make_instance(s.step, s.start_ms, s.start_ms + s.duration_ms, true));
-    }
+    for (const StepRecord& s : steps) add(s.step, s.start_ms, s.start_ms + s.duration_ms, true);
   }
 
   StepInstance& find(std::int64_t step, double start_ms, double end_ms) {
+    const auto found = by_step_.find(step);
+    if (found == by_step_.end()) return instances_[add(step, start_ms, end_ms, false)];
     StepInstance* best = nullptr;
     double best_distance = 0;
-    for (StepInstance& candidate : instances_) {
-      if (candidate.step != step) continue;
-      if (!candidate.recorded) {  // a step known only from its records: grow its window
+    for (const std::size_t i : found->second) {
+      StepInstance& candidate = instances_[i];
+      if (!candidate.recorded) {
         candidate.start_ms = std::min(candidate.start_ms, start_ms);
         candidate.end_ms = std::max(candidate.end_ms, end_ms);
         return candidate;
@@ -61,23 +64,25 @@ class StepIndex {
         best_distance = distance;
       }
     }
-    if (best) return *best;
-    instances_.push_back(make_instance(step, start_ms, end_ms, false));
-    return instances_.back();
+    return *best;
   }
 
   std::vector<StepInstance>& instances() { return instances_; }
 
  private:
-  static StepInstance make_instance(std::int64_t step, double start_ms, double end_ms, bool recorded) {
+  std::size_t add(std::int64_t step, double start_ms, double end_ms, bool recorded) {
     StepInstance instance;
     instance.step = step;
     instance.start_ms = start_ms;
     instance.end_ms = end_ms;
     instance.recorded = recorded;
-    return instance;
+    instances_.push_back(std::move(instance));
+    by_step_[step].push_back(instances_.size() - 1);
+    return instances_.size() - 1;
   }
+
   std::vector<StepInstance> instances_;
+  std::unordered_map<std::int64_t, std::vector<std::size_t>> by_step_;  // step number -> instances
 };
 
 // Length of the union of intervals [start, end): the time during which at least one part ran.

@@ -231,7 +231,7 @@ Tensor conv2d(const Tensor& input_in, const Tensor& weight, const Tensor& bias, 
   const Tensor w = weight.detach().contiguous();  // (O, C, kh, kw) = (O, K)
   const TensorOptions like{.device = x.device(), .dtype = x.dtype()};
   Tensor out = empty({N, O, out_h, out_w}, like);  // (N, O, oh, ow) = (N, O, L)
-  const bool host = K > 0 && detail::use_host_conv(x.device(), N);
+  const bool host = K > 0 && detail::use_host_conv(x.device(), s);
   if (bias.defined() && !host && out.numel() > 0) fill_with_channel_vector(out, bias.detach());
   const float beta = bias.defined() ? 1.0f : 0.0f;
   const bool pointwise = is_pointwise(s);
@@ -272,7 +272,7 @@ Tensor conv2d(const Tensor& input_in, const Tensor& weight, const Tensor& bias, 
                if (want_x) gx.fill_(0);
                return Grads{gx, gw, gb};
              }
-             if (detail::use_host_conv(g.device(), N)) {
+             if (detail::use_host_conv(g.device(), s)) {
                detail::host_conv2d_backward(g, x, w, s, want_x ? &gx : nullptr, want_w ? &gw : nullptr);
                return Grads{gx, gw, gb};
              }

@@ -94,8 +94,11 @@ void dispatch(DType dtype, F&& body) {
 
 }  // namespace
 
-bool use_host_conv(Device device, std::int64_t batch) {
-  return use_fused_host_kernels(device) && batch > 1 && omp_get_max_threads() > 1 && !omp_in_parallel();
+bool use_host_conv(Device device, const Backend::Conv2dShape& s) {
+  constexpr std::int64_t kMinMultiplyAdds = std::int64_t{1} << 21;  // about 40 us of one core's GEMM
+  const Geometry g(s);
+  return use_fused_host_kernels(device) && g.N > 1 && g.N * g.O * g.K * g.L >= kMinMultiplyAdds &&
+         omp_get_max_threads() > 1 && !omp_in_parallel();
 }
 
 void host_conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& out,

@@ -8,9 +8,9 @@
 
 namespace ferry::nn::detail {
 
-// True when conv2d on `device` with `batch` samples takes the host path: host memory (fused host
-// kernels on), more than one OpenMP thread and sample, and not already inside a parallel region.
-bool use_host_conv(Device device, std::int64_t batch);
+// True when conv2d `s` on `device` takes the host path: host memory (fused host kernels on), more than one
+// OpenMP thread and sample, enough work to pay for a parallel region, and not already inside one.
+bool use_host_conv(Device device, const Backend::Conv2dShape& s);
 
 // out (N, O, oh, ow) = conv(x (N, C, H, W), w (O, C, kh, kw)) + bias (O) when defined. All contiguous.
 void host_conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& out,

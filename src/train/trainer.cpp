@@ -16,6 +16,9 @@
 
 #include "ferry/autograd.h"
 #include "ferry/checkpoint.h"
+#include "ferry/dist/ddp.h"
+#include "ferry/dist/process_group.h"
+#include "ferry/dist/sampler.h"
 #include "ferry/factories.h"
 #include "ferry/ledger.h"
 #include "ferry/nn/activation.h"
@@ -61,6 +64,14 @@ class ProgressBar {
   bool shown_ = false;
 };
 
+// Sums of host numbers over every rank (one small all-reduce, on the group's device).
+std::vector<double> sum_over_ranks(dist::ProcessGroup& group, const std::vector<double>& values) {
+  Tensor packed = from_vector(values, {static_cast<std::int64_t>(values.size())}, {.dtype = DType::Float64});
+  if (!group.device().is_cpu()) packed = packed.to(group.device());
+  group.all_reduce(packed, dist::ReduceOp::Sum, "epoch totals");
+  return packed.cpu().to_vector<double>();
+}
+
 double schedule_lr(const TrainOptions& o, std::int64_t step, std::int64_t total_steps) {
   if (o.schedule == "constant" || total_steps <= 0) return o.lr;
   return o.lr * 0.5 * (1.0 + std::cos(M_PI * static_cast<double>(step) / static_cast<double>(total_steps)));
@@ -79,6 +90,17 @@ std::shared_ptr<nn::Sequential> make_fmnist_model(const TensorOptions& options) 
   }
   model->push_back(std::make_shared<nn::Flatten>());
   model->push_back(std::make_shared<nn::Linear>(128 * 3 * 3, 10, true, options));  // 28 -> 14 -> 7 -> 3
+  return model;
+}
+
+std::shared_ptr<nn::Sequential> make_mlp_model(const TensorOptions& options) {
+  auto model = std::make_shared<nn::Sequential>();
+  model->push_back(std::make_shared<nn::Flatten>());
+  model->push_back(std::make_shared<nn::Linear>(28 * 28, 1024, true, options));
+  model->push_back(std::make_shared<nn::ReLU>());
+  model->push_back(std::make_shared<nn::Linear>(1024, 1024, true, options));
+  model->push_back(std::make_shared<nn::ReLU>());
+  model->push_back(std::make_shared<nn::Linear>(1024, 10, true, options));
   return model;
 }
 
@@ -103,6 +125,10 @@ TrainResult train(nn::Module& model, const Dataset& train_set, const Dataset& te
               "--schedule must be cosine or constant, got '", o.schedule, "'");
   Ledger& ledger = Ledger::global();
   const auto ledger_start = ledger.totals();
+  dist::ProcessGroup* group = o.process_group;  // data-parallel when set; everything below is as before otherwise
+  const bool is_rank0 = group == nullptr || group->rank() == 0;
+  std::unique_ptr<dist::DistributedSampler> sampler;
+  if (group) sampler = std::make_unique<dist::DistributedSampler>(o.batch_size, group->world_size(), group->rank());
 
   const std::size_t moved = model.to(o.device);
   optim::SGD optimizer(model.parameters(), {.lr = o.lr, .momentum = o.momentum, .weight_decay = o.weight_decay});
@@ -117,30 +143,46 @@ TrainResult train(nn::Module& model, const Dataset& train_set, const Dataset& te
 
   DataLoader train_loader(train_set, {.batch_size = o.batch_size, .shuffle = true, .seed = o.seed,
                                       .placement = o.placement, .device = o.device});
-  DataLoader test_loader(test_set, {.batch_size = 1000, .shuffle = false, .placement = o.placement == Placement::Resident
+  std::unique_ptr<dist::DistributedDataParallel> ddp;
+  if (group) {
+    FERRY_CHECK(test_set.size() >= group->world_size(), InvalidArgument, "The test set (", test_set.size(),
+                " images) is smaller than the ", group->world_size(), " ranks that evaluate it");
+    ddp = std::make_unique<dist::DistributedDataParallel>(model, *group, dist::DDPOptions{.bucket_bytes = o.bucket_bytes});
+  }
+  DataLoader test_loader(group ? dist::DistributedSampler::shard(test_set, group->world_size(), group->rank())
+                               : test_set,
+                         {.batch_size = 1000, .shuffle = false, .placement = o.placement == Placement::Resident
                                                                                             ? Placement::Resident
                                                                                             : Placement::PerStep,
                                     .device = o.device});
   const std::int64_t steps_per_epoch = train_loader.batches_per_epoch();
   const std::int64_t total_steps = o.epochs * steps_per_epoch;
-  out << "ferry train: fmnist CNN (" << model.parameter_count() << " parameters, " << moved
+  out << "ferry train: " << (o.model_name == "fmnist" ? std::string("fmnist CNN") : o.model_name) << " ("
+      << model.parameter_count() << " parameters, " << moved
       << " bytes moved to " << o.device.str() << "), " << train_set.size() << " training / " << test_set.size()
       << " test images, batch " << o.batch_size << ", " << steps_per_epoch << " steps per epoch, placement "
       << placement_name(o.placement);
   if (train_loader.resident_bytes() > 0) out << " (" << train_loader.resident_bytes() << " bytes resident)";
   out << "\n";
+  if (ddp) {
+    out << "data-parallel: " << group->world_size() << " ranks (" << dist::comm_backend_name(group->backend())
+        << " backend), global batch " << o.batch_size << " = " << group->world_size() << " x "
+        << sampler->local_batch() << " per rank, gradients in " << ddp->plan().buckets.size() << " bucket"
+        << (ddp->plan().buckets.size() == 1 ? "" : "s") << " of at most " << o.bucket_bytes << " bytes ("
+        << ddp->stats().gradient_bytes << " bytes all-reduced per step)\n";
+  }
 
   std::ofstream metrics;
-  if (!o.metrics_path.empty()) {
+  if (!o.metrics_path.empty() && is_rank0) {
     metrics.open(o.metrics_path, std::ios::app);
     FERRY_CHECK(metrics.good(), IoError, "Cannot open metrics file '", o.metrics_path, "' for writing");
   }
   auto save = [&](const TrainingProgress& at) {
-    if (o.checkpoint_path.empty()) return;
+    if (o.checkpoint_path.empty() || !is_rank0) return;
     CheckpointContents contents;
     contents.progress = at;
     contents.generator = generator_state();
-    contents.settings = {{"model", "fmnist"}, {"lr", std::to_string(o.lr)}, {"momentum", std::to_string(o.momentum)},
+    contents.settings = {{"model", o.model_name}, {"lr", std::to_string(o.lr)}, {"momentum", std::to_string(o.momentum)},
                          {"weight_decay", std::to_string(o.weight_decay)}, {"batch", std::to_string(o.batch_size)},
                          {"epochs", std::to_string(o.epochs)}, {"seed", std::to_string(o.seed)},
                          {"schedule", o.schedule}, {"placement", std::string(placement_name(o.placement))}};
@@ -150,8 +192,14 @@ TrainResult train(nn::Module& model, const Dataset& train_set, const Dataset& te
   TrainResult result;
   result.device = o.device;
   result.steps = progress.global_step;
-  ProgressBar bar(o.progress_bar);
-  double transfer_s = 0, compute_s = 0, sync_s = 0, train_seconds = 0;
+  ProgressBar bar(o.progress_bar && is_rank0);
+  double transfer_s = 0, compute_s = 0, sync_s = 0, train_seconds = 0, comm_s = 0;
+  const int world = group ? group->world_size() : 1;
+  auto check_replicas = [&] {
+    if (!ddp) return;
+    ddp->check_replicas();
+    result.replica_checks += 1;
+  };
   std::int64_t timed_epochs = 0;
   model.train();
   for (std::int64_t epoch = progress.epoch; epoch < o.epochs; ++epoch) {
@@ -176,12 +224,22 @@ TrainResult train(nn::Module& model, const Dataset& train_set, const Dataset& te
         ledger.end_step();
         break;
       }
+      double loss_weight = 1;  // data-parallel: this rank's slice of the global batch
+      if (sampler && !sampler->take(Batch(batch), batch, &loss_weight)) {
+        ledger.end_step();  // a last batch shorter than N: every rank skips it
+        continue;
+      }
       phase_start = Clock::now();
       optimizer.set_learning_rate(schedule_lr(o, result.steps, total_steps));
-      Tensor logits = model(batch.images);
+      Tensor logits = ddp ? ddp->forward(batch.images) : model(batch.images);
       Tensor loss = nn::cross_entropy(logits, batch.labels);
       optimizer.zero_grad();
-      loss.backward();
+      (loss_weight == 1 ? loss : mul(loss, loss_weight)).backward();
+      if (ddp) {  // the buckets backward did not finish, and the averaged gradients into .grad
+        const auto comm_start = Clock::now();
+        ddp->finish_gradient_sync();
+        comm_s += seconds_since(comm_start);
+      }
       optimizer.step();
       {
         autograd::NoGradGuard no_grad;
@@ -193,16 +251,23 @@ TrainResult train(nn::Module& model, const Dataset& train_set, const Dataset& te
       seen += batch.labels.numel();
       ++batches;
       ++result.steps;
+      if (ddp && o.check_replicas_every > 0 && result.steps % o.check_replicas_every == 0) check_replicas();
       if (result.steps % o.log_every == 0) {  // the only per-step host sync, once per log_every steps
         phase_start = Clock::now();
-        last_loss = loss.item<double>();
+        if (ddp) {  // the mean over every rank's slice
+          Tensor mean_loss = loss.detach().reshape({1}).clone();
+          group->all_reduce(mean_loss, dist::ReduceOp::Avg, "logged loss");
+          last_loss = mean_loss.item<double>();
+        } else {
+          last_loss = loss.item<double>();
+        }
         sync_s += seconds_since(phase_start);
         FERRY_CHECK(std::isfinite(last_loss), Error, "The loss became ", last_loss, " at step ", result.steps,
                     " (epoch ", epoch + 1, "); stopping. ",
                     o.checkpoint_path.empty() ? std::string("") : "The last good checkpoint is " + o.checkpoint_path);
         result.loss_curve.emplace_back(result.steps, last_loss);
         const double elapsed = seconds_since(epoch_start);
-        const double rate = static_cast<double>(seen) / std::max(elapsed, 1e-9);
+        const double rate = static_cast<double>(seen * world) / std::max(elapsed, 1e-9);
         const double eta = static_cast<double>((total_steps - result.steps) * o.batch_size) / std::max(rate, 1e-9);
         bar.update(epoch, o.epochs, batch.index + 1, steps_per_epoch, rate, eta, last_loss);
         if (!bar.enabled()) {
@@ -220,6 +285,7 @@ TrainResult train(nn::Module& model, const Dataset& train_set, const Dataset& te
     }
     bar.clear();
     if (stopped) {
+      check_replicas();
       save({epoch, batches + (epoch == progress.epoch ? progress.batch_in_epoch : 0), result.steps});
       out << "stopped after " << result.steps << " steps (--max-steps)\n";
       break;
@@ -228,8 +294,15 @@ TrainResult train(nn::Module& model, const Dataset& train_set, const Dataset& te
     auto phase_start = Clock::now();
     EpochStats stats;
     stats.epoch = epoch + 1;
-    stats.train_loss = seen ? loss_sum.item<double>() / static_cast<double>(seen) : NAN;
-    stats.train_accuracy = seen ? static_cast<double>(correct.item<std::int64_t>()) / static_cast<double>(seen) : NAN;
+    if (group) {  // every rank's sums
+      const std::vector<double> totals = sum_over_ranks(
+          *group, {loss_sum.item<double>(), static_cast<double>(correct.item<std::int64_t>()), static_cast<double>(seen)});
+      stats.train_loss = totals[2] > 0 ? totals[0] / totals[2] : NAN;
+      stats.train_accuracy = totals[2] > 0 ? totals[1] / totals[2] : NAN;
+    } else {
+      stats.train_loss = seen ? loss_sum.item<double>() / static_cast<double>(seen) : NAN;
+      stats.train_accuracy = seen ? static_cast<double>(correct.item<std::int64_t>()) / static_cast<double>(seen) : NAN;
+    }
     sync_s += seconds_since(phase_start);
     stats.seconds = seconds_since(epoch_start);
     const bool full_epoch = epoch != progress.epoch || progress.batch_in_epoch == 0;
@@ -239,7 +312,14 @@ TrainResult train(nn::Module& model, const Dataset& train_set, const Dataset& te
     }
     FERRY_CHECK(std::isfinite(stats.train_loss), Error, "The mean training loss of epoch ", epoch + 1, " is ",
                 stats.train_loss, "; stopping");
-    stats.test_accuracy = evaluate_accuracy(model, test_loader);
+    if (ddp) {  // each rank tests its shard with rank 0's BatchNorm statistics; the counts are summed
+      ddp->broadcast_buffers();
+      const double shard_correct = std::round(evaluate_accuracy(model, test_loader) * static_cast<double>(test_loader.size()));
+      stats.test_accuracy = sum_over_ranks(*group, {shard_correct})[0] / static_cast<double>(test_set.size());
+      check_replicas();
+    } else {
+      stats.test_accuracy = evaluate_accuracy(model, test_loader);
+    }
     result.history.push_back(stats);
     result.epochs = epoch + 1;
     result.test_accuracy = stats.test_accuracy;
@@ -264,6 +344,17 @@ TrainResult train(nn::Module& model, const Dataset& train_set, const Dataset& te
   result.syncs = totals.syncs - ledger_start.syncs;
   result.bytes_host_to_device = totals.bytes_host_to_device - ledger_start.bytes_host_to_device;
   result.bytes_device_to_host = totals.bytes_device_to_host - ledger_start.bytes_device_to_host;
+  if (ddp) {
+    result.world_size = world;
+    result.comm_backend = std::string(dist::comm_backend_name(group->backend()));
+    result.parameters = model.parameter_count();
+    result.gradient_bytes_per_step = ddp->stats().gradient_bytes;
+    result.collectives = totals.collectives - ledger_start.collectives;
+    result.collective_bytes = totals.collective_bytes - ledger_start.collective_bytes;
+    result.collective_s = (totals.collective_ms - ledger_start.collective_ms) / 1e3;
+    result.t_comm_s = comm_s;
+    result.t_compute_s = compute_s - comm_s;  // the wait for gradients is communication, not compute
+  }
   return result;
 }
 

@@ -319,6 +319,7 @@ void register_bench_command(CLI::App& app) {
   add_link_bench(*bench);
   add_memory_bench(*bench);
   add_gemm_bench(*bench);
+  register_bench_allreduce(*bench);  // `ferry bench allreduce` under mpirun (bench_allreduce.cpp)
   // golden --workload mlp|cnn joins here once ferry::nn lands: add_golden_bench(*bench), built like the
   // ones above (CommonOptions, run_context, finish), timing steps with ferry::Phase and reading
   // them back with ferry::make_report.

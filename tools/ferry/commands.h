@@ -10,3 +10,4 @@ void register_train_command(CLI::App& app);
 void register_eval_command(CLI::App& app);
 void register_inspect_command(CLI::App& app);
 void register_bench_command(CLI::App& app);
+void register_bench_allreduce(CLI::App& bench);  // `ferry bench allreduce` (bench_allreduce.cpp)

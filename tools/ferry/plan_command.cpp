@@ -158,7 +158,7 @@ std::string& plan_profile_path() {
 struct MeasuredLink {
   double seconds = 0;           // s, by the profile's measured points (ferry::MeasuredRate::seconds_for)
   double bytes_per_second = 0;  // bytes / seconds
-  std::string words;            // "sim:0 host->device pageable, measured 2026-12-01T10:00:00Z"
+  std::string words;            // "sim:0 host->device pageable as measured (profile p.json, updated ...)"
 };
 
 MeasuredLink measured_link(const std::string& path, const std::string& device_text, const std::string& direction,
@@ -200,8 +200,8 @@ MeasuredLink measured_link(const std::string& path, const std::string& device_te
   MeasuredLink link;
   link.seconds = rate.seconds_for(bytes);
   link.bytes_per_second = link.seconds > 0 ? bytes / link.seconds : rate.rate;
-  link.words = fmt::format("{} {}, measured{}", device->device, ferry::link_path_words(link_path),
-                           profile.created.empty() ? "" : " " + profile.created);
+  link.words = fmt::format("{} {} as measured (profile {}{})", device->device, ferry::link_path_words(link_path), path,
+                           profile.created.empty() ? "" : ", updated " + profile.created);
   return link;
 }
 
@@ -276,9 +276,9 @@ void add_transfer_command(CLI::App& plan) {
       const MeasuredLink link = measured_link(profile_path, options->device, options->direction, options->pinned, bytes);
       const double sheet_seconds = ferry::cost::transfer_seconds(bytes, 16e9);
       explanation += fmt::format(
-          "{} over {} ({}): {}, an effective {}\n"
+          "{} over {}: {}, an effective {}\n"
           "The sheet's 16 GB/s would say {}.\n",
-          ferry::format_bytes(bytes), link.words, profile_path, ferry::format_seconds(link.seconds),
+          ferry::format_bytes(bytes), link.words, ferry::format_seconds(link.seconds),
           ferry::format_bandwidth(link.bytes_per_second), ferry::format_seconds(sheet_seconds));
       object["seconds"] = json_number(link.seconds);
       object["bytes"] = json_number(bytes);

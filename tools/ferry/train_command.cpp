@@ -1,16 +1,22 @@
 // train_command.cpp — `ferry train`: the fmnist CNN on Fashion-MNIST on the best device, with the
 // ledger's account of where the time went. `ferry eval` and `ferry inspect` read its checkpoints.
 #include <fmt/format.h>
+#include <omp.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <iostream>
+#include <thread>
 
 #include <nlohmann/json.hpp>
 
 #include "commands.h"
 #include "ferry/checkpoint.h"
 #include "ferry/cost_model.h"
+#include "ferry/dist/process_group.h"
 #include "ferry/idx.h"
 #include "ferry/ledger.h"
 #include "ferry/random.h"
@@ -28,8 +34,32 @@ struct TrainArgs {
   std::int64_t limit_train = -1, limit_test = -1;
   bool json = false;
   bool quiet = false;
+  bool ddp = false;
+  std::string ddp_backend = "auto";
+  double bucket_mb = 25;        // MiB
+  double ddp_timeout_s = ferry::dist::kDefaultTimeoutSeconds;
   ferry::TrainOptions options;
 };
+
+// Data-parallel part of the report: what the all-reduces carried and cost, against Exercise 4.1's figure.
+void print_ddp_report(const ferry::TrainResult& r, std::FILE* out) {
+  const auto plan = ferry::cost::allreduce_bytes(r.parameters, ferry::DType::Float32, r.world_size);
+  const std::int64_t steps = std::max<std::int64_t>(r.steps, 1);
+  const double ring_per_step = 2.0 * (r.world_size - 1) / r.world_size * static_cast<double>(r.gradient_bytes_per_step);
+  fmt::print(out, "\nData-parallel over {} ranks ({} backend):\n", r.world_size, r.comm_backend);
+  fmt::print(out, "  gradients  {} bytes all-reduced per step on each rank = P x 4 bytes, P = {} parameters\n",
+             r.gradient_bytes_per_step, r.parameters);
+  fmt::print(out, "  Exercise 4.1 (ferry plan allreduce --params {} --gpus {}): 2 x P x 4 = {} bytes per iteration; "
+                  "a ring sends 2(N-1)/N x P x 4 = {:.0f} bytes from each rank\n",
+             r.parameters, r.world_size, plan.bytes, plan.bytes_ring_per_gpu);
+  fmt::print(out, "  measured: a ring over these buckets sends {:.0f} bytes per step from each rank ({:.3f} x the plan)\n",
+             ring_per_step, plan.bytes_ring_per_gpu > 0 ? ring_per_step / plan.bytes_ring_per_gpu : 0.0);
+  fmt::print(out, "  ledger: {} collectives, {} bytes of payload, {:.2f} s launch to completion in all "
+                  "(overlapping backward)\n",
+             r.collectives, r.collective_bytes, r.collective_s);
+  fmt::print(out, "  host waited {:.2f} s for gradients after backward ({:.1f} ms per step), {} replica checks passed\n",
+             r.t_comm_s, 1e3 * r.t_comm_s / static_cast<double>(steps), r.replica_checks);
+}
 
 void print_report(const ferry::TrainResult& r, std::FILE* out) {
   const double total = r.t_transfer_s + r.t_compute_s + r.t_sync_s;
@@ -41,6 +71,10 @@ void print_report(const ferry::TrainResult& r, std::FILE* out) {
   fmt::print(out, "  compute   {:8.2f} s  {:5.1f} %   (forward, backward, optimizer step)\n", r.t_compute_s,
              pct(r.t_compute_s));
   fmt::print(out, "  sync      {:8.2f} s  {:5.1f} %   (reading values back to the host)\n", r.t_sync_s, pct(r.t_sync_s));
+  if (r.world_size > 1 || !r.comm_backend.empty()) {
+    fmt::print(out, "  (data-parallel: compute excludes the {:.2f} s the host waited for the gradient all-reduce)\n",
+               r.t_comm_s);
+  }
   if (r.t_compute_s > 0 && !r.device.is_cpu()) {
     const double efficiency = ferry::cost::golden_rule(1.0, r.t_compute_s, std::max(r.t_transfer_s, 1e-12)).efficiency;
     fmt::print(out, "  Golden Rule: S_real = S / (1 + T_transfer / T_compute) = S x {:.3f}\n", efficiency);
@@ -82,19 +116,54 @@ void register_train_command(CLI::App& app) {
   cmd->add_option("--limit-train", a.limit_train, "Use only the first N training images (quick runs)");
   cmd->add_option("--limit-test", a.limit_test, "Use only the first N test images");
   cmd->add_flag("--json", a.json, "Print one JSON object at the end (and nothing else on stdout)");
+  cmd->add_option("--model", o.model_name, "fmnist (the CNN) | mlp (784-1024-1024-10, no BatchNorm)")
+      ->capture_default_str();
+  cmd->add_flag("--ddp", a.ddp,
+                "Data-parallel under mpirun -np N: --batch is the global batch B (N must divide it), each rank\n"
+                "trains on B/N, gradients are averaged across ranks; rank 0 alone prints and checkpoints");
+  cmd->add_option("--ddp-backend", a.ddp_backend, "auto | mpi | nccl (nccl: cuda, one GPU per rank)")->capture_default_str();
+  cmd->add_option("--bucket-mb", a.bucket_mb, "Gradient bucket size in MiB (PyTorch's default 25)")->capture_default_str();
+  cmd->add_option("--ddp-timeout", a.ddp_timeout_s, "Seconds a rank waits for a collective before it stops with an error")
+      ->capture_default_str();
+  cmd->add_option("--check-replicas-every", o.check_replicas_every,
+                  "Compare every rank's parameters every N steps (always at each epoch end and at the stop)");
   cmd->callback([] {
     auto& o = a.options;
     o.device = ferry::Device::parse(a.device);
     o.placement = ferry::parse_placement(a.placement);
+    std::unique_ptr<ferry::dist::ProcessGroup> group;
+    if (a.ddp) {
+      const ferry::dist::LaunchInfo launch = ferry::dist::launch_info();
+      // Ranks on one host share its cores (unless OMP_NUM_THREADS says otherwise) and its GPUs.
+      if (!std::getenv("OMP_NUM_THREADS")) {
+        omp_set_num_threads(std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / launch.local_size));
+      }
+      if (o.device.is_cuda() && (a.device == "cuda" || a.device == "auto")) {
+        o.device = ferry::Device(ferry::DeviceType::CUDA, launch.local_rank % ferry::device_count(ferry::DeviceType::CUDA));
+      }
+      FERRY_CHECK(a.bucket_mb > 0, InvalidArgument, "--bucket-mb must be > 0, got ", a.bucket_mb);
+      group = ferry::dist::init_process_group({.backend = ferry::dist::parse_comm_backend(a.ddp_backend),
+                                               .device = o.device, .timeout_s = a.ddp_timeout_s});
+      o.process_group = group.get();
+      o.bucket_bytes = std::llround(a.bucket_mb * 1024 * 1024);
+    }
+    const bool is_rank0 = !group || group->rank() == 0;
     ferry::manual_seed(o.seed);
     ferry::Dataset train_set = ferry::load_fashion_mnist(a.data, true);
     ferry::Dataset test_set = ferry::load_fashion_mnist(a.data, false);
     if (a.limit_train > 0) train_set = ferry::take(train_set, a.limit_train);
     if (a.limit_test > 0) test_set = ferry::take(test_set, a.limit_test);
-    auto model = ferry::make_fmnist_model();
+    FERRY_CHECK(o.model_name == "fmnist" || o.model_name == "mlp", InvalidArgument, "--model must be fmnist or mlp, got '",
+                o.model_name, "'");
+    auto model = o.model_name == "mlp" ? ferry::make_mlp_model() : ferry::make_fmnist_model();
     std::ostringstream sink;
-    std::ostream& log = a.json ? static_cast<std::ostream&>(sink) : std::cout;
+    std::ostream& log = a.json || !is_rank0 ? static_cast<std::ostream&>(sink) : std::cout;
     const ferry::TrainResult r = ferry::train(*model, train_set, test_set, o, log);
+    if (group) {  // a clean end: every rank leaves MPI together
+      group.reset();
+      ferry::dist::finalize();
+    }
+    if (!is_rank0) return;  // rank 0 alone reports
     if (!a.plot_path.empty()) write_training_plot(a.plot_path, r);
     if (!a.trace_path.empty()) write_trace_file(a.trace_path);
     if (a.json) {
@@ -108,12 +177,19 @@ void register_train_command(CLI::App& app) {
                                         {"t_sync_s", r.t_sync_s}, {"syncs", r.syncs},
                                         {"bytes_host_to_device", r.bytes_host_to_device},
                                         {"bytes_device_to_host", r.bytes_device_to_host},
-                                        {"placement", a.placement}, {"history", epochs}}
+                                        {"placement", a.placement}, {"history", epochs},
+                                        {"world_size", r.world_size}, {"comm_backend", r.comm_backend},
+                                        {"parameters", r.parameters},
+                                        {"gradient_bytes_per_step", r.gradient_bytes_per_step},
+                                        {"collectives", r.collectives}, {"collective_bytes", r.collective_bytes},
+                                        {"collective_s", r.collective_s}, {"t_comm_s", r.t_comm_s},
+                                        {"replica_checks", r.replica_checks}}
                              .dump());
     } else {
       fmt::print("\nfinal test accuracy {:.2f} %, {:.1f} s per epoch on {}\n", 100 * r.test_accuracy,
                  r.seconds_per_epoch, r.device.str());
       print_report(r, stdout);
+      if (!r.comm_backend.empty()) print_ddp_report(r, stdout);
     }
   });
 }

@@ -1,0 +1,99 @@
+// ferry/dist/ddp.h — DistributedDataParallel: identical replicas of a module on every rank, gradients
+// packed into buckets and all-reduced (averaged) while backward still runs, so one step updates all alike.
+// Not here: the collectives (ferry/dist/process_group.h), which samples a rank sees (ferry/dist/sampler.h).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ferry/dist/process_group.h"
+#include "ferry/nn/module.h"
+
+namespace ferry::dist {
+
+inline constexpr std::int64_t kDefaultBucketBytes = 25 * 1024 * 1024;  // bytes: PyTorch's bucket_cap_mb = 25
+
+// Replicas differ: check_replicas() found a parameter whose bytes are not the same on every rank.
+class ReplicaMismatch : public Error {
+  using Error::Error;
+};
+
+// Which parameters share a gradient bucket. Parameters are taken in reverse (backward produces the last
+// layer's gradients first) and packed greedily: a bucket closes when the next parameter would take it
+// past `bucket_bytes`; a parameter larger than that gets a bucket to itself; parameters of different
+// dtype or device never share one. Buckets are all-reduced in this order on every rank.
+struct BucketPlan {
+  std::vector<std::vector<std::size_t>> buckets;  // parameter indices (into the list given) per bucket
+  std::vector<std::int64_t> bytes;                // bytes per bucket
+};
+BucketPlan plan_buckets(const std::vector<Tensor>& parameters, std::int64_t bucket_bytes);
+
+struct DDPOptions {
+  std::int64_t bucket_bytes = kDefaultBucketBytes;  // bytes, > 0
+  // Send rank 0's buffers (BatchNorm running statistics) to every rank before each forward, as PyTorch.
+  bool broadcast_buffers = true;
+};
+
+class DistributedDataParallel {
+ public:
+  // Broadcasts rank 0's parameters and buffers (every rank starts from the same replica) and hooks every
+  // parameter: when backward has filled a bucket, its all-reduce starts. `module` and `group` must
+  // outlive this object; the module must already be on group.device().
+  DistributedDataParallel(nn::Module& module, ProcessGroup& group, const DDPOptions& options = {});
+  ~DistributedDataParallel();  // removes the hooks
+  DistributedDataParallel(const DistributedDataParallel&) = delete;
+  DistributedDataParallel& operator=(const DistributedDataParallel&) = delete;
+
+  // Rank 0's buffers first (when broadcast_buffers), then module(input).
+  Tensor forward(const Tensor& input);
+  Tensor operator()(const Tensor& input) { return forward(input); }
+
+  // Call between loss.backward() and optimizer.step(): starts the buckets backward did not fill
+  // (a parameter without a gradient counts as zeros), waits for every bucket (group timeout), and
+  // writes the averaged gradients into each parameter's .grad. Then every replica holds the same.
+  void finish_gradient_sync();
+
+  // Sends rank 0's buffers to every rank (before evaluating, or saving on rank 0).
+  void broadcast_buffers();
+  // Hashes every parameter (FNV-1a over its bytes, read back to the host), gathers every rank's hashes
+  // and compares: throws ReplicaMismatch naming the first parameter and the ranks that differ. Returns
+  // the hash of this rank's parameters (the same on every rank when it returns).
+  std::uint64_t check_replicas();
+
+  nn::Module& module() { return module_; }
+  ProcessGroup& group() { return group_; }
+  const BucketPlan& plan() const { return plan_; }
+  const DDPOptions& options() const { return options_; }
+
+  struct Stats {
+    std::int64_t syncs = 0;                    // finish_gradient_sync calls
+    std::int64_t buckets_reduced = 0;          // bucket all-reduces in all
+    std::int64_t buckets_started_in_backward = 0;  // of which started by a hook, before backward ended
+    std::int64_t gradient_bytes = 0;           // bytes all-reduced per sync (every bucket)
+  };
+  const Stats& stats() const { return stats_; }
+
+ private:
+  struct Bucket;
+  void on_gradient(std::size_t parameter);
+  void launch_ready_buckets();
+  void launch(std::size_t bucket);
+
+  nn::Module& module_;
+  ProcessGroup& group_;
+  DDPOptions options_;
+  std::vector<Tensor> parameters_;
+  std::vector<std::string> names_;
+  BucketPlan plan_;
+  std::vector<std::unique_ptr<Bucket>> buckets_;
+  std::vector<std::size_t> bucket_of_;  // parameter -> bucket
+  std::vector<std::int64_t> offset_of_; // parameter -> element offset in its bucket
+  std::vector<char> ready_;             // parameter -> its gradient is in its bucket this step
+  std::vector<std::uint64_t> hooks_;
+  std::size_t next_launch_ = 0;         // buckets start in plan order on every rank
+  Stats stats_;
+};
+
+}  // namespace ferry::dist

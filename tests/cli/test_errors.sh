@@ -1,0 +1,99 @@
+#!/usr/bin/env bash
+# tests/cli/test_errors.sh — bad input to the ferry command line: one line on stderr, the right exit status; usage: test_errors.sh path/to/ferry
+# Not here: what each error says in detail (the unit tests); this checks --device strings, `ferry inspect` on broken files, missing data.
+set -u
+
+FERRY="${1:?usage: test_errors.sh path/to/ferry}"
+root="$(cd "$(dirname "$0")/../.." && pwd)"
+corpus="$root/fuzz/corpus/safetensors"
+failures=0
+scratch="$(mktemp -d)"
+trap 'rm -rf "$scratch"' EXIT
+
+fail() {
+  echo "FAIL: $*" >&2
+  failures=$((failures + 1))
+}
+
+# expect_failure STATUS 'TEXT|TEXT' ARGS...: `ferry ARGS` must exit STATUS (any non-zero when STATUS is "nonzero"),
+# print exactly one line on stderr, starting "ferry: error:" and holding each |-separated TEXT, and nothing on stdout.
+expect_failure() {
+  local want="$1" needles="$2"
+  shift 2
+  local rc=0
+  timeout 60 "$FERRY" "$@" >"$scratch/out" 2>"$scratch/err" </dev/null || rc=$?
+  local shown
+  shown="$(printf '%q ' "$@")"
+  if [[ "$want" == nonzero && $rc -eq 0 ]] || [[ "$want" != nonzero && $rc -ne "$want" ]]; then
+    fail "ferry $shown exited $rc, expected $want (stderr: $(head -c 400 "$scratch/err"))"
+    return
+  fi
+  if [[ $rc -ge 124 ]]; then
+    fail "ferry $shown exited $rc (a timeout or a crash), stderr: $(head -c 400 "$scratch/err")"
+    return
+  fi
+  local lines
+  lines="$(wc -l <"$scratch/err")"
+  if [[ $lines -ne 1 ]]; then
+    fail "ferry $shown printed $lines lines on stderr, expected 1: $(head -c 800 "$scratch/err")"
+    return
+  fi
+  if [[ -s "$scratch/out" ]]; then
+    fail "ferry $shown printed on stdout: $(head -c 400 "$scratch/out")"
+    return
+  fi
+  if [[ "$(cat "$scratch/err")" != "ferry: error: "* ]]; then
+    fail "ferry $shown: stderr does not start with 'ferry: error: ': $(cat "$scratch/err")"
+    return
+  fi
+  local needle needle_list
+  IFS='|' read -ra needle_list <<<"$needles"
+  for needle in "${needle_list[@]}"; do
+    if ! grep -qF -- "$needle" "$scratch/err"; then
+      fail "ferry $shown: stderr lacks '$needle': $(cat "$scratch/err")"
+      return
+    fi
+  done
+  echo "ok ($rc): ferry $shown-> $(head -c 160 "$scratch/err")"
+}
+
+# --- --device: malformed or absent devices are bad input (exit 2), one line that lists what is present.
+for bad in gpu cuda:-1 cuda:x cuda:0:1 "" cpu:1 sim: CUDA " cpu" cuda:99 sim:7 $'cpu\n' $'cuda\n:0' "sim:99999999999"; do
+  expect_failure 2 "Devices present: cpu" train --device "$bad" --data "$scratch/no-data"
+  expect_failure 2 "Devices present: cpu" eval --checkpoint "$scratch/absent.safetensors" --device "$bad"
+done
+expect_failure 2 "Devices present: cpu" bench link --device gpu
+expect_failure 2 "Devices present: cpu" bench memory --device cuda:42
+
+# --- ferry inspect: every malformed file of the fuzz corpus, a truncated file, a missing file and a folder.
+for file in "$corpus"/bad-*; do
+  expect_failure 1 "safetensors file '$file'" inspect "$file"
+done
+head -c 100 "$corpus/valid-every-dtype" >"$scratch/truncated.safetensors"
+expect_failure 1 "truncated.safetensors|runs past the end" inspect "$scratch/truncated.safetensors"
+size=$(wc -c <"$corpus/valid-every-dtype")
+head -c $((size - 3)) "$corpus/valid-every-dtype" >"$scratch/short-data.safetensors"
+expect_failure 1 "short-data.safetensors|out of the data buffer" inspect "$scratch/short-data.safetensors"
+: >"$scratch/empty.safetensors"
+expect_failure 1 "empty.safetensors|is 0 bytes" inspect "$scratch/empty.safetensors"
+expect_failure 1 "absent.safetensors|No such file or directory" inspect "$scratch/absent.safetensors"
+expect_failure 1 "Is a directory" inspect "$scratch"
+# ... while the valid ones are read.
+for file in "$corpus"/valid-*; do
+  if "$FERRY" inspect "$file" >"$scratch/out" 2>"$scratch/err"; then
+    echo "ok (0): ferry inspect $(basename "$file")"
+  else
+    fail "ferry inspect $file failed: $(cat "$scratch/err")"
+  fi
+done
+
+# --- ferry eval on a file that is not a checkpoint, and train with no data: runtime errors (exit 1), one line.
+expect_failure 1 "bad-trailing" eval --checkpoint "$corpus/bad-trailing" --device cpu
+expect_failure 1 "dataset-fashion-mnist|--data|$scratch/nonexistent" train --device cpu --data "$scratch/nonexistent"
+expect_failure 1 "dataset-fashion-mnist" train --device cpu --data /nonexistent
+
+if [[ $failures -ne 0 ]]; then
+  echo "$failures check(s) failed" >&2
+  exit 1
+fi
+echo "all ferry error checks passed"

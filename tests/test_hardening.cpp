@@ -1,0 +1,341 @@
+// tests/test_hardening.cpp — promises that cut across layers: a save killed at any point leaves a whole
+// checkpoint, anomaly mode names the first non-finite op, a non-finite loss stops training and keeps the last
+// good checkpoint, a bad device string is one line. Not here: each format's own rules (test_safetensors.cpp,
+// test_idx.cpp) or the CLI's exit codes (tests/cli/test_errors.sh).
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <random>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "ferry/checkpoint.h"
+#include "ferry/error.h"
+#include "ferry/ferry.h"
+#include "ferry/nn/linear.h"
+#include "ferry/safetensors.h"
+#include "ferry/trainer.h"
+
+namespace ferry {
+namespace {
+
+namespace fs = std::filesystem;
+
+// A folder of its own for each test, removed afterwards.
+class ScratchFolder {
+ public:
+  explicit ScratchFolder(std::string_view name)
+      : path_(fs::temp_directory_path() / detail::concat("ferry-hardening-", ::getpid(), "-", name)) {
+    fs::remove_all(path_);
+    fs::create_directories(path_);
+  }
+  ~ScratchFolder() {
+    std::error_code ignored;
+    fs::remove_all(path_, ignored);
+  }
+  std::string file(std::string_view name) const { return (path_ / name).string(); }
+  const fs::path& path() const { return path_; }
+  // Names in the folder other than `keep` (write_safetensors' temporary files, "<target>.tmp.<pid>.<n>").
+  std::vector<std::string> others(std::string_view keep) const {
+    std::vector<std::string> names;
+    for (const auto& item : fs::directory_iterator(path_))
+      if (item.path().filename() != keep) names.push_back(item.path().filename().string());
+    return names;
+  }
+
+ private:
+  fs::path path_;
+};
+
+std::string read_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+// ---- atomic saves under SIGKILL ----------------------------------------------------------------------
+
+// Version v of a checkpoint, recognisable in every byte: its size depends on v (64 KiB to 448 KiB), its
+// data is filled with v's byte and its metadata names v. A file cut short, mixing two versions or empty
+// cannot pass for any version.
+SafetensorsFile versioned_file(std::uint64_t version) {
+  SafetensorsFile file;
+  file.metadata = {{"version", std::to_string(version)}};
+  const std::size_t bytes = (version % 7 + 1) * 64 * 1024;
+  file.entries.push_back({"weights", DType::UInt8, {static_cast<std::int64_t>(bytes)},
+                          std::vector<std::byte>(bytes, static_cast<std::byte>(version % 251))});
+  file.entries.push_back({"step", DType::Int64, {}, std::vector<std::byte>(8, static_cast<std::byte>(version % 256))});
+  return file;
+}
+
+// Version v of a training checkpoint: a Linear(128, 255) whose weight holds v and bias -v, at step v.
+void save_versioned_checkpoint(const std::string& path, nn::Linear& model, std::uint64_t version) {
+  {
+    autograd::NoGradGuard no_grad;
+    model.weight.fill_(static_cast<double>(version));
+    model.bias.fill_(-static_cast<double>(version));
+  }
+  CheckpointContents contents;
+  contents.progress = {.epoch = 0, .batch_in_epoch = 0, .global_step = static_cast<std::int64_t>(version)};
+  save_checkpoint(path, model, nullptr, contents);
+}
+
+enum class SaveKind { Safetensors, Checkpoint };
+
+// In a forked child: saves versions first, first + 1, ... to path without end, until killed.
+[[noreturn]] void save_forever(SaveKind kind, const std::string& path, std::uint64_t first) {
+  try {
+    nn::Linear model(128, 255);
+    for (std::uint64_t version = first;; ++version) {
+      if (kind == SaveKind::Safetensors) write_safetensors(path, versioned_file(version));
+      else save_versioned_checkpoint(path, model, version);
+    }
+  } catch (...) {
+  }
+  std::_Exit(3);  // a save failed: the parent sees the child exit on its own
+}
+
+// The version held by path, after checking that it is whole: it loads, and it is exactly what that
+// version's save writes. Fails the test (and returns 0) otherwise.
+std::uint64_t whole_version_at(SaveKind kind, const std::string& path) {
+  try {
+    if (kind == SaveKind::Safetensors) {
+      const SafetensorsFile file = read_safetensors(path);
+      const std::uint64_t version = std::stoull(file.metadata.at("version"));
+      EXPECT_EQ(read_bytes(path), [&] {
+        const std::vector<std::byte> bytes = serialize_safetensors(versioned_file(version));
+        return std::string(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+      }()) << "version " << version << " is not byte for byte what its save wrote";
+      return version;
+    }
+    nn::Linear model(128, 255);
+    const CheckpointContents contents = load_checkpoint(path, model, nullptr);
+    const auto version = static_cast<std::uint64_t>(contents.progress.global_step);
+    for (const float w : model.weight.to_vector<float>()) {
+      if (w != static_cast<float>(version)) {
+        ADD_FAILURE() << "checkpoint of step " << version << " holds a weight " << w;
+        break;
+      }
+    }
+    for (const float b : model.bias.to_vector<float>()) {
+      if (b != -static_cast<float>(version)) {
+        ADD_FAILURE() << "checkpoint of step " << version << " holds a bias " << b;
+        break;
+      }
+    }
+    return version;
+  } catch (const std::exception& error) {
+    ADD_FAILURE() << "the target does not hold a whole checkpoint: " << error.what();
+    return 0;
+  }
+}
+
+// Kills a saving child with SIGKILL at random moments, `kills` times; after each kill the target must
+// hold a whole checkpoint, of the version seen before or a newer one. Temporary files may stay behind.
+void kill_while_saving(SaveKind kind, int kills) {
+  ScratchFolder folder(kind == SaveKind::Safetensors ? "kill-safetensors" : "kill-checkpoint");
+  const std::string target = folder.file("model.safetensors");
+  if (kind == SaveKind::Safetensors) {
+    write_safetensors(target, versioned_file(0));
+  } else {
+    nn::Linear model(128, 255);
+    save_versioned_checkpoint(target, model, 0);
+  }
+  std::mt19937 random(20261130);
+  std::uint64_t version = 0;
+  int interrupted_saves = 0;  // kills that left a temporary file: they hit a save part way
+  for (int kill = 0; kill < kills; ++kill) {
+    const pid_t child = ::fork();
+    ASSERT_GE(child, 0) << std::strerror(errno);
+    if (child == 0) save_forever(kind, target, version + 1);
+    // Now and then at once (before or during the first save), otherwise up to 25 ms in.
+    const int delay_us = kill % 5 == 0 ? static_cast<int>(random() % 200) : static_cast<int>(random() % 25000);
+    std::this_thread::sleep_for(std::chrono::microseconds(delay_us));
+    ASSERT_EQ(::kill(child, SIGKILL), 0) << std::strerror(errno);
+    int status = 0;
+    ASSERT_EQ(::waitpid(child, &status, 0), child);
+    ASSERT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL)
+        << "the saving child ended on its own (a save failed), status " << status;
+
+    SCOPED_TRACE(detail::concat("kill ", kill + 1, " after ", delay_us, " us"));
+    const std::uint64_t now = whole_version_at(kind, target);
+    EXPECT_GE(now, version) << "the target went back to an older checkpoint";
+    version = std::max(version, now);
+    const std::vector<std::string> leftovers = folder.others("model.safetensors");
+    for (const std::string& name : leftovers) {
+      EXPECT_NE(name.find("model.safetensors.tmp."), std::string::npos) << "unexpected file " << name;
+      fs::remove(folder.path() / name);
+    }
+    if (!leftovers.empty()) ++interrupted_saves;
+  }
+  std::cout << "[ info     ] " << kills << " kills, " << interrupted_saves << " in the middle of a save, "
+            << version << " saves completed\n";
+  EXPECT_GT(interrupted_saves, 0) << "no kill landed inside a save: the test proved nothing";
+  EXPECT_GT(version, 0u) << "no save ever completed between kills";
+}
+
+TEST(HardeningAtomicSave, SafetensorsWriteKilledAtRandomPointsLeavesAWholeFile) {
+  kill_while_saving(SaveKind::Safetensors, 40);
+}
+
+TEST(HardeningAtomicSave, CheckpointSaveKilledAtRandomPointsLeavesAWholeCheckpoint) {
+  kill_while_saving(SaveKind::Checkpoint, 30);
+}
+
+// ---- numerics ----------------------------------------------------------------------------------------
+
+// Anomaly mode on for one scope.
+class AnomalyMode {
+ public:
+  AnomalyMode() { autograd::set_detect_anomaly(true); }
+  ~AnomalyMode() { autograd::set_detect_anomaly(false); }
+};
+
+// The message of the Error that `run` throws; "" (and a failure) when it throws none.
+template <typename Run>
+std::string error_of(Run run) {
+  try {
+    run();
+  } catch (const Error& error) {
+    return error.what();
+  }
+  ADD_FAILURE() << "expected an Error";
+  return "";
+}
+
+TEST(HardeningNumerics, AnomalyModeNamesTheFirstOpWhoseOutputIsNonFinite) {
+  const AnomalyMode on;
+  // A NaN in the input: the first op that touches it is named.
+  Tensor x = from_vector<float>({1.f, NAN, 3.f}).requires_grad_();
+  Tensor w = from_vector<float>({2.f, 2.f, 2.f});
+  std::string message = error_of([&] { sum(exp(mul(x, w))).backward(); });
+  EXPECT_NE(message.find("'mul'"), std::string::npos) << message;
+  EXPECT_EQ(message.find("'exp'"), std::string::npos) << message;
+
+  // Finite input that goes bad part way: sqrt of a negative is named, not the ops after it.
+  Tensor y = from_vector<float>({4.f, 1.f}).requires_grad_();
+  message = error_of([&] { sum(exp(sqrt(sub(mul(y, 2.0), from_vector<float>({3.f, 3.f}))))).backward(); });
+  EXPECT_NE(message.find("'sqrt'"), std::string::npos) << message;
+  EXPECT_EQ(message.find('\n'), std::string::npos) << message;
+
+  // An infinity counts as well.
+  Tensor z = from_vector<float>({1e30f}).requires_grad_();
+  message = error_of([&] { square(z); });
+  EXPECT_NE(message.find("'square'"), std::string::npos) << message;
+}
+
+TEST(HardeningNumerics, AnomalyModeNamesTheOpWhoseGradientIsNonFinite) {
+  const AnomalyMode on;
+  // sqrt(0) = 0 is finite; its gradient 1 / (2 sqrt(0)) is not.
+  Tensor x = from_vector<float>({0.f, 4.f}).requires_grad_();
+  const std::string message = error_of([&] { sum(mul(sqrt(x), 3.0)).backward(); });
+  EXPECT_NE(message.find("gradient"), std::string::npos) << message;
+  EXPECT_NE(message.find("'sqrt'"), std::string::npos) << message;
+}
+
+TEST(HardeningNumerics, WithoutAnomalyModeNonFiniteValuesFlowThrough) {
+  // The default: no checks (they cost a sync per op); NaN reaches the result as in PyTorch.
+  ASSERT_FALSE(autograd::detect_anomaly());
+  Tensor x = from_vector<float>({1.f, NAN}).requires_grad_();
+  Tensor loss = sum(mul(x, 2.0));
+  EXPECT_TRUE(std::isnan(loss.item<float>()));
+  loss.backward();
+  EXPECT_EQ(x.grad().to_vector<float>(), (std::vector<float>{2.f, 2.f}));
+}
+
+// Random images and labels shaped like Fashion-MNIST.
+Dataset noise_dataset(std::int64_t n, std::uint64_t seed) {
+  manual_seed(seed);
+  return {randn({n, 1, 28, 28}), randint(0, 10, {n})};
+}
+
+TEST(HardeningNumerics, NonFiniteLossStopsTrainingNamingTheStepAndKeepsTheLastCheckpoint) {
+  ScratchFolder folder("nan-loss");
+  const std::string checkpoint = folder.file("fmnist.safetensors");
+  const Dataset train_set = noise_dataset(32, 1), test_set = noise_dataset(16, 2);
+  TrainOptions options;
+  options.epochs = 1;
+  options.batch_size = 16;  // 2 steps per epoch
+  options.log_every = 1;
+  options.progress_bar = false;
+  options.checkpoint_path = checkpoint;
+  std::ostringstream log;
+  manual_seed(0);
+  auto model = make_fmnist_model();
+  train(*model, train_set, test_set, options, log);  // epoch 1: a good checkpoint
+  const std::string good = read_bytes(checkpoint);
+  ASSERT_FALSE(good.empty());
+
+  // Epoch 2 with a learning rate that overflows float32 within a few steps.
+  options.epochs = 3;
+  options.resume_path = checkpoint;
+  options.lr = 1e37;
+  options.schedule = "constant";
+  auto resumed = make_fmnist_model();
+  std::string message;
+  try {
+    train(*resumed, train_set, test_set, options, log);
+    ADD_FAILURE() << "training went on with lr 1e37:\n" << log.str();
+  } catch (const Error& error) {
+    message = error.what();
+  }
+  EXPECT_NE(message.find("at step "), std::string::npos) << message;
+  EXPECT_NE(message.find(checkpoint), std::string::npos) << message;  // where the last good one is
+  EXPECT_EQ(message.find('\n'), std::string::npos) << message;
+  // The last good checkpoint is untouched and loads.
+  EXPECT_TRUE(read_bytes(checkpoint) == good) << "the checkpoint changed after the loss went non-finite";
+  auto reloaded = make_fmnist_model();
+  const CheckpointContents contents = load_checkpoint(checkpoint, *reloaded, nullptr);
+  EXPECT_EQ(contents.progress.global_step, 2);
+  EXPECT_EQ(contents.progress.epoch, 1);
+}
+
+// ---- one-line errors ---------------------------------------------------------------------------------
+
+TEST(HardeningMessages, BadDeviceStringsAreOneLineEvenWithControlCharacters) {
+  // Found by fuzz/fuzz_device.cpp: a newline in the string split the message over two lines.
+  for (const std::string bad : {std::string("cpu\n"), std::string("cuda:\n0"), std::string("sim\r:1"),
+                                std::string("gpu\x1b[31m"), std::string("\0cpu", 4), std::string(5000, 'x')}) {
+    try {
+      Device::parse(bad);
+      ADD_FAILURE() << "parsed '" << bad << "'";
+    } catch (const InvalidArgument& error) {
+      const std::string message = error.what();
+      EXPECT_EQ(message.find_first_of("\n\r"), std::string::npos) << message;
+      EXPECT_NE(message.find("Devices present: cpu"), std::string::npos) << message;
+    }
+  }
+  try {
+    Device::parse("cpu\n");
+  } catch (const InvalidArgument& error) {
+    EXPECT_NE(std::string(error.what()).find("'cpu\\x0a'"), std::string::npos) << error.what();
+  }
+}
+
+TEST(HardeningMessages, MalformedCheckpointNamesAreOneLine) {
+  // Found by fuzz/fuzz_safetensors.cpp: a JSON "\n" inside a tensor name reached the message as is.
+  const std::string header = R"({"a\nb":5})";
+  std::string file(8, '\0');
+  file[0] = static_cast<char>(header.size());
+  file += header;
+  try {
+    parse_safetensors(reinterpret_cast<const std::byte*>(file.data()), file.size(), "named.safetensors");
+    ADD_FAILURE() << "parsed";
+  } catch (const FormatError& error) {
+    const std::string message = error.what();
+    EXPECT_EQ(message.find('\n'), std::string::npos) << message;
+    EXPECT_NE(message.find("'a\\x0ab'"), std::string::npos) << message;
+  }
+}
+
+}  // namespace
+}  // namespace ferry
