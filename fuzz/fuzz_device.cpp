@@ -1,6 +1,5 @@
-// fuzz/fuzz_device.cpp — libFuzzer target: Device::parse over arbitrary text (what --device receives).
-// Not here: the devices themselves. Properties: only InvalidArgument or DeviceUnavailable escape, with a
-// one-line message; what parses names a present device and reads back from its str().
+// fuzz/fuzz_device.cpp — libFuzzer target: Device::parse over any text (what --device receives); only InvalidArgument or
+// DeviceUnavailable may escape, in one line, and what parses is a present device that reads back from its str(). Not here: devices.
 #include <cstddef>
 #include <cstdint>
 #include <string_view>

@@ -1,6 +1,5 @@
-// fuzz/fuzz_idx.cpp — libFuzzer target: the idx dataset reader, in memory (parse_idx) and through zlib (read_idx_gz).
-// Not here: Fashion-MNIST's own checks. Properties: only FormatError escapes, one-line messages, shapes agree
-// with the data, and for plain (not gzip) bytes both readers agree.
+// fuzz/fuzz_idx.cpp — libFuzzer target: the idx reader in memory (parse_idx) and through zlib (read_idx_gz); only a one-line
+// FormatError may escape, shapes agree with the data, and on plain bytes both readers agree. Not here: Fashion-MNIST's checks.
 #include <sys/mman.h>
 #include <unistd.h>
 

@@ -1,6 +1,5 @@
-// fuzz/fuzz_safetensors.cpp — libFuzzer target: parse_safetensors over arbitrary bytes (checkpoints are untrusted).
-// Not here: files. Properties: only FormatError escapes, its message is one line, what parses re-serializes
-// and parses back to the same entries, and each accepted entry becomes a host tensor (as `ferry inspect` does).
+// fuzz/fuzz_safetensors.cpp — libFuzzer target: parse_safetensors over any bytes; only a one-line FormatError may escape, what
+// parses round-trips through serialize_safetensors and becomes host tensors (as `ferry inspect` does). Not here: files on disk.
 #include <cstddef>
 #include <cstdint>
 #include <cstring>

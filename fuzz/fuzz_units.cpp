@@ -1,6 +1,5 @@
-// fuzz/fuzz_units.cpp — libFuzzer target: the CLI's unit parsers (16GB/s, 1.5GHz, 25M, 5ms, 1000x1000).
-// Not here: cost arithmetic. Properties: only InvalidArgument escapes, with a one-line message; values are
-// finite and >= 0; a parsed quantity printed at 17 digits reads back to itself.
+// fuzz/fuzz_units.cpp — libFuzzer target: the CLI's unit parsers (16GB/s, 1.5GHz, 25M, 5ms, 1000x1000); only a one-line
+// InvalidArgument may escape, values are finite and >= 0, and 17 printed digits read back. Not here: cost arithmetic.
 #include <cmath>
 #include <cstddef>
 #include <cstdint>

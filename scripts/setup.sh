@@ -9,7 +9,8 @@ packages=(build-essential cmake ninja-build pkg-config
           libopenblas-dev libgtest-dev libgmock-dev libbenchmark-dev
           libcli11-dev nlohmann-json3-dev libfmt-dev zlib1g-dev
           dataset-fashion-mnist python3
-          clang libclang-rt-14-dev)
+          clang libclang-rt-14-dev
+          libopenmpi-dev openmpi-bin)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

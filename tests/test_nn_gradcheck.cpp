@@ -97,12 +97,25 @@ GradcheckResult gradcheck(const Function& f, const std::vector<Argument>& args, 
   return result;
 }
 
-// Runs the check on cpu and sim:0 and requires identical outputs and gradients.
+void expect_near(const std::vector<double>& a, const std::vector<double>& b, const std::string& what) {
+  ASSERT_EQ(a.size(), b.size()) << what;
+  for (std::size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(a[i], b[i], 1e-10 * (1 + std::abs(b[i]))) << what << " " << i;
+}
+
+// Runs the check on cpu and sim:0, which must give identical outputs and gradients (sim computes with the
+// cpu kernels), and on cuda:0 where present, which must agree to float64 rounding.
 void check_everywhere(const Function& f, const std::vector<Argument>& args, const std::string& what) {
   const GradcheckResult on_cpu = gradcheck(f, args, ferry::kCPU, what);
   const GradcheckResult on_sim = gradcheck(f, args, Device::parse("sim:0"), what);
   EXPECT_EQ(on_cpu.output, on_sim.output) << what << ": sim:0 output differs from cpu";
   EXPECT_EQ(on_cpu.analytic, on_sim.analytic) << what << ": sim:0 gradients differ from cpu";
+  if (ferry::is_available(ferry::DeviceType::CUDA)) {
+    const GradcheckResult on_cuda = gradcheck(f, args, Device(ferry::DeviceType::CUDA, 0), what);
+    expect_near(on_cuda.output, on_cpu.output, what + ": cuda:0 output");
+    for (std::size_t i = 0; i < on_cpu.analytic.size(); ++i) {
+      expect_near(on_cuda.analytic[i], on_cpu.analytic[i], what + ": cuda:0 gradient " + std::to_string(i));
+    }
+  }
 }
 
 }  // namespace

@@ -96,10 +96,14 @@ LayerRun check_layer(const std::string& name, Device device) {
 
 class NNParityLayer : public ::testing::TestWithParam<std::string> {};
 
+bool have_cuda() { return ferry::is_available(ferry::DeviceType::CUDA); }
+const Device kCuda0(ferry::DeviceType::CUDA, 0);
+
 TEST_P(NNParityLayer, MatchesPyTorchOnCpuAndSim) {
   const LayerRun cpu = check_layer(GetParam(), ferry::kCPU);
   const LayerRun sim = check_layer(GetParam(), Device::parse("sim:0"));
   EXPECT_EQ(cpu.values, sim.values) << GetParam() << ": sim:0 differs from cpu";
+  if (have_cuda()) check_layer(GetParam(), kCuda0);  // against the fixture's tolerance only
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, NNParityLayer,
@@ -118,7 +122,9 @@ TEST_P(NNParityLoss, MatchesPyTorchOnCpuAndSim) {
                                   : reduction_name == "sum" ? nn::Reduction::Sum
                                                             : nn::Reduction::None;
   std::vector<std::vector<double>> results;
-  for (const Device device : {ferry::kCPU, Device::parse("sim:0")}) {
+  std::vector<Device> devices = {ferry::kCPU, Device::parse("sim:0")};
+  if (have_cuda()) devices.push_back(kCuda0);
+  for (const Device device : devices) {
     const std::string where = GetParam() + " on " + device.str();
     Tensor x = f["input"].detach().to(device).requires_grad_(true);
     const Tensor target = f["target"].to(device);
@@ -186,7 +192,9 @@ TrainingRun train_cnn(const Fixture& f, Device device) {
 TEST(NNParityCnn, TenSgdMomentumStepsMatchPyTorch) {
   const Fixture f = load_fixture("cnn_sgd");
   std::vector<TrainingRun> runs;
-  for (const Device device : {ferry::kCPU, Device::parse("sim:0")}) {
+  std::vector<Device> devices = {ferry::kCPU, Device::parse("sim:0")};
+  if (have_cuda()) devices.push_back(kCuda0);  // against the fixture's tolerances only
+  for (const Device device : devices) {
     const std::string where = "cnn on " + device.str();
     TrainingRun run = train_cnn(f, device);
     const std::vector<double> expected_losses = f["losses"].to_vector<double>();

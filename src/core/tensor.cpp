@@ -45,7 +45,10 @@ std::vector<std::int64_t> contiguous_strides(const Shape& shape) {
   std::int64_t s = 1;
   for (int d = static_cast<int>(shape.size()) - 1; d >= 0; --d) {
     strides[d] = s;
-    s *= std::max<std::int64_t>(shape[d], 1);
+    // An empty tensor's other sizes can multiply past int64 ([0, 2^62, 4], from a checkpoint file, say).
+    if (d > 0 && __builtin_mul_overflow(s, std::max<std::int64_t>(shape[d], 1), &s))
+      throw InvalidArgument("Shape " + shape_str(shape) + " has sizes whose product overflows int64: its strides "
+                            "cannot be represented");
   }
   return strides;
 }

@@ -78,6 +78,8 @@ expect_failure 1 "short-data.safetensors|out of the data buffer" inspect "$scrat
 expect_failure 1 "empty.safetensors|is 0 bytes" inspect "$scratch/empty.safetensors"
 expect_failure 1 "absent.safetensors|No such file or directory" inspect "$scratch/absent.safetensors"
 expect_failure 1 "Is a directory" inspect "$scratch"
+# A valid file whose empty tensor [0, 2^62, 4] no tensor can hold (its strides overflow int64).
+expect_failure nonzero "overflows int64" inspect "$corpus/edge-empty-tensor-with-huge-dims"
 # ... while the valid ones are read.
 for file in "$corpus"/valid-*; do
   if "$FERRY" inspect "$file" >"$scratch/out" 2>"$scratch/err"; then

@@ -31,7 +31,7 @@ using Clock = std::chrono::steady_clock;
 struct AllReduceOptions {
   std::string device = "cpu";
   std::string backend = "auto";
-  std::string min_bytes = "1KB", max_bytes = "256MB";
+  std::string min_bytes = "1KiB", max_bytes = "256MiB";  // powers of two, as nccl-tests
   int factor = 2;               // size multiplier between points
   int iterations = 20;          // timed all-reduces per run, at most
   int warmup = 2;               // untimed all-reduces per size
@@ -202,7 +202,7 @@ void register_bench_allreduce(CLI::App& bench) {
   auto o = std::make_shared<AllReduceOptions>();
   CLI::App* command = bench.add_subcommand(
       "allreduce",
-      "All-reduce time, algbw and busbw (nccl-tests' definitions) from 1 KB to 256 MB, checked, against raw MPI.\n"
+      "All-reduce time, algbw and busbw (nccl-tests' definitions) from 1 KiB to 256 MiB, checked, against raw MPI.\n"
       "Run it under mpirun: OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun -np 2 ferry bench allreduce");
   command->add_option("--device", o->device, "Where the tensors live: cpu, sim[:N], cuda[:N]")->capture_default_str();
   command->add_option("--backend", o->backend, "auto | mpi | nccl")->capture_default_str();

@@ -57,7 +57,7 @@ void print_ddp_report(const ferry::TrainResult& r, std::FILE* out) {
   fmt::print(out, "  ledger: {} collectives, {} bytes of payload, {:.2f} s launch to completion in all "
                   "(overlapping backward)\n",
              r.collectives, r.collective_bytes, r.collective_s);
-  fmt::print(out, "  host waited {:.2f} s for gradients after backward ({:.1f} ms per step), {} replica checks passed\n",
+  fmt::print(out, "  host waited {:.2f} s for gradients after backward ({:.1f} ms per step); replica checks passed: {}\n",
              r.t_comm_s, 1e3 * r.t_comm_s / static_cast<double>(steps), r.replica_checks);
 }
 

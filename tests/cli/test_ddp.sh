@@ -1,0 +1,210 @@
+#!/usr/bin/env bash
+# tests/cli/test_ddp.sh — data-parallel ferry under mpirun -np 2 and -np 4 (--oversubscribe): N ranks match one
+# process (MLP, relative difference <= 1e-5), replicas checked, the B/N error, `ferry bench allreduce`, and ranks that
+# die or stall mid-run. usage: test_ddp.sh path/to/ferry. Not here: the single-process parts (tests/test_dist.cpp).
+# Sized for 2 cores (well under 3 minutes); skips with a reason when mpirun, MPI in ferry, or the dataset is missing.
+set -u
+
+FERRY="${1:?usage: test_ddp.sh path/to/ferry}"
+FERRY="$(cd "$(dirname "$FERRY")" && pwd)/$(basename "$FERRY")"
+failures=0
+scratch="$(mktemp -d)"
+background_pid=""
+cleanup() {
+  [[ -n "$background_pid" ]] && kill -9 "$background_pid" 2>/dev/null
+  rm -rf "$scratch"
+}
+trap cleanup EXIT
+START=$(date +%s)
+
+fail() {
+  echo "FAIL: $*" >&2
+  failures=$((failures + 1))
+}
+ok() { echo "ok: $*"; }
+
+if ! command -v mpirun >/dev/null; then
+  echo "SKIP: mpirun not found (apt-get install openmpi-bin libopenmpi-dev)"
+  exit 0
+fi
+# CI runs as root; Open MPI refuses that unless told. One thread per rank: ranks share the cores.
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1
+# Ranks of this test stay on this host: shared memory and loopback only.
+export OMPI_MCA_btl=self,vader,tcp OMPI_MCA_btl_tcp_if_include=lo OMPI_MCA_oob_tcp_if_include=lo
+mpi() { local n=$1; shift; mpirun -np "$n" --oversubscribe --bind-to none "$@"; }
+
+if "$FERRY" bench allreduce --max-bytes 4KiB 2>&1 | grep -q "without MPI"; then
+  echo "SKIP: this ferry was built without MPI"
+  exit 0
+fi
+
+# --- ferry bench allreduce: every size checked, raw MPI timed alongside ---------------------------------
+for n in 2 4; do
+  if mpi "$n" "$FERRY" bench allreduce --min-bytes 1KiB --max-bytes 4MiB --factor 8 --repeats 1 --warmup 1 \
+       --max-seconds 0.05 --json >"$scratch/bench$n.json" 2>"$scratch/bench$n.err" &&
+     python3 - "$scratch/bench$n.json" "$n" <<'PY'; then
+import json, sys
+lines = open(sys.argv[1]).read().splitlines()
+assert len(lines) == 1, f"expected one JSON line from rank 0 alone, got {len(lines)}"
+j = json.loads(lines[0])
+assert j["world_size"] == int(sys.argv[2]) and j["correct"], j
+assert [p["bytes"] for p in j["points"]] == [1024, 8192, 65536, 524288, 4194304], j["points"]
+assert all(p["busbw"] > 0 and p["raw_busbw"] > 0 and p["wrong"] == 0 for p in j["points"]), j["points"]
+print(f"  np {sys.argv[2]}: busbw/raw at 4 MB = {j['points'][-1]['ratio']:.2f}")
+PY
+    ok "mpirun -np $n ferry bench allreduce: every result correct, one report"
+  else
+    fail "mpirun -np $n ferry bench allreduce: $(tail -c 600 "$scratch/bench$n.err") $(head -c 600 "$scratch/bench$n.json")"
+  fi
+done
+
+data_dir=/usr/share/datasets/fashion-mnist
+if [[ ! -f "$data_dir/train-images-idx3-ubyte.gz" ]]; then
+  echo "SKIP (training parts): Fashion-MNIST not found in $data_dir (apt-get install dataset-fashion-mnist)"
+  echo "test_ddp: $failures failure(s), $(( $(date +%s) - START )) s"
+  exit $(( failures > 0 ))
+fi
+
+# --- parity: N ranks with global batch B = one process with batch B, after k steps --------------------
+common=(train --model mlp --device cpu --batch 64 --max-steps 4 --limit-train 512 --limit-test 64 --log-every 2
+        --json --data "$data_dir")
+if "$FERRY" "${common[@]}" --checkpoint "$scratch/single.safetensors" >"$scratch/single.json" 2>"$scratch/single.err"; then
+  ok "one process: 4 steps of the mlp, batch 64"
+else
+  fail "single-process run: $(tail -c 600 "$scratch/single.err")"
+fi
+
+compare() {  # compare A B: every float32 tensor of two safetensors files, ||a - b|| / ||b|| <= 1e-5
+  python3 - "$1" "$2" <<'PY'
+import array, json, math, struct, sys
+def load(path):
+    raw = open(path, "rb").read()
+    n = struct.unpack("<Q", raw[:8])[0]
+    header = json.loads(raw[8:8 + n]); base = 8 + n; out = {}
+    for name, info in header.items():
+        if name == "__metadata__" or info["dtype"] != "F32": continue
+        begin, end = info["data_offsets"]
+        out[name] = array.array("f", raw[base + begin:base + end])
+    return out
+a, b = load(sys.argv[1]), load(sys.argv[2])
+assert a.keys() == b.keys() and a, (sorted(a), sorted(b))
+worst = 0.0
+for name in a:
+    diff = math.sqrt(sum((x - y) ** 2 for x, y in zip(a[name], b[name])))
+    norm = math.sqrt(sum(y * y for y in b[name])) or 1.0
+    worst = max(worst, diff / norm)
+print(f"  {len(a)} tensors, largest relative difference {worst:.2e}")
+sys.exit(0 if worst <= 1e-5 else 1)
+PY
+}
+
+for n in 2 4; do
+  if mpi "$n" "$FERRY" "${common[@]}" --ddp --check-replicas-every 1 --checkpoint "$scratch/ddp$n.safetensors" \
+       >"$scratch/ddp$n.json" 2>"$scratch/ddp$n.err"; then
+    if python3 -c '
+import json, sys
+lines = open(sys.argv[1]).read().splitlines()
+assert len(lines) == 1, f"{len(lines)} lines: rank 0 alone prints"
+j = json.loads(lines[0])
+assert j["world_size"] == int(sys.argv[2]) and j["steps"] == 4 and j["replica_checks"] >= 5, j
+assert j["gradient_bytes_per_step"] == 4 * j["parameters"], j
+assert j["collective_bytes"] >= 4 * j["gradient_bytes_per_step"], j
+' "$scratch/ddp$n.json" "$n" && compare "$scratch/ddp$n.safetensors" "$scratch/single.safetensors"; then
+      ok "mpirun -np $n --ddp: same parameters as one process after 4 steps; replicas identical at every step"
+    else
+      fail "np $n parity: $(head -c 600 "$scratch/ddp$n.json")"
+    fi
+  else
+    fail "mpirun -np $n ferry train --ddp: $(tail -c 800 "$scratch/ddp$n.err")"
+  fi
+done
+
+# --- the fmnist CNN (BatchNorm buffers follow rank 0), rank 0 alone prints ----------------------------------
+if mpi 2 "$FERRY" train --ddp --device cpu --batch 32 --epochs 1 --limit-train 256 --limit-test 100 --log-every 4 \
+     --data "$data_dir" >"$scratch/cnn.out" 2>"$scratch/cnn.err" &&
+   [[ $(grep -c "^ferry train:" "$scratch/cnn.out") -eq 1 ]] && grep -q "final test accuracy" "$scratch/cnn.out" &&
+   grep -q "Data-parallel over 2 ranks" "$scratch/cnn.out" && grep -q "Exercise 4.1" "$scratch/cnn.out"; then
+  ok "mpirun -np 2 ferry train --ddp (fmnist CNN): one report, the all-reduce bytes against Exercise 4.1"
+else
+  fail "fmnist --ddp: $(tail -c 600 "$scratch/cnn.err") $(tail -c 600 "$scratch/cnn.out")"
+fi
+
+# --- Exercise 5.2: N must divide B --------------------------------------------------------------------------
+rc=0
+mpi 4 "$FERRY" train --ddp --device cpu --batch 30 --max-steps 1 --limit-train 64 --limit-test 64 --data "$data_dir" \
+  >"$scratch/bn.out" 2>"$scratch/bn.err" || rc=$?
+if [[ $rc -ne 0 ]] && grep -q "B = 30" "$scratch/bn.err" && grep -q "N = 4" "$scratch/bn.err" &&
+   grep -q "28" "$scratch/bn.err" && grep -q "32" "$scratch/bn.err"; then
+  ok "--batch 30 over 4 ranks: refused, naming B, N, 28 and 32"
+else
+  fail "B/N error (exit $rc): $(head -c 600 "$scratch/bn.err")"
+fi
+
+# --- GPU machine only (scripts/gpu-check runs this through ctest): NCCL with one rank, MPI staging with two
+# ranks on one GPU, each 4 steps of the mlp against one cuda process's parameters.
+if "$FERRY" devices --json 2>/dev/null | grep -q '"cuda:0"'; then
+  cuda_args=(train --model mlp --device cuda --batch 64 --max-steps 4 --limit-train 512 --limit-test 64 --log-every 2
+             --json --data "$data_dir")
+  "$FERRY" "${cuda_args[@]}" --checkpoint "$scratch/cuda_single.safetensors" >/dev/null 2>"$scratch/cuda_single.err" ||
+    fail "cuda single-process run: $(tail -c 600 "$scratch/cuda_single.err")"
+  for setup in "1 nccl" "2 mpi"; do
+    read -r n backend <<<"$setup"
+    if mpi "$n" "$FERRY" "${cuda_args[@]}" --ddp --ddp-backend "$backend" --check-replicas-every 1 \
+         --checkpoint "$scratch/cuda_$backend.safetensors" >"$scratch/cuda_$backend.json" 2>"$scratch/cuda_$backend.err" &&
+       grep -q "\"comm_backend\":\"$backend\"" "$scratch/cuda_$backend.json" &&
+       compare "$scratch/cuda_$backend.safetensors" "$scratch/cuda_single.safetensors"; then
+      ok "cuda: mpirun -np $n --ddp-backend $backend matches one cuda process"
+    else
+      fail "cuda -np $n $backend: $(tail -c 600 "$scratch/cuda_$backend.err") $(head -c 400 "$scratch/cuda_$backend.json")"
+    fi
+  done
+else
+  echo "skip (cuda parts): no cuda device here"
+fi
+
+# --- failures: a rank that dies, and one that stalls, stop the others within 60 s with a non-zero exit -------
+# start_long_run LOG ARGS...: a long mlp run in the background; waits until rank 0 logs its 2nd step.
+start_long_run() {
+  local log=$1
+  shift
+  mpi 2 "$FERRY" train --ddp --model mlp --device cpu --batch 64 --epochs 1 --log-every 1 --limit-test 64 \
+    --data "$data_dir" "$@" >"$log" 2>&1 &
+  background_pid=$!
+  for _ in $(seq 1 600); do
+    grep -q "step 2/" "$log" && return 0
+    kill -0 "$background_pid" 2>/dev/null || return 1
+    sleep 0.1
+  done
+  return 1
+}
+# the rank processes: mpirun's children running ferry
+rank_pids() { ps -o pid=,comm= --ppid "$background_pid" | awk '$2 == "ferry" { print $1 }'; }
+
+for how in KILL STOP; do
+  log="$scratch/fail_$how.log"
+  extra=()
+  [[ $how == STOP ]] && extra=(--ddp-timeout 8)
+  if ! start_long_run "$log" "${extra[@]}"; then
+    fail "failure test ($how): the run did not start: $(tail -c 600 "$log")"
+    continue
+  fi
+  victim=$(rank_pids | tail -n 1)
+  began=$(date +%s)
+  kill -s "$how" "$victim"
+  rc=0
+  timeout 90 tail --pid="$background_pid" -f /dev/null || true
+  wait "$background_pid" || rc=$?
+  elapsed=$(( $(date +%s) - began ))
+  kill -9 "$victim" 2>/dev/null  # a stopped rank that the launcher left behind
+  background_pid=""
+  expected="exited on signal|Collective timed out|MPI error"
+  [[ $how == STOP ]] && expected="Collective timed out"
+  if [[ $rc -ne 0 && $elapsed -le 60 ]] && grep -Eq "$expected" "$log"; then
+    ok "SIG$how to rank pid $victim: the job stopped in ${elapsed} s, exit $rc: $(grep -Eo "$expected[^.]*" "$log" | head -n 1)"
+  else
+    fail "SIG$how to a rank: exit $rc after ${elapsed} s; log: $(tail -c 800 "$log")"
+  fi
+done
+
+echo "test_ddp: $failures failure(s), $(( $(date +%s) - START )) s"
+exit $(( failures > 0 ))
