@@ -30,9 +30,12 @@ std::string shape_str(const Shape& shape) {
 }
 
 std::int64_t shape_numel(const Shape& shape) {
+  for (std::int64_t d : shape)
+    FERRY_CHECK(d >= 0, InvalidArgument, "Expected non-negative sizes, got shape ", shape_str(shape));
+  for (std::int64_t d : shape)
+    if (d == 0) return 0;  // an empty tensor, however large its other dims
   std::int64_t n = 1;
   for (std::int64_t d : shape) {
-    FERRY_CHECK(d >= 0, InvalidArgument, "Expected non-negative sizes, got shape ", shape_str(shape));
     if (d != 0 && n > std::numeric_limits<std::int64_t>::max() / d)
       throw InvalidArgument("Shape " + shape_str(shape) + " has more elements than fit in int64");
     n *= d;

@@ -11,7 +11,7 @@ failures=0
 scratch="$(mktemp -d)"
 background_pid=""
 cleanup() {
-  [[ -n "$background_pid" ]] && kill -9 "$background_pid" 2>/dev/null
+  [[ -n "$background_pid" ]] && kill "$background_pid" 2>/dev/null  # mpirun stops its ranks on SIGTERM
   rm -rf "$scratch"
 }
 trap cleanup EXIT
@@ -167,8 +167,9 @@ fi
 start_long_run() {
   local log=$1
   shift
-  mpi 2 "$FERRY" train --ddp --model mlp --device cpu --batch 64 --epochs 1 --log-every 1 --limit-test 64 \
-    --data "$data_dir" "$@" >"$log" 2>&1 &
+  # mpirun itself in the background (not a function's subshell): its children are the ranks.
+  mpirun -np 2 --oversubscribe --bind-to none "$FERRY" train --ddp --model mlp --device cpu --batch 64 --epochs 1 \
+    --log-every 1 --limit-test 64 --data "$data_dir" "$@" >"$log" 2>&1 &
   background_pid=$!
   for _ in $(seq 1 600); do
     grep -q "step 2/" "$log" && return 0
@@ -189,13 +190,20 @@ for how in KILL STOP; do
     continue
   fi
   victim=$(rank_pids | tail -n 1)
+  if [[ -z "$victim" ]]; then
+    fail "failure test ($how): no rank process found under mpirun (pid $background_pid)"
+    kill "$background_pid" 2>/dev/null; wait "$background_pid"
+    background_pid=""
+    continue
+  fi
   began=$(date +%s)
   kill -s "$how" "$victim"
   rc=0
-  timeout 90 tail --pid="$background_pid" -f /dev/null || true
+  timeout 90 tail --pid="$background_pid" -f /dev/null || kill "$background_pid" 2>/dev/null  # hung: stop it
   wait "$background_pid" || rc=$?
   elapsed=$(( $(date +%s) - began ))
-  kill -9 "$victim" 2>/dev/null  # a stopped rank that the launcher left behind
+  # a stopped rank the launcher left behind (still our ferry process, not a reused pid)
+  [[ "$(ps -o comm= -p "$victim" 2>/dev/null)" == ferry ]] && kill -9 "$victim" 2>/dev/null
   background_pid=""
   expected="exited on signal|Collective timed out|MPI error"
   [[ $how == STOP ]] && expected="Collective timed out"
