@@ -302,7 +302,7 @@ void ProcessGroup::barrier() { barrier_async().wait(); }
 
 std::unique_ptr<ProcessGroup> init_process_group(const ProcessGroupOptions& options) {
   FERRY_CHECK(mpi_built(), NotSupported,
-              "Distributed training needs MPI, and this ferry was built without it: install Open MPI "
+              "Distributed training needs MPI, but this ferry was built without MPI: install Open MPI "
               "(apt-get install libopenmpi-dev openmpi-bin) and rebuild");
   FERRY_CHECK(options.timeout_s > 0, InvalidArgument, "The collective timeout must be > 0 seconds, got ",
               options.timeout_s);

@@ -208,7 +208,7 @@ for how in KILL STOP; do
   expected="exited on signal|Collective timed out|MPI error"
   [[ $how == STOP ]] && expected="Collective timed out"
   if [[ $rc -ne 0 && $elapsed -le 60 ]] && grep -Eq "$expected" "$log"; then
-    ok "SIG$how to rank pid $victim: the job stopped in ${elapsed} s, exit $rc: $(grep -Eo "$expected[^.]*" "$log" | head -n 1)"
+    ok "SIG$how to rank pid $victim: the job stopped in ${elapsed} s, exit $rc: $(grep -Eo "($expected).{0,60}" "$log" | head -n 1)"
   else
     fail "SIG$how to a rank: exit $rc after ${elapsed} s; log: $(tail -c 800 "$log")"
   fi
