@@ -1,6 +1,5 @@
-// ddp.cpp — DistributedDataParallel: one replica per rank, rank 0's state broadcast at the start, each
-// gradient copied into its bucket by an autograd hook and each full bucket's all-reduce (avg) started at
-// once, so communication overlaps the rest of backward. Not here: the collectives (process_group.cpp).
+// ddp.cpp — DDP: rank 0's state broadcast at the start; an autograd hook copies each gradient into its bucket and
+// starts a full bucket's all-reduce at once, overlapping the rest of backward. Not here: the collectives.
 #include "ferry/dist/ddp.h"
 
 #include <fmt/format.h>

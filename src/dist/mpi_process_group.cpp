@@ -1,6 +1,5 @@
-// mpi_process_group.cpp — the MPI backend: starting and ending MPI, a pipelined ring all-reduce on
-// non-blocking point-to-point messages, MPI's non-blocking broadcast, gather, scatter and barrier, and
-// device tensors staged through host memory. Not here: waiting, the ledger, argument checks (process_group.cpp).
+// mpi_process_group.cpp — the MPI backend: start/end, a pipelined ring all-reduce on non-blocking messages, MPI's
+// non-blocking collectives, device tensors staged via host memory. Not here: waiting, ledger, checks (process_group.cpp).
 #include <fmt/format.h>
 
 #include <algorithm>

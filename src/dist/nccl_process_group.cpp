@@ -1,7 +1,5 @@
-// nccl_process_group.cpp — the NCCL backend for cuda tensors: the communicator bootstrapped by
-// broadcasting NCCL's unique id over MPI, collectives on a stream of their own, completion seen by
-// polling an event (bounded by the timeout; the communicator is aborted on expiry). Built only with
-// FERRY_HAVE_NCCL. Not here: MPI's start, waiting and the ledger (mpi_process_group.cpp, process_group.cpp).
+// nccl_process_group.cpp — (FERRY_HAVE_NCCL) NCCL for cuda tensors: unique id broadcast over MPI, a stream of its
+// own, completion polled on an event, abort on timeout. Not here: MPI's start, waiting, the ledger (process_group.cpp).
 #ifdef FERRY_HAVE_NCCL
 
 #include <cuda_runtime_api.h>

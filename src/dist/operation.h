@@ -1,6 +1,5 @@
-// operation.h — the in-flight state behind a Work, shared by the backends: progress, completion,
-// the ledger record, and the engine that drives every collective of a group in order.
-// Not here: how a backend moves bytes (mpi_process_group.cpp, nccl_process_group.cpp).
+// operation.h — the in-flight state behind a Work (progress, completion, ledger record) and the engine that drives
+// a group's collectives in launch order. Not here: how a backend moves bytes (mpi_/nccl_process_group.cpp).
 #pragma once
 
 #include <memory>

@@ -1,6 +1,5 @@
-// process_group.cpp — what every backend shares: argument checks before dispatch, Work and its bounded
-// wait, the progress engine, the ledger records, backend choice and names.
-// Not here: MPI itself (mpi_process_group.cpp), NCCL itself (nccl_process_group.cpp).
+// process_group.cpp — what the backends share: checks before dispatch, Work's bounded wait, the progress engine,
+// ledger records, backend choice. Not here: MPI itself (mpi_process_group.cpp), NCCL itself (nccl_process_group.cpp).
 #include "ferry/dist/process_group.h"
 
 #include <fmt/format.h>

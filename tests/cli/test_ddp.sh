@@ -1,8 +1,6 @@
 #!/usr/bin/env bash
-# tests/cli/test_ddp.sh — data-parallel ferry under mpirun -np 2 and -np 4 (--oversubscribe): N ranks match one
-# process (MLP, relative difference <= 1e-5), replicas checked, the B/N error, `ferry bench allreduce`, and ranks that
-# die or stall mid-run. usage: test_ddp.sh path/to/ferry. Not here: the single-process parts (tests/test_dist.cpp).
-# Sized for 2 cores (well under 3 minutes); skips with a reason when mpirun, MPI in ferry, or the dataset is missing.
+# tests/cli/test_ddp.sh PATH/TO/FERRY — mpirun -np 2 and -np 4: parity with one process, replicas, the B/N error, the bench,
+# ranks that die or stall. Not here: single-process parts (tests/test_dist.cpp). Under 3 min on 2 cores; skips with a reason.
 set -u
 
 FERRY="${1:?usage: test_ddp.sh path/to/ferry}"

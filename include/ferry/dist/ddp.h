@@ -1,6 +1,5 @@
-// ferry/dist/ddp.h — DistributedDataParallel: identical replicas of a module on every rank, gradients
-// packed into buckets and all-reduced (averaged) while backward still runs, so one step updates all alike.
-// Not here: the collectives (ferry/dist/process_group.h), which samples a rank sees (ferry/dist/sampler.h).
+// ferry/dist/ddp.h — DistributedDataParallel: one replica per rank; gradients bucketed, all-reduced (avg) while
+// backward runs, one identical step everywhere. Not here: collectives (process_group.h), slicing (sampler.h).
 #pragma once
 
 #include <cstdint>

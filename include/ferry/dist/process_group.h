@@ -1,6 +1,5 @@
-// ferry/dist/process_group.h — the ranks of a data-parallel job and the collectives between them: MPI for
-// host tensors (and device tensors staged through host memory), NCCL for cuda tensors, every wait bounded.
-// Not here: gradient buckets (ferry/dist/ddp.h), batch slicing (ferry/dist/sampler.h), launching (mpirun).
+// ferry/dist/process_group.h — the ranks of a job and their collectives, every wait bounded: MPI (host memory,
+// device tensors staged), NCCL (cuda). Not here: buckets (ddp.h), batch slicing (sampler.h), launching (mpirun).
 #pragma once
 
 #include <cstdint>
