@@ -16,6 +16,9 @@
 #include <cstring>
 #include <functional>
 #include <string>
+#include <thread>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "ferry/autograd.h"
@@ -43,6 +46,7 @@ struct Settings {
   std::int64_t mlp_batch = 512;
   std::int64_t cnn_batch = 256;
   bool breakdown = false;  // ferry's forward / backward / step medians too
+  std::string only;        // "ferry" or "libtorch": time one library alone (diagnosis; no ratio)
 };
 
 using Clock = std::chrono::steady_clock;
@@ -58,6 +62,23 @@ double median(std::vector<double> v) {
 struct Timing {
   double step_ms = 0, forward_ms = 0, backward_ms = 0, update_ms = 0;  // medians
   double first_loss = 0, last_loss = 0;
+};
+
+// Collects one library's per-step times and reports medians.
+struct Recorder {
+  std::vector<double> total, forward, backward, update, losses;
+  void add(double forward_ms, double backward_ms, double update_ms, double total_ms, double loss) {
+    forward.push_back(forward_ms);
+    backward.push_back(backward_ms);
+    update.push_back(update_ms);
+    total.push_back(total_ms);
+    losses.push_back(loss);
+  }
+  Timing result(int warmup) const {
+    auto timed = [&](const std::vector<double>& v) { return median(std::vector<double>(v.begin() + warmup, v.end())); };
+    if (total.empty()) return {};
+    return {timed(total), timed(forward), timed(backward), timed(update), losses.front(), losses.back()};
+  }
 };
 
 // --- ferry --------------------------------------------------------------------------------------
@@ -82,15 +103,21 @@ ferry::nn::Sequential ferry_cnn() {
   return model;
 }
 
-Timing time_ferry(ferry::nn::Sequential model, const ferry::Shape& input_shape, const Settings& s) {
-  ferry::manual_seed(0);
-  const ferry::Tensor x = ferry::randn(input_shape);
-  const ferry::Tensor target = ferry::randint(0, 10, {input_shape[0]});
-  ferry::optim::SGD optimizer(model.parameters(), {.lr = 0.01, .momentum = 0.9});
-  model.train();
-  std::vector<double> total, forward, backward, update;
-  Timing t;
-  for (int i = 0; i < s.warmup + s.steps; ++i) {
+// A ferry model, its data (resident) and optimizer; step() runs and times one training step.
+struct FerryRun {
+  ferry::nn::Sequential model;
+  ferry::Tensor x, target;
+  ferry::optim::SGD optimizer;
+  Recorder recorder;
+
+  FerryRun(ferry::nn::Sequential m, const ferry::Shape& input_shape)
+      : model(std::move(m)), optimizer(model.parameters(), {.lr = 0.01, .momentum = 0.9}) {
+    ferry::manual_seed(0);
+    x = ferry::randn(input_shape);
+    target = ferry::randint(0, 10, {input_shape[0]});
+    model.train();
+  }
+  void step() {
     const auto start = Clock::now();
     optimizer.zero_grad();
     ferry::Tensor loss = ferry::nn::functional::cross_entropy(model(x), target);
@@ -101,22 +128,10 @@ Timing time_ferry(ferry::nn::Sequential model, const ferry::Shape& input_shape, 
     const auto update_start = Clock::now();
     optimizer.step();
     const double update_ms = ms_since(update_start);
-    const double step_ms = ms_since(start);
-    const double value = loss.item<double>();  // outside the timed region (a no-op sync on cpu anyway)
-    if (i == 0) t.first_loss = value;
-    t.last_loss = value;
-    if (i < s.warmup) continue;
-    total.push_back(step_ms);
-    forward.push_back(forward_ms);
-    backward.push_back(backward_ms);
-    update.push_back(update_ms);
+    const double total_ms = ms_since(start);
+    recorder.add(forward_ms, backward_ms, update_ms, total_ms, loss.item<double>());  // item() after the clock
   }
-  t.step_ms = median(total);
-  t.forward_ms = median(forward);
-  t.backward_ms = median(backward);
-  t.update_ms = median(update);
-  return t;
-}
+};
 
 // --- libtorch -----------------------------------------------------------------------------------
 
@@ -140,17 +155,22 @@ torch::nn::Sequential torch_cnn() {
   return model;
 }
 
-Timing time_torch(torch::nn::Sequential model, const std::vector<std::int64_t>& input_shape, const Settings& s) {
-  torch::manual_seed(0);
-  const torch::Tensor x = torch::randn(input_shape);
-  const torch::Tensor target = torch::randint(0, 10, {input_shape[0]}, torch::kLong);
-  torch::optim::SGD optimizer(model->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
-  model->train();
-  std::vector<double> total, forward, backward, update;
-  Timing t;
-  for (int i = 0; i < s.warmup + s.steps; ++i) {
+struct TorchRun {
+  torch::nn::Sequential model;
+  torch::Tensor x, target;
+  torch::optim::SGD optimizer;
+  Recorder recorder;
+
+  TorchRun(torch::nn::Sequential m, const std::vector<std::int64_t>& input_shape)
+      : model(std::move(m)), optimizer(model->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9)) {
+    torch::manual_seed(0);
+    x = torch::randn(input_shape);
+    target = torch::randint(0, 10, {input_shape[0]}, torch::kLong);
+    model->train();
+  }
+  void step() {
     const auto start = Clock::now();
-    optimizer.zero_grad();  // libtorch 1.13: zeroes (no set_to_none overload in C++)
+    optimizer.zero_grad();  // libtorch 1.13: zeroes (its C++ API has no set_to_none)
     torch::Tensor loss = torch::nn::functional::cross_entropy(model->forward(x), target);
     const double forward_ms = ms_since(start);
     const auto backward_start = Clock::now();
@@ -159,27 +179,45 @@ Timing time_torch(torch::nn::Sequential model, const std::vector<std::int64_t>& 
     const auto update_start = Clock::now();
     optimizer.step();
     const double update_ms = ms_since(update_start);
-    const double step_ms = ms_since(start);
-    const double value = loss.item<double>();
-    if (i == 0) t.first_loss = value;
-    t.last_loss = value;
-    if (i < s.warmup) continue;
-    total.push_back(step_ms);
-    forward.push_back(forward_ms);
-    backward.push_back(backward_ms);
-    update.push_back(update_ms);
+    const double total_ms = ms_since(start);
+    recorder.add(forward_ms, backward_ms, update_ms, total_ms, loss.item<double>());
   }
-  t.step_ms = median(total);
-  t.forward_ms = median(forward);
-  t.backward_ms = median(backward);
-  t.update_ms = median(update);
-  return t;
+};
+
+// Alternates the two libraries step by step, so that both see the same machine (load that comes and goes
+// on a shared machine lands on both), each going first every other time (whatever one leaves behind,
+// threads still spinning, a cold cache, falls on both), and returns their medians.
+// Between steps the program sleeps (untimed) so that the worker threads one library leaves spinning (OpenMP,
+// OpenBLAS, libtorch's pthreadpool) have gone back to sleep before the other library's step starts.
+std::pair<Timing, Timing> time_both(FerryRun& ferry_run, TorchRun& torch_run, const Settings& s) {
+  auto settle = [] { std::this_thread::sleep_for(std::chrono::milliseconds(50)); };
+  for (int i = 0; i < s.warmup + s.steps; ++i) {
+    if (!s.only.empty()) {
+      if (s.only == "ferry") ferry_run.step();
+      else torch_run.step();
+      settle();
+      continue;
+    }
+    if (i % 2 == 0) {
+      torch_run.step();
+      settle();
+      ferry_run.step();
+    } else {
+      ferry_run.step();
+      settle();
+      torch_run.step();
+    }
+    settle();
+  }
+  if (s.only == "ferry") return {ferry_run.recorder.result(s.warmup), Timing{}};
+  if (s.only == "libtorch") return {Timing{}, torch_run.recorder.result(s.warmup)};
+  return {ferry_run.recorder.result(s.warmup), torch_run.recorder.result(s.warmup)};
 }
 
 void usage() {
   std::puts(
       "cpu_step_bench [--threads N] [--warmup N] [--steps N] [--workload mlp|cnn|all] [--mlp-batch N]\n"
-      "               [--cnn-batch N] [--breakdown]\n"
+      "               [--cnn-batch N] [--breakdown] [--only ferry|libtorch]\n"
       "Times one SGD training step of DESIGN.md's mlp and cnn workloads in ferry and libtorch (cpu).");
 }
 
@@ -203,6 +241,7 @@ int main(int argc, char** argv) {
     else if (arg == "--mlp-batch") s.mlp_batch = std::stoll(next());
     else if (arg == "--cnn-batch") s.cnn_batch = std::stoll(next());
     else if (arg == "--breakdown") s.breakdown = true;
+    else if (arg == "--only") s.only = next();
     else if (arg == "--help" || arg == "-h") {
       usage();
       return 0;
@@ -231,7 +270,8 @@ int main(int argc, char** argv) {
   torch::set_num_threads(s.threads);
   torch::set_num_interop_threads(1);
 
-  std::printf("cpu_step_bench: %d thread(s) each (OpenMP %d, libtorch %d), %d warmup + %d timed steps, medians\n",
+  std::printf("cpu_step_bench: %d thread(s) each (OpenMP %d, libtorch %d), %d warmup + %d timed steps, medians,\n"
+              "the two libraries alternating step by step\n",
               s.threads, omp_get_max_threads(), torch::get_num_threads(), s.warmup, s.steps);
   std::printf("%-8s %6s %12s %12s %10s   %s\n", "workload", "batch", "ferry ms", "libtorch ms", "ratio", "losses (first -> last)");
   struct Row {
@@ -254,14 +294,16 @@ int main(int argc, char** argv) {
   try {
     if (s.workload == "mlp" || s.workload == "all") {
       Row r{"mlp", s.mlp_batch, {}, {}};
-      r.torch = time_torch(torch_mlp(), {s.mlp_batch, 784}, s);
-      r.ferry = time_ferry(ferry_mlp(), {s.mlp_batch, 784}, s);
+      FerryRun ferry_run(ferry_mlp(), {s.mlp_batch, 784});
+      TorchRun torch_run(torch_mlp(), {s.mlp_batch, 784});
+      std::tie(r.ferry, r.torch) = time_both(ferry_run, torch_run, s);
       report(r);
     }
     if (s.workload == "cnn" || s.workload == "all") {
       Row r{"cnn", s.cnn_batch, {}, {}};
-      r.torch = time_torch(torch_cnn(), {s.cnn_batch, 3, 32, 32}, s);
-      r.ferry = time_ferry(ferry_cnn(), {s.cnn_batch, 3, 32, 32}, s);
+      FerryRun ferry_run(ferry_cnn(), {s.cnn_batch, 3, 32, 32});
+      TorchRun torch_run(torch_cnn(), {s.cnn_batch, 3, 32, 32});
+      std::tie(r.ferry, r.torch) = time_both(ferry_run, torch_run, s);
       report(r);
     }
   } catch (const std::exception& e) {

@@ -5,7 +5,9 @@
 
 #include <cmath>
 #include <functional>
+#include <tuple>
 #include <vector>
+#include <algorithm>
 
 #include "ferry/autograd.h"
 #include "ferry/factories.h"
@@ -222,6 +224,38 @@ TEST(NNGradcheck, Pooling) {
                    {random_argument({2, 2, 4, 6}, 53)}, "avg_pool2d k2");
   check_everywhere([](const std::vector<Tensor>& a) { return F::avg_pool2d(a[0], {3, 2}, {2, 1}, {1, 1}); },
                    {random_argument({1, 2, 5, 4}, 54)}, "avg_pool2d k(3,2) s(2,1) p1");
+}
+
+// PyTorch's max-pool rule on both cpu loops (the 2x2/2 fast path and the general one): the first maximum in
+// window order wins a tie, and the first NaN in a window wins over everything after it.
+TEST(NNGradcheck, MaxPoolTiesAndNaNsFollowPyTorch) {
+  const double nan = std::nan("");
+  // One 4x4 plane: window (0,0) ties at 5 (first wins: index 0), window (0,1) has a NaN second (index 3),
+  // window (1,0) a NaN after the maximum (index 12), window (1,1) two NaNs (the first, index 11).
+  const std::vector<double> values = {5, 1, 2, nan,  //
+                                      5, 0, 3, 4,    //
+                                      1, 9, 0, nan,  //
+                                      nan, 2, 8, nan};
+  for (const auto& [kernel, stride, padding] : {std::tuple{2, 2, 0}, std::tuple{3, 1, 0}}) {
+    const Tensor x = ferry::from_vector(values, {1, 1, 4, 4});
+    const Tensor out = F::max_pool2d(x, kernel, stride, padding);
+    const std::vector<double> got = out.to_vector<double>();
+    if (kernel == 2) {
+      ASSERT_EQ(got.size(), 4u);
+      EXPECT_EQ(got[0], 5);
+      EXPECT_TRUE(std::isnan(got[1]) && std::isnan(got[2]) && std::isnan(got[3]));
+      // The gradient lands on the chosen element: index 0 for the tie, the first NaN elsewhere.
+      Tensor xr = x.detach().requires_grad_(true);
+      ferry::sum(F::max_pool2d(xr, 2, 2, 0)).backward();
+      const std::vector<double> g = xr.grad().to_vector<double>();
+      for (int i : {0, 3, 11, 12}) EXPECT_EQ(g[i], 1) << "element " << i;
+      EXPECT_EQ(std::count(g.begin(), g.end(), 1.0), 4);
+    } else {  // 3x3 stride 1: the top-left window has no NaN (its maximum is 9), the other three have one
+      ASSERT_EQ(got.size(), 4u);
+      EXPECT_EQ(got[0], 9);
+      EXPECT_TRUE(std::isnan(got[1]) && std::isnan(got[2]) && std::isnan(got[3]));
+    }
+  }
 }
 
 TEST(NNGradcheck, ActivationsAndDropout) {

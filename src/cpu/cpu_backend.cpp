@@ -1,7 +1,8 @@
-// cpu_backend.cpp — the cpu device: aligned host allocations with byte counts, empty streams
-// (work runs at once), memcpy copies. Its kernels are HostKernels.
+// cpu_backend.cpp — the cpu device: aligned host allocations with byte counts (large blocks kept in a cache
+// for reuse), empty streams (work runs at once), memcpy copies. Its kernels are HostKernels.
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
@@ -11,6 +12,7 @@
 #include <thread>
 
 #include "../core/registry.h"
+#include "host_cache.h"
 #include "host_kernels.h"
 #include "host_memory.h"
 #include "ferry/error.h"
@@ -55,7 +57,11 @@ std::string cpu_model_name() {
 }  // namespace
 
 void* host_allocate(std::size_t bytes, Device device, HostMemoryCounter& counter, std::int64_t total) {
-  const std::size_t rounded = (bytes + kAlignment - 1) / kAlignment * kAlignment;
+  return host_allocate(bytes, bytes, device, counter, total);
+}
+
+void* host_allocate(std::size_t block, std::size_t bytes, Device device, HostMemoryCounter& counter, std::int64_t total) {
+  const std::size_t rounded = (block + kAlignment - 1) / kAlignment * kAlignment;
   void* p = std::aligned_alloc(kAlignment, rounded);
   if (!p) {
     const MemoryStats s = counter.stats(total, available_memory_bytes());
@@ -79,12 +85,30 @@ class CpuBackend final : public HostKernels {
     p.memory_bytes = physical_memory_bytes();
     return p;
   }
-  void* allocate(std::size_t bytes, int) override { return host_allocate(bytes, kCPU, counter_, physical_memory_bytes()); }
+  void* allocate(std::size_t bytes, int) override {
+    const std::size_t block = block_size(bytes);
+    if (void* cached = cache_.take(block)) {
+      counter_.add(bytes);
+      return cached;
+    }
+    try {
+      return host_allocate(block, bytes, kCPU, counter_, physical_memory_bytes());
+    } catch (const OutOfMemory&) {
+      if (cache_.cached_bytes() == 0) throw;
+      cache_.release_all();  // what the cache holds may be just what is missing
+      return host_allocate(block, bytes, kCPU, counter_, physical_memory_bytes());
+    }
+  }
   void deallocate(void* ptr, std::size_t bytes, int) noexcept override {
-    std::free(ptr);
+    cache_.give(ptr, block_size(bytes));
     counter_.remove(bytes);
   }
-  MemoryStats memory_stats(int) const override { return counter_.stats(physical_memory_bytes(), available_memory_bytes()); }
+  void empty_cache(int) override { cache_.release_all(); }
+  MemoryStats memory_stats(int) const override {
+    MemoryStats s = counter_.stats(physical_memory_bytes(), available_memory_bytes());
+    s.reserved += static_cast<std::int64_t>(cache_.cached_bytes());
+    return s;
+  }
   void reset_peak_memory_stats(int) override { counter_.reset_peak(); }
   Stream compute_stream(int) override { return {kCPU, nullptr}; }
   Stream copy_stream(int) override { return {kCPU, nullptr}; }
@@ -96,7 +120,23 @@ class CpuBackend final : public HostKernels {
   }
 
  private:
+  // Large blocks are rounded up to whole pages (bytes) so that sizes a little apart share cached blocks.
+  static std::size_t block_size(std::size_t bytes) {
+    constexpr std::size_t kPage = 4096;
+    return bytes >= HostBlockCache::kMinBytes ? (bytes + kPage - 1) / kPage * kPage : bytes;
+  }
+  // The cache's limit, bytes: a quarter of the machine's memory, at most 4 GiB; none under AddressSanitizer,
+  // which must see every block freed to catch a use after free.
+  static std::size_t cache_limit() {
+#if defined(__SANITIZE_ADDRESS__)
+    return 0;
+#else
+    return static_cast<std::size_t>(std::min<std::int64_t>(physical_memory_bytes() / 4, std::int64_t{4} << 30));
+#endif
+  }
+
   HostMemoryCounter counter_;
+  HostBlockCache cache_{cache_limit()};
 };
 
 std::unique_ptr<Backend> make_cpu_backend() { return std::make_unique<CpuBackend>(); }

@@ -39,5 +39,7 @@ class HostMemoryCounter {
 
 // 64-byte aligned; throws OutOfMemory with the numbers when the host cannot give `bytes`.
 void* host_allocate(std::size_t bytes, Device device, HostMemoryCounter& counter, std::int64_t total);
+// The same for a block of `block` >= `bytes` bytes of which `bytes` are counted as allocated.
+void* host_allocate(std::size_t block, std::size_t bytes, Device device, HostMemoryCounter& counter, std::int64_t total);
 
 }  // namespace ferry::cpu
