@@ -266,6 +266,25 @@ TEST(HardeningNumerics, WithoutAnomalyModeNonFiniteValuesFlowThrough) {
   EXPECT_EQ(x.grad().to_vector<float>(), (std::vector<float>{2.f, 2.f}));
 }
 
+// ReLU keeps NaN (PyTorch's clamp_min does): a NaN that enters a network before a ReLU reaches the loss, where
+// training stops on it, instead of vanishing into zeros. Contiguous (the vectorised loop) and strided inputs.
+TEST(HardeningNumerics, ReluKeepsNaNOnEveryDevice) {
+  std::vector<Device> devices = {Device::parse("cpu")};
+  for (const Device& d : available_devices())
+    if (!d.is_cpu() && d.index == 0) devices.push_back(d);
+  for (const Device& device : devices) {
+    const Tensor x = from_vector<float>({NAN, -1.f, 2.f, -0.5f, NAN, 3.f}, {2, 3}).to(device);
+    for (const Tensor& input : {x, x.transpose(0, 1)}) {
+      const std::vector<float> got = relu(input).cpu().contiguous().to_vector<float>();
+      const std::vector<float> in = input.cpu().contiguous().to_vector<float>();
+      for (std::size_t i = 0; i < got.size(); ++i) {
+        if (std::isnan(in[i])) EXPECT_TRUE(std::isnan(got[i])) << device.str() << " element " << i;
+        else EXPECT_EQ(got[i], in[i] < 0 ? 0.f : in[i]) << device.str() << " element " << i;
+      }
+    }
+  }
+}
+
 // Random images and labels shaped like Fashion-MNIST.
 Dataset noise_dataset(std::int64_t n, std::uint64_t seed) {
   manual_seed(seed);

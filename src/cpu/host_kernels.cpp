@@ -43,7 +43,7 @@ T apply_unary(UnaryOp op, T x) {
       case UnaryOp::Rsqrt: return static_cast<T>(F(1) / std::sqrt(v));
       case UnaryOp::Abs: return static_cast<T>(v < 0 ? -v : v);
       case UnaryOp::Sign: return static_cast<T>((v > 0) - (v < 0));
-      case UnaryOp::Relu: return v > 0 ? x : T(0);
+      case UnaryOp::Relu: return v < 0 ? T(0) : x;  // NaN stays NaN, as in PyTorch
       case UnaryOp::Sigmoid: return static_cast<T>(F(1) / (F(1) + std::exp(-v)));
       case UnaryOp::Tanh: return static_cast<T>(std::tanh(v));
       case UnaryOp::Square: return static_cast<T>(v * v);
@@ -219,7 +219,7 @@ void HostKernels::unary(UnaryOp op, const KernelTensor& out, const KernelTensor&
       T* o = at<T>(out, off[0]);
       if (st[0] == 1 && st[1] == 1 && op == UnaryOp::Relu) {
 #pragma omp simd
-        for (std::int64_t i = 0; i < n; ++i) o[i] = x[i] > T(0) ? x[i] : T(0);
+        for (std::int64_t i = 0; i < n; ++i) o[i] = x[i] < T(0) ? T(0) : x[i];  // NaN stays NaN
       } else {
         for (std::int64_t i = 0; i < n; ++i) o[i * st[0]] = apply_unary(op, x[i * st[1]]);
       }

@@ -48,7 +48,7 @@ __device__ __forceinline__ T unary_value(UnaryOp op, T x) {
       case UnaryOp::Rsqrt: return cast_to<T>(F(1) / sqrt(v));
       case UnaryOp::Abs: return cast_to<T>(v < 0 ? -v : v);
       case UnaryOp::Sign: return static_cast<T>((v > 0) - (v < 0));
-      case UnaryOp::Relu: return v > 0 ? x : T(0);
+      case UnaryOp::Relu: return v < 0 ? T(0) : x;  // NaN stays NaN, as in PyTorch
       case UnaryOp::Sigmoid: return cast_to<T>(F(1) / (F(1) + exp(-v)));
       case UnaryOp::Tanh: return cast_to<T>(tanh(v));
       case UnaryOp::Square: return cast_to<T>(v * v);

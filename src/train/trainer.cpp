@@ -344,10 +344,10 @@ TrainResult train(nn::Module& model, const Dataset& train_set, const Dataset& te
   result.syncs = totals.syncs - ledger_start.syncs;
   result.bytes_host_to_device = totals.bytes_host_to_device - ledger_start.bytes_host_to_device;
   result.bytes_device_to_host = totals.bytes_device_to_host - ledger_start.bytes_device_to_host;
+  result.parameters = model.parameter_count();
   if (ddp) {
     result.world_size = world;
     result.comm_backend = std::string(dist::comm_backend_name(group->backend()));
-    result.parameters = model.parameter_count();
     result.gradient_bytes_per_step = ddp->stats().gradient_bytes;
     result.collectives = totals.collectives - ledger_start.collectives;
     result.collective_bytes = totals.collective_bytes - ledger_start.collective_bytes;
