@@ -2,6 +2,7 @@
 # setup.sh — install what a fresh Debian 12 machine is missing (idempotent), then configure and
 # build ferry in ./build (Release). Used by the README's two commands and by CI.
 #   FERRY_BUILD_DIR=build  FERRY_CUDA=AUTO|ON|OFF  FERRY_JOBS=<n>
+# Arguments name more packages to install with the rest (scripts/bench-cpu.sh asks for the PyTorch peers).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -10,7 +11,8 @@ packages=(build-essential cmake ninja-build pkg-config
           libcli11-dev nlohmann-json3-dev libfmt-dev zlib1g-dev
           dataset-fashion-mnist python3
           clang libclang-rt-14-dev
-          libopenmpi-dev openmpi-bin)
+          libopenmpi-dev openmpi-bin
+          "$@")
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
