@@ -1,5 +1,5 @@
-// cpu_step_bench.cpp — one training step (forward, cross-entropy, backward, SGD momentum 0.9) of the `mlp`
-// and `cnn` workloads (DESIGN.md) in ferry and in Debian's libtorch, in one process on the same number of
+// cpu_step_bench.cpp — one training step (forward, cross-entropy, backward, SGD momentum 0.9) of the `mlp`,
+// `cnn` and `fmnist` workloads (DESIGN.md) in ferry and in Debian's libtorch, in one process on the same number of
 // threads; prints medians and the ferry / libtorch ratio. Not a correctness test (tests/ do that).
 //
 // Threads: OpenMP (ferry's loops, libtorch's ATen and oneDNN) and OpenBLAS (both libraries' GEMMs; libtorch
@@ -42,9 +42,10 @@ struct Settings {
   int threads = 2;
   int warmup = 3;
   int steps = 10;
-  std::string workload = "all";  // mlp | cnn | all
+  std::string workload = "all";  // mlp | cnn | fmnist | all
   std::int64_t mlp_batch = 512;
   std::int64_t cnn_batch = 256;
+  std::int64_t fmnist_batch = 128;
   bool breakdown = false;  // ferry's forward / backward / step medians too
   std::string only;        // "ferry" or "libtorch": time one library alone (diagnosis; no ratio)
 };
@@ -88,10 +89,11 @@ ferry::nn::Sequential ferry_mlp() {
   return nn::Sequential(nn::Linear(784, 1024), nn::ReLU(), nn::Linear(1024, 1024), nn::ReLU(), nn::Linear(1024, 10));
 }
 
-ferry::nn::Sequential ferry_cnn() {
+// cnn: 3 input channels, 32x32, Linear 2048->10; fmnist: 1 input channel, 28x28, Linear 1152->10.
+ferry::nn::Sequential ferry_cnn(std::int64_t in_channels = 3, std::int64_t features = 2048) {
   namespace nn = ferry::nn;
   nn::Sequential model;
-  const std::int64_t channels[] = {3, 32, 64, 128};
+  const std::int64_t channels[] = {in_channels, 32, 64, 128};
   for (int i = 0; i < 3; ++i) {
     model.push_back(nn::Conv2d(channels[i], channels[i + 1], 3, {.padding = 1}));
     model.push_back(nn::BatchNorm2d(channels[i + 1]));
@@ -99,7 +101,7 @@ ferry::nn::Sequential ferry_cnn() {
     model.push_back(nn::MaxPool2d(2));
   }
   model.push_back(nn::Flatten());
-  model.push_back(nn::Linear(2048, 10));
+  model.push_back(nn::Linear(features, 10));
   return model;
 }
 
@@ -140,10 +142,10 @@ torch::nn::Sequential torch_mlp() {
   return tn::Sequential(tn::Linear(784, 1024), tn::ReLU(), tn::Linear(1024, 1024), tn::ReLU(), tn::Linear(1024, 10));
 }
 
-torch::nn::Sequential torch_cnn() {
+torch::nn::Sequential torch_cnn(std::int64_t in_channels = 3, std::int64_t features = 2048) {
   namespace tn = torch::nn;
   tn::Sequential model;
-  const std::int64_t channels[] = {3, 32, 64, 128};
+  const std::int64_t channels[] = {in_channels, 32, 64, 128};
   for (int i = 0; i < 3; ++i) {
     model->push_back(tn::Conv2d(tn::Conv2dOptions(channels[i], channels[i + 1], 3).padding(1)));
     model->push_back(tn::BatchNorm2d(channels[i + 1]));
@@ -151,7 +153,7 @@ torch::nn::Sequential torch_cnn() {
     model->push_back(tn::MaxPool2d(2));
   }
   model->push_back(tn::Flatten());
-  model->push_back(tn::Linear(2048, 10));
+  model->push_back(tn::Linear(features, 10));
   return model;
 }
 
@@ -216,9 +218,10 @@ std::pair<Timing, Timing> time_both(FerryRun& ferry_run, TorchRun& torch_run, co
 
 void usage() {
   std::puts(
-      "cpu_step_bench [--threads N] [--warmup N] [--steps N] [--workload mlp|cnn|all] [--mlp-batch N]\n"
-      "               [--cnn-batch N] [--breakdown] [--only ferry|libtorch]\n"
-      "Times one SGD training step of DESIGN.md's mlp and cnn workloads in ferry and libtorch (cpu).");
+      "cpu_step_bench [--threads N] [--warmup N] [--steps N] [--workload mlp|cnn|fmnist|all] [--mlp-batch N]\n"
+      "               [--cnn-batch N] [--fmnist-batch N] [--breakdown] [--only ferry|libtorch]\n"
+      "Times one SGD training step of DESIGN.md's mlp, cnn and fmnist workloads in ferry and libtorch (cpu),\n"
+      "on random data of the workload's shape (ferry train times the real fmnist epoch).");
 }
 
 }  // namespace
@@ -240,6 +243,7 @@ int main(int argc, char** argv) {
     else if (arg == "--workload") s.workload = next();
     else if (arg == "--mlp-batch") s.mlp_batch = std::stoll(next());
     else if (arg == "--cnn-batch") s.cnn_batch = std::stoll(next());
+    else if (arg == "--fmnist-batch") s.fmnist_batch = std::stoll(next());
     else if (arg == "--breakdown") s.breakdown = true;
     else if (arg == "--only") s.only = next();
     else if (arg == "--help" || arg == "-h") {
@@ -303,6 +307,13 @@ int main(int argc, char** argv) {
       Row r{"cnn", s.cnn_batch, {}, {}};
       FerryRun ferry_run(ferry_cnn(), {s.cnn_batch, 3, 32, 32});
       TorchRun torch_run(torch_cnn(), {s.cnn_batch, 3, 32, 32});
+      std::tie(r.ferry, r.torch) = time_both(ferry_run, torch_run, s);
+      report(r);
+    }
+    if (s.workload == "fmnist" || s.workload == "all") {
+      Row r{"fmnist", s.fmnist_batch, {}, {}};
+      FerryRun ferry_run(ferry_cnn(1, 1152), {s.fmnist_batch, 1, 28, 28});
+      TorchRun torch_run(torch_cnn(1, 1152), {s.fmnist_batch, 1, 28, 28});
       std::tie(r.ferry, r.torch) = time_both(ferry_run, torch_run, s);
       report(r);
     }

@@ -1,4 +1,4 @@
-#!/usr/bin/env python3
+#!/usr/bin/python3
 """torch_fmnist.py — PyTorch's side of the fmnist epoch benchmark: the same CNN, data, settings and loop as
 `ferry train` (DESIGN.md's fmnist workload), so that scripts/bench-cpu.sh and scripts/gpu-check can print
 ferry / PyTorch for one epoch on the same machine in the same run. Not here: ferry's side (ferry train --json).

@@ -3,13 +3,17 @@
 #include "host_kernels.h"
 
 #include <cblas.h>
+#include <omp.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "../core/philox.h"
+#include "blas_threads.h"
 #include "dispatch.h"
 #include "strided.h"
 
@@ -217,9 +221,11 @@ void HostKernels::unary(UnaryOp op, const KernelTensor& out, const KernelTensor&
         return;
       }
       T* o = at<T>(out, off[0]);
-      if (st[0] == 1 && st[1] == 1 && op == UnaryOp::Relu) {
+      if (std::is_floating_point_v<T> && st[0] == 1 && st[1] == 1 && op == UnaryOp::Relu) {
+        if constexpr (std::is_floating_point_v<T>) {
 #pragma omp simd
-        for (std::int64_t i = 0; i < n; ++i) o[i] = x[i] < T(0) ? T(0) : x[i];  // NaN stays NaN
+          for (std::int64_t i = 0; i < n; ++i) o[i] = x[i] < T(0) ? T(0) : x[i];  // NaN stays NaN
+        }
       } else {
         for (std::int64_t i = 0; i < n; ++i) o[i * st[0]] = apply_unary(op, x[i * st[1]]);
       }
@@ -355,24 +361,73 @@ void HostKernels::reduce(ReduceOp op, const KernelTensor& out, const KernelTenso
 
 // --- GEMM -----------------------------------------------------------------------------------------
 
-void HostKernels::gemm(const GemmArgs& g, const Stream&) {
+namespace {
+
+// One row-major GEMM, C (m, n) = alpha op(A) op(B) + beta C, on the calling thread.
+template <typename T>
+void gemm_one(const Backend::GemmArgs& g, const T* a, const T* b, T* c, std::int64_t m, std::int64_t n) {
   const auto ta = g.trans_a ? CblasTrans : CblasNoTrans;
   const auto tb = g.trans_b ? CblasTrans : CblasNoTrans;
+  if (m == 0 || n == 0) return;
+  if constexpr (std::is_same_v<T, float>) {
+    cblas_sgemm(CblasRowMajor, ta, tb, static_cast<int>(m), static_cast<int>(n), static_cast<int>(g.k),
+                static_cast<float>(g.alpha), a, static_cast<int>(g.lda), b, static_cast<int>(g.ldb),
+                static_cast<float>(g.beta), c, static_cast<int>(g.ldc));
+  } else {
+    cblas_dgemm(CblasRowMajor, ta, tb, static_cast<int>(m), static_cast<int>(n), static_cast<int>(g.k), g.alpha, a,
+                static_cast<int>(g.lda), b, static_cast<int>(g.ldb), g.beta, c, static_cast<int>(g.ldc));
+  }
+}
+
+// The GEMMs over ferry's OpenMP threads, each running single-threaded OpenBLAS (blas_threads.h): a batch is
+// split by matrices; one large matrix by blocks of C's columns (or rows, when it is taller than wide), so
+// that every thread packs only its share of B (or A). Small problems run on the calling thread.
+template <typename T>
+void gemm_parallel(const Backend::GemmArgs& g) {
+  const T* a = static_cast<const T*>(g.a);
+  const T* b = static_cast<const T*>(g.b);
+  T* c = static_cast<T*>(g.c);
+  SingleThreadedBlas single;
+  const int threads = omp_in_parallel() ? 1 : omp_get_max_threads();
+  constexpr std::int64_t kMinMultiplyAdds = std::int64_t{1} << 18;  // ~10 us of one core: below, one thread
+  const std::int64_t work = g.batch * g.m * g.n * g.k;
+  if (threads < 2 || work < 2 * kMinMultiplyAdds) {
+    for (std::int64_t i = 0; i < g.batch; ++i)
+      gemm_one(g, a + i * g.stride_a, b + i * g.stride_b, c + i * g.stride_c, g.m, g.n);
+    return;
+  }
+  if (g.batch >= threads) {
+#pragma omp parallel for schedule(static)
+    for (std::int64_t i = 0; i < g.batch; ++i)
+      gemm_one(g, a + i * g.stride_a, b + i * g.stride_b, c + i * g.stride_c, g.m, g.n);
+    return;
+  }
+  // Few matrices, each split into `threads` blocks (multiples of 16 columns / 8 rows, OpenBLAS's tile sizes).
+  const bool by_columns = g.n >= g.m;
+  const std::int64_t extent = by_columns ? g.n : g.m, align = by_columns ? 16 : 8;
+  const std::int64_t block = std::max<std::int64_t>(align, (extent + threads - 1) / threads + align - 1) / align * align;
+  const std::int64_t blocks = (extent + block - 1) / block;
+#pragma omp parallel for schedule(static) collapse(2)
   for (std::int64_t i = 0; i < g.batch; ++i) {
-    if (g.dtype == DType::Float32) {
-      cblas_sgemm(CblasRowMajor, ta, tb, static_cast<int>(g.m), static_cast<int>(g.n), static_cast<int>(g.k), g.alpha,
-                  static_cast<const float*>(g.a) + i * g.stride_a, static_cast<int>(g.lda),
-                  static_cast<const float*>(g.b) + i * g.stride_b, static_cast<int>(g.ldb), g.beta,
-                  static_cast<float*>(g.c) + i * g.stride_c, static_cast<int>(g.ldc));
-    } else if (g.dtype == DType::Float64) {
-      cblas_dgemm(CblasRowMajor, ta, tb, static_cast<int>(g.m), static_cast<int>(g.n), static_cast<int>(g.k), g.alpha,
-                  static_cast<const double*>(g.a) + i * g.stride_a, static_cast<int>(g.lda),
-                  static_cast<const double*>(g.b) + i * g.stride_b, static_cast<int>(g.ldb), g.beta,
-                  static_cast<double*>(g.c) + i * g.stride_c, static_cast<int>(g.ldc));
-    } else {
-      throw DTypeMismatch(detail::concat("gemm: expected float32 or float64, got ", dtype_name(g.dtype)));
+    for (std::int64_t j = 0; j < blocks; ++j) {
+      const std::int64_t first = j * block, count = std::min(block, extent - first);
+      const T* ai = a + i * g.stride_a;
+      const T* bi = b + i * g.stride_b;
+      T* ci = c + i * g.stride_c;
+      if (by_columns)  // C[:, first:first+count] = op(A) op(B)[:, first:first+count]
+        gemm_one(g, ai, bi + (g.trans_b ? first * g.ldb : first), ci + first, g.m, count);
+      else  // C[first:first+count, :] = op(A)[first:first+count, :] op(B)
+        gemm_one(g, ai + (g.trans_a ? first : first * g.lda), bi, ci + first * g.ldc, count, g.n);
     }
   }
+}
+
+}  // namespace
+
+void HostKernels::gemm(const GemmArgs& g, const Stream&) {
+  if (g.dtype == DType::Float32) gemm_parallel<float>(g);
+  else if (g.dtype == DType::Float64) gemm_parallel<double>(g);
+  else throw DTypeMismatch(detail::concat("gemm: expected float32 or float64, got ", dtype_name(g.dtype)));
 }
 
 // --- indexing -------------------------------------------------------------------------------------
@@ -467,10 +522,34 @@ void HostKernels::im2col(const KernelTensor& columns, const KernelTensor& image,
     T* col = columns.ptr<T>();
     const std::int64_t oh = s.out_h(), ow = s.out_w();
     const std::int64_t rows = s.in_channels * s.kernel_h * s.kernel_w;
+    // Stride 1, no dilation, output as wide as the input (a 'same' convolution: 3x3 with padding 1): a row of
+    // the columns is the input plane shifted by (dy, dx), so one contiguous copy of the plane, then zeros where
+    // the shift crosses the border. Small images (the CNNs' 14x14 and 7x7) would otherwise pay per-row overhead.
+    const bool shifted_plane = s.stride_h == 1 && s.stride_w == 1 && s.dilation_h == 1 && s.dilation_w == 1 &&
+                               ow == s.width;
     parallel_for(rows, oh * ow, [&](std::int64_t row) {
       const std::int64_t kw = row % s.kernel_w, kh = (row / s.kernel_w) % s.kernel_h, c = row / (s.kernel_w * s.kernel_h);
       T* dst = col + row * oh * ow;
       const T* plane = img + c * s.height * s.width;
+      if (shifted_plane) {
+        const std::int64_t dy = kh - s.pad_h, dx = kw - s.pad_w;
+        const std::int64_t y_lo = std::clamp<std::int64_t>(-dy, 0, oh), y_hi = std::clamp<std::int64_t>(s.height - dy, y_lo, oh);
+        const std::int64_t x_lo = std::clamp<std::int64_t>(-dx, 0, ow), x_hi = std::clamp<std::int64_t>(s.width - dx, x_lo, ow);
+        std::fill(dst, dst + y_lo * ow, T(0));
+        std::fill(dst + y_hi * ow, dst + oh * ow, T(0));
+        if (y_lo == y_hi) return;
+        if (x_lo < x_hi) {  // out[i] = in[i + dy * W + dx] for i from (y_lo, x_lo) to (y_hi - 1, x_hi)
+          const std::int64_t first = y_lo * ow + x_lo, last = (y_hi - 1) * ow + x_hi;
+          std::memcpy(dst + first, plane + first + dy * s.width + dx, static_cast<std::size_t>(last - first) * sizeof(T));
+        }
+        for (std::int64_t y = y_lo; y < y_hi; ++y) {  // the border columns the shift brought in from neighbours
+          T* out_row = dst + y * ow;
+          for (std::int64_t x = 0; x < std::min(x_lo, x_hi); ++x) out_row[x] = T(0);
+          for (std::int64_t x = std::max(x_hi, x_lo); x < ow; ++x) out_row[x] = T(0);
+          if (x_lo >= x_hi) std::fill(out_row, out_row + ow, T(0));
+        }
+        return;
+      }
       for (std::int64_t y = 0; y < oh; ++y) {
         const std::int64_t iy = y * s.stride_h - s.pad_h + kh * s.dilation_h;
         T* out_row = dst + y * ow;
@@ -480,11 +559,12 @@ void HostKernels::im2col(const KernelTensor& columns, const KernelTensor& image,
         }
         const T* in_row = plane + iy * s.width;
         const std::int64_t x_offset = kw * s.dilation_w - s.pad_w;
-        if (s.stride_w == 1) {
-          for (std::int64_t x = 0; x < ow; ++x) {
-            const std::int64_t ix = x + x_offset;
-            out_row[x] = (ix >= 0 && ix < s.width) ? in_row[ix] : T(0);
-          }
+        if (s.stride_w == 1) {  // a zero head, one contiguous run of the input row, a zero tail
+          const std::int64_t lo = std::clamp<std::int64_t>(-x_offset, 0, ow);
+          const std::int64_t hi = std::clamp<std::int64_t>(s.width - x_offset, lo, ow);
+          std::fill(out_row, out_row + lo, T(0));
+          std::copy(in_row + lo + x_offset, in_row + hi + x_offset, out_row + lo);
+          std::fill(out_row + hi, out_row + ow, T(0));
         } else {
           for (std::int64_t x = 0; x < ow; ++x) {
             const std::int64_t ix = x * s.stride_w + x_offset;
@@ -509,12 +589,23 @@ void HostKernels::col2im(const KernelTensor& image, const KernelTensor& columns,
       for (std::int64_t kh = 0; kh < s.kernel_h; ++kh) {
         for (std::int64_t kw = 0; kw < s.kernel_w; ++kw) {
           const T* src = col + ((c * s.kernel_h + kh) * s.kernel_w + kw) * oh * ow;
+          const std::int64_t x_offset = kw * s.dilation_w - s.pad_w;
+          // stride 1: the output columns whose input column lies inside the row, one contiguous run
+          const std::int64_t lo = std::clamp<std::int64_t>(-x_offset, 0, ow);
+          const std::int64_t hi = std::clamp<std::int64_t>(s.width - x_offset, lo, ow);
           for (std::int64_t y = 0; y < oh; ++y) {
             const std::int64_t iy = y * s.stride_h - s.pad_h + kh * s.dilation_h;
             if (iy < 0 || iy >= s.height) continue;
+            T* row = plane + iy * s.width;
+            const T* src_row = src + y * ow;
+            if (s.stride_w == 1) {
+#pragma omp simd
+              for (std::int64_t x = lo; x < hi; ++x) row[x + x_offset] += src_row[x];
+              continue;
+            }
             for (std::int64_t x = 0; x < ow; ++x) {
-              const std::int64_t ix = x * s.stride_w - s.pad_w + kw * s.dilation_w;
-              if (ix >= 0 && ix < s.width) plane[iy * s.width + ix] += src[y * ow + x];
+              const std::int64_t ix = x * s.stride_w + x_offset;
+              if (ix >= 0 && ix < s.width) row[ix] += src_row[x];
             }
           }
         }
@@ -534,24 +625,45 @@ void HostKernels::max_pool2d(const KernelTensor& out, const KernelTensor& argmax
     T* o = out.ptr<T>();
     std::int64_t* arg = argmax.ptr<std::int64_t>();
     // PyTorch's rule: the first maximum in window order wins; the first NaN wins over everything after it.
-    auto better = [](T v, T best) { return best == best && (v > best || v != v); };
+    auto better = [](T v, T best) { return (best == best) & ((v > best) | (v != v)); };
     if (s.kernel_h == 2 && s.kernel_w == 2 && s.stride_h == 2 && s.stride_w == 2 && s.pad_h == 0 && s.pad_w == 0) {
-      // The CNNs' 2x2/2 pooling: two input rows per output row, no bounds checks (a third of the general loop's time).
+      // The CNNs' 2x2/2 pooling. Per output, the winner of (a, b) and of (c, d), then of the two, with strict
+      // comparisons, is the first maximum in window order; written as selects over a whole row, with no
+      // data-dependent branch (on activations which element wins is a coin toss: branches mispredict half the
+      // time). A row holding a NaN is redone in window order, where the first NaN wins.
       parallel_for(s.planes, oh * ow * 4, [&](std::int64_t p) {
-        const T* plane = x + p * s.height * s.width;
+        const std::int64_t width = s.width;
+        const T* plane = x + p * s.height * width;
         T* op = o + p * oh * ow;
         std::int64_t* ap = arg + p * oh * ow;
         for (std::int64_t y = 0; y < oh; ++y) {
-          const std::int64_t top = 2 * y * s.width, bottom = top + s.width;
+          const T* top = plane + 2 * y * width;
+          const T* bottom = top + width;
+          T* out_row = op + y * ow;
+          std::int64_t* arg_row = ap + y * ow;
+          const std::int64_t base = 2 * y * width;
+          bool nan = false;
           for (std::int64_t xo = 0; xo < ow; ++xo) {
-            const std::int64_t i0 = top + 2 * xo, i1 = i0 + 1, i2 = bottom + 2 * xo, i3 = i2 + 1;
+            const T a = top[2 * xo], b = top[2 * xo + 1], c = bottom[2 * xo], d = bottom[2 * xo + 1];
+            nan |= (a != a) | (b != b) | (c != c) | (d != d);
+            const bool right_top = b > a, right_bottom = d > c;
+            const T upper = right_top ? b : a, lower = right_bottom ? d : c;
+            const std::int64_t upper_index = base + 2 * xo + right_top;
+            const std::int64_t lower_index = base + width + 2 * xo + right_bottom;
+            const bool take_lower = lower > upper;
+            out_row[xo] = take_lower ? lower : upper;
+            arg_row[xo] = take_lower ? lower_index : upper_index;
+          }
+          if (!nan) continue;
+          for (std::int64_t xo = 0; xo < ow; ++xo) {
+            const std::int64_t i0 = base + 2 * xo;
             T best = plane[i0];
             std::int64_t best_index = i0;
-            if (better(plane[i1], best)) best = plane[best_index = i1];
-            if (better(plane[i2], best)) best = plane[best_index = i2];
-            if (better(plane[i3], best)) best = plane[best_index = i3];
-            op[y * ow + xo] = best;
-            ap[y * ow + xo] = best_index;
+            for (const std::int64_t i : {i0 + 1, i0 + width, i0 + width + 1}) {
+              if (better(plane[i], best)) best = plane[best_index = i];
+            }
+            out_row[xo] = best;
+            arg_row[xo] = best_index;
           }
         }
       });

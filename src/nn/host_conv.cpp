@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "../core/internal.h"
+#include "../cpu/blas_threads.h"
 #include "batch_norm_kernels.h"
 #include "ferry/error.h"
 #include "ferry/factories.h"
@@ -20,18 +21,7 @@ namespace ferry::nn::detail {
 
 namespace {
 
-// OpenBLAS runs single-threaded in the calling thread while this is alive (restored after): the OpenMP
-// threads share the work instead. OpenBLAS is safe to call concurrently when single-threaded.
-class SingleThreadedBlas {
- public:
-  SingleThreadedBlas() : saved_(openblas_get_num_threads()) { openblas_set_num_threads(1); }
-  ~SingleThreadedBlas() { openblas_set_num_threads(saved_); }
-  SingleThreadedBlas(const SingleThreadedBlas&) = delete;
-  SingleThreadedBlas& operator=(const SingleThreadedBlas&) = delete;
-
- private:
-  int saved_;
-};
+using cpu::SingleThreadedBlas;
 
 // Row-major C (m, n) = alpha op(A) op(B) + beta C.
 void gemm(bool ta, bool tb, int m, int n, int k, const float* a, int lda, const float* b, int ldb, float beta, float* c,
@@ -102,12 +92,14 @@ bool use_host_conv(Device device, const Backend::Conv2dShape& s) {
 }
 
 void host_conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& out,
-                         const Backend::Conv2dShape& s) {
+                         const Backend::Conv2dShape& s, const Tensor& keep_columns) {
   const Geometry g(s);
   Backend& be = backend(x.device());
   const Stream stream = ferry::detail::compute_stream(x.device());
   const int threads = static_cast<int>(std::min<std::int64_t>(omp_get_max_threads(), g.N));
-  const Tensor buffers = empty({threads, is_pointwise(s) ? 1 : g.K * g.L}, {.device = x.device(), .dtype = x.dtype()});
+  const bool keep = keep_columns.defined() && !is_pointwise(s);
+  const Tensor buffers =
+      empty({threads, is_pointwise(s) || keep ? 1 : g.K * g.L}, {.device = x.device(), .dtype = x.dtype()});
   dispatch(x.dtype(), [&](auto zero) {
     using T = decltype(zero);
     const T* xp = x.data<T>();
@@ -115,13 +107,14 @@ void host_conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& bias, c
     const T* bp = bias.defined() ? bias.data<T>() : nullptr;
     T* op = out.data<T>();
     T* buffer_base = buffers.data<T>();
+    T* kept = keep ? keep_columns.data<T>() : nullptr;
     SingleThreadedBlas single;
 #pragma omp parallel num_threads(threads)
     {
       T* buffer = buffer_base + omp_get_thread_num() * buffers.size(1);
 #pragma omp for schedule(static)
       for (std::int64_t n = 0; n < g.N; ++n) {
-        const T* cols = columns_of(be, stream, xp, buffer, n, g, s, x.dtype());
+        const T* cols = columns_of(be, stream, xp, keep ? kept + n * g.K * g.L : buffer, n, g, s, x.dtype());
         T* o = op + n * g.O * g.L;  // (O, L)
         if (bp) {
           for (std::int64_t c = 0; c < g.O; ++c) std::fill(o + c * g.L, o + (c + 1) * g.L, bp[c]);
@@ -134,7 +127,7 @@ void host_conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& bias, c
 }
 
 void host_conv2d_backward(const Tensor& grad, const Tensor& x, const Tensor& w, const Backend::Conv2dShape& s,
-                          Tensor* grad_input, Tensor* grad_weight) {
+                          Tensor* grad_input, Tensor* grad_weight, const Tensor& kept_columns) {
   const Geometry g(s);
   Backend& be = backend(x.device());
   const Stream stream = ferry::detail::compute_stream(x.device());
@@ -143,7 +136,8 @@ void host_conv2d_backward(const Tensor& grad, const Tensor& x, const Tensor& w, 
   const TensorOptions like{.device = x.device(), .dtype = x.dtype()};
   // Per thread: columns (K, L), their gradient (K, L), and a partial weight gradient (O, K).
   const std::int64_t columns_size = pointwise ? 1 : g.K * g.L;
-  const Tensor columns = empty({threads, columns_size}, like);
+  const bool kept = kept_columns.defined() && !pointwise;
+  const Tensor columns = empty({threads, kept ? 1 : columns_size}, like);
   const Tensor column_grads = empty({threads, columns_size}, like);
   const Tensor partial_weight_grads = empty({threads, grad_weight ? g.O * g.K : 1}, like);
   dispatch(x.dtype(), [&](auto zero) {
@@ -153,11 +147,12 @@ void host_conv2d_backward(const Tensor& grad, const Tensor& x, const Tensor& w, 
     const T* wp = w.data<T>();
     T* gxp = grad_input ? grad_input->data<T>() : nullptr;
     T* partials = partial_weight_grads.data<T>();
+    const T* kept_base = kept ? kept_columns.data<T>() : nullptr;
     SingleThreadedBlas single;
 #pragma omp parallel num_threads(threads)
     {
       const int t = omp_get_thread_num();
-      T* cols_buffer = columns.data<T>() + t * columns_size;
+      T* cols_buffer = kept ? nullptr : columns.data<T>() + t * columns_size;
       T* dcols_buffer = column_grads.data<T>() + t * columns_size;
       T* partial = partials + t * partial_weight_grads.size(1);
       bool first = true;
@@ -165,7 +160,7 @@ void host_conv2d_backward(const Tensor& grad, const Tensor& x, const Tensor& w, 
       for (std::int64_t n = 0; n < g.N; ++n) {
         const T* gn = gp + n * g.O * g.L;  // (O, L)
         if (grad_weight) {                  // partial (O, K) += g[n] (O, L) @ columns[n]^T (L, K)
-          const T* cols = columns_of(be, stream, xp, cols_buffer, n, g, s, x.dtype());
+          const T* cols = kept ? kept_base + n * g.K * g.L : columns_of(be, stream, xp, cols_buffer, n, g, s, x.dtype());
           gemm(false, true, static_cast<int>(g.O), static_cast<int>(g.K), static_cast<int>(g.L), gn,
                static_cast<int>(g.L), cols, static_cast<int>(g.L), first ? T(0) : T(1), partial, static_cast<int>(g.K));
           first = false;

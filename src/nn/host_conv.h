@@ -13,10 +13,14 @@ namespace ferry::nn::detail {
 bool use_host_conv(Device device, const Backend::Conv2dShape& s);
 
 // out (N, O, oh, ow) = conv(x (N, C, H, W), w (O, C, kh, kw)) + bias (O) when defined. All contiguous.
+// `keep_columns`, when defined, (N, K * L) with K = C * kh * kw and L = oh * ow: each sample's im2col
+// columns are written there (for backward to reuse, as PyTorch's slow_conv2d keeps `finput`) instead of
+// into a per-thread scratch buffer.
 void host_conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& out,
-                         const Backend::Conv2dShape& s);
+                         const Backend::Conv2dShape& s, const Tensor& keep_columns = Tensor());
 // grad_input (N, C, H, W) and/or grad_weight (O, C, kh, kw) from grad (N, O, oh, ow); either may be null.
+// `columns`: forward's kept columns (N, K * L), or undefined to recompute them from x.
 void host_conv2d_backward(const Tensor& grad, const Tensor& x, const Tensor& w, const Backend::Conv2dShape& s,
-                          Tensor* grad_input, Tensor* grad_weight);
+                          Tensor* grad_input, Tensor* grad_weight, const Tensor& columns = Tensor());
 
 }  // namespace ferry::nn::detail
