@@ -17,7 +17,6 @@ import struct
 import sys
 import time
 
-import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -29,15 +28,15 @@ def read_idx(path):
     magic, = struct.unpack(">I", data[:4])
     ndim = magic & 0xFF
     dims = struct.unpack(">" + "I" * ndim, data[4:4 + 4 * ndim])
-    return np.frombuffer(data, dtype=np.uint8, offset=4 + 4 * ndim).reshape(dims)
+    return torch.frombuffer(bytearray(data[4 + 4 * ndim:]), dtype=torch.uint8).reshape(dims)
 
 
 def load(folder, split, device):
     prefix = "train" if split == "train" else "t10k"
     images = read_idx(os.path.join(folder, f"{prefix}-images-idx3-ubyte.gz"))
     labels = read_idx(os.path.join(folder, f"{prefix}-labels-idx1-ubyte.gz"))
-    x = (torch.from_numpy(images.astype(np.float32)) / 255.0 - 0.2860) / 0.3530
-    return x.unsqueeze(1).to(device), torch.from_numpy(labels.astype(np.int64)).to(device)
+    x = (images.float() / 255.0 - 0.2860) / 0.3530
+    return x.unsqueeze(1).to(device), labels.long().to(device)
 
 
 def fmnist_model():

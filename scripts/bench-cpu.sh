@@ -10,7 +10,7 @@
 #   FERRY_BENCH_THREADS=<n> (default: every core)  FERRY_BENCH_EPOCHS=1  FERRY_BENCH_STEPS=20
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh libtorch-dev python3-torch python3-numpy
+bash scripts/setup.sh libtorch-dev python3-torch
 build=${FERRY_BUILD_DIR:-build}
 threads=${FERRY_BENCH_THREADS:-$(nproc)}
 epochs=${FERRY_BENCH_EPOCHS:-1}
@@ -23,7 +23,7 @@ echo "$step_table"
 echo "== fmnist epoch ($epochs epoch(s), $threads threads): ferry train"
 ferry_json=$("$build/tools/ferry/ferry" train --device cpu --epochs "$epochs" --json)
 echo "== fmnist epoch: bench/torch_fmnist.py"
-torch_json=$(python3 bench/torch_fmnist.py --device cpu --threads "$threads" --epochs "$epochs")
+torch_json=$(/usr/bin/python3 bench/torch_fmnist.py --device cpu --threads "$threads" --epochs "$epochs")
 
 echo
 echo "ferry vs PyTorch on $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $threads threads, $(date -u +%F)"

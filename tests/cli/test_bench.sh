@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# tests/cli/test_bench.sh — runs `ferry bench link|memory|gemm` at small sizes, the profile they save,
+# tests/cli/test_bench.sh — runs `ferry bench link|memory|gemm|golden` at small sizes, the profile they save,
 # `ferry plan --profile`, `ferry plan speedup --gpu/--cpu` and `ferry devices`; usage: test_bench.sh path/to/ferry
 # Not here: the timing code's own tests (tests/test_profile.cpp). Checks JSON output and exit codes; runs in seconds.
 set -u
@@ -146,6 +146,20 @@ expect_status 2 "subcommand" bench
 echo '{"not": "a profile"}' >"$scratch/other.json"
 expect_status 1 "not a ferry profile" bench gemm --device cpu --sizes 16 --repeats 1 --save "$scratch/other.json"
 check_file 'j == {"not": "a profile"}' "$scratch/other.json"
+
+# ferry bench golden: every measurement present and positive; the printed prediction is the Golden Rule of the
+# printed parts (S / (1 + T_transfer / T_compute)), and the error is against the measured S_real.
+golden_ok='all(j["seconds_per_step"][k] > 0 for k in ("cpu", "resident", "copy", "per_step_copy", "item_every_step", "item_every_100"))
+ and j["device"] == "sim:0" and j["batch"] == 16 and j["bytes_per_step"] > 0
+ and abs(j["speedup"] - j["seconds_per_step"]["cpu"] / j["seconds_per_step"]["resident"]) < 1e-9 * j["speedup"]
+ and abs(j["s_real_measured"] - j["seconds_per_step"]["cpu"] / j["seconds_per_step"]["per_step_copy"]) < 1e-9 * j["s_real_measured"]
+ and abs(j["s_real_golden_rule"] - j["speedup"] / (1 + j["seconds_per_step"]["copy"] / j["seconds_per_step"]["resident"])) < 1e-9 * j["speedup"]
+ and abs(j["golden_rule_error_percent"] - 100 * (j["s_real_golden_rule"] - j["s_real_measured"]) / j["s_real_measured"]) < 1e-6'
+check_json "$golden_ok and j['workload'] == 'mlp'" bench golden --workload mlp --device sim:0 --batch 16 --steps 2 --warmup 1 --json
+check_json "$golden_ok and j['workload'] == 'cnn'" bench golden --workload cnn --device sim:0 --batch 16 --steps 2 --warmup 1 --json
+expect_status 2 "cuda[:N] or sim[:N]" bench golden --device cpu --steps 1
+expect_status 2 "mlp or cnn" bench golden --workload resnet --steps 1
+expect_status 2 "--steps" bench golden --workload mlp --batch 4 --steps 0
 
 if [[ $failures -ne 0 ]]; then
   echo "$failures check(s) failed" >&2

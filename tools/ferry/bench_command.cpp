@@ -1,4 +1,4 @@
-// bench_command.cpp — `ferry bench link|memory|gemm`: the sheet's rates measured for real on this
+// bench_command.cpp — `ferry bench link|memory|gemm` (and registers golden, allreduce): the sheet's rates measured for real on this
 // machine's devices, printed as tables or JSON, and kept in a profile (--save) for `ferry plan --profile`.
 // Not here: the timing loops (ferry/profile.h measure_*), the formulas (ferry/cost_model.h).
 #include <fmt/format.h>
@@ -25,8 +25,8 @@ namespace {
 
 using Json = nlohmann::ordered_json;
 
-// Options every bench takes. A new bench (`golden --workload mlp|cnn`, once ferry::nn lands) adds its
-// own options next to these with add_common_options() and reuses run_context() and finish().
+// Options the rate benches (link, memory, gemm) take; a new one adds its own options next to these with
+// add_common_options() and reuses run_context() and finish().
 struct CommonOptions {
   std::string device;               // "" = the bench's default device
   std::vector<std::string> sizes;   // as typed: "4KB", "1MB" (link, memory) or "256" (gemm)
@@ -311,7 +311,7 @@ void add_gemm_bench(CLI::App& bench) {
 
 void register_bench_command(CLI::App& app) {
   CLI::App* bench = app.add_subcommand(
-      "bench", "Measure this machine's devices: link copies, memory bandwidth, GEMM FLOP/s (--save keeps a profile)");
+      "bench", "Measure this machine's devices: link copies, memory bandwidth, GEMM FLOP/s (--save keeps a profile), the Golden Rule");
   bench->require_subcommand(1);
   bench->footer(
       "Every bench prints a table, or one JSON object with --json; --save PROFILE.json keeps the rates for\n"
@@ -320,7 +320,5 @@ void register_bench_command(CLI::App& app) {
   add_memory_bench(*bench);
   add_gemm_bench(*bench);
   register_bench_allreduce(*bench);  // `ferry bench allreduce` under mpirun (bench_allreduce.cpp)
-  // golden --workload mlp|cnn joins here once ferry::nn lands: add_golden_bench(*bench), built like the
-  // ones above (CommonOptions, run_context, finish), timing steps with ferry::Phase and reading
-  // them back with ferry::make_report.
+  register_bench_golden(*bench);     // `ferry bench golden --workload mlp|cnn` (bench_golden.cpp)
 }

@@ -11,3 +11,4 @@ void register_eval_command(CLI::App& app);
 void register_inspect_command(CLI::App& app);
 void register_bench_command(CLI::App& app);
 void register_bench_allreduce(CLI::App& bench);  // `ferry bench allreduce` (bench_allreduce.cpp)
+void register_bench_golden(CLI::App& bench);     // `ferry bench golden` (bench_golden.cpp)

@@ -1,0 +1,271 @@
+// bench_golden.cpp — `ferry bench golden --workload mlp|cnn`: the sheet's experiment run for real. One SGD step of
+// the workload timed on the cpu and on a device with the data resident, with a pageable copy of the batch every
+// step, with pinned prefetch (cuda), and with item() every step; then the measured S and S_real beside the
+// Golden Rule's prediction S / (1 + T_transfer / T_compute) from the measured parts, and the error in percent.
+// Not here: the formulas (ferry/cost_model.h), the other benches (bench_command.cpp).
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <functional>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "commands.h"
+#include "ferry/cost_model.h"
+#include "ferry/ferry.h"
+#include "ferry/nn/activation.h"
+#include "ferry/nn/batchnorm.h"
+#include "ferry/nn/conv.h"
+#include "ferry/nn/linear.h"
+#include "ferry/nn/loss.h"
+#include "ferry/nn/pooling.h"
+#include "ferry/nn/sequential.h"
+#include "ferry/optim.h"
+#include "ferry/trace.h"
+#include "ferry/units.h"
+
+namespace {
+
+using Json = nlohmann::ordered_json;
+using Clock = std::chrono::steady_clock;
+
+struct GoldenOptions {
+  std::string workload = "cnn";
+  std::string device;     // "" = cuda:0, else sim:0
+  std::int64_t batch = 0;  // 0 = the workload's (mlp 512, cnn 256)
+  int steps = 10, warmup = 2;
+  bool json = false;
+  std::string trace;
+};
+
+// DESIGN.md's workloads: the model, one batch's input shape.
+struct Workload {
+  std::shared_ptr<ferry::nn::Sequential> model;
+  ferry::Shape input;  // (B, ...)
+};
+
+Workload make_workload(const std::string& name, std::int64_t batch) {
+  namespace nn = ferry::nn;
+  auto model = std::make_shared<nn::Sequential>();
+  if (name == "mlp") {
+    model->push_back(nn::Linear(784, 1024));
+    model->push_back(nn::ReLU());
+    model->push_back(nn::Linear(1024, 1024));
+    model->push_back(nn::ReLU());
+    model->push_back(nn::Linear(1024, 10));
+    return {model, {batch > 0 ? batch : 512, 784}};
+  }
+  if (name == "cnn") {
+    const std::int64_t channels[] = {3, 32, 64, 128};
+    for (int i = 0; i < 3; ++i) {
+      model->push_back(nn::Conv2d(channels[i], channels[i + 1], 3, {.padding = 1}));
+      model->push_back(nn::BatchNorm2d(channels[i + 1]));
+      model->push_back(nn::ReLU());
+      model->push_back(nn::MaxPool2d(2));
+    }
+    model->push_back(nn::Flatten());
+    model->push_back(nn::Linear(2048, 10));
+    return {model, {batch > 0 ? batch : 256, 3, 32, 32}};
+  }
+  throw ferry::InvalidArgument(fmt::format("--workload must be mlp or cnn, got '{}'", name));
+}
+
+// One training step's parts on one device: the model there, its optimizer, the step.
+class Stepper {
+ public:
+  Stepper(const std::string& workload, std::int64_t batch, ferry::Device device) : device_(device) {
+    ferry::manual_seed(0);
+    Workload w = make_workload(workload, batch);
+    model_ = w.model;
+    model_->to(device);
+    model_->train();
+    optimizer_ = std::make_unique<ferry::optim::SGD>(model_->parameters(), ferry::optim::SGDOptions{.lr = 0.01, .momentum = 0.9});
+  }
+  // forward, cross-entropy, backward, SGD update; the loss stays on the device.
+  ferry::Tensor step(const ferry::Tensor& x, const ferry::Tensor& y) {
+    optimizer_->zero_grad();
+    ferry::Tensor loss = ferry::nn::cross_entropy((*model_)(x), y);
+    loss.backward();
+    optimizer_->step();
+    return loss;
+  }
+  ferry::Device device() const { return device_; }
+
+ private:
+  ferry::Device device_;
+  std::shared_ptr<ferry::nn::Sequential> model_;
+  std::unique_ptr<ferry::optim::SGD> optimizer_;
+};
+
+// Seconds per step of `body(i)` over `steps` steps after `warmup`, with one device sync at the end of the
+// timed block (a step on an asynchronous device is done when the device says so, not when the call returns).
+double seconds_per_step(ferry::Device device, int warmup, int steps, const std::function<void(int)>& body) {
+  for (int i = 0; i < warmup; ++i) body(i);
+  ferry::synchronize(device, "bench golden: warm-up done");
+  const auto start = Clock::now();
+  for (int i = 0; i < steps; ++i) body(warmup + i);
+  ferry::synchronize(device, "bench golden: timed block done");
+  return std::chrono::duration<double>(Clock::now() - start).count() / steps;
+}
+
+struct Row {
+  std::string key, label;
+  double seconds = 0;  // per step
+};
+
+void run_golden(const GoldenOptions& o) {
+  FERRY_CHECK(o.steps >= 1 && o.warmup >= 0, InvalidArgument, "--steps must be >= 1 and --warmup >= 0, got ",
+              o.steps, " and ", o.warmup);
+  const ferry::Device device = !o.device.empty() ? ferry::Device::parse(o.device)
+                               : ferry::is_available(ferry::DeviceType::CUDA) ? ferry::Device(ferry::DeviceType::CUDA, 0)
+                                                                              : ferry::Device::parse("sim:0");
+  FERRY_CHECK(!device.is_cpu(), InvalidArgument,
+              "bench golden compares the cpu with an accelerator: --device must be cuda[:N] or sim[:N], got ",
+              device.str());
+  const bool cuda = device.type == ferry::DeviceType::CUDA;
+  const Workload shape = make_workload(o.workload, o.batch);
+  ferry::manual_seed(1);
+  const ferry::Tensor x_host = ferry::randn(shape.input);                   // pageable host memory
+  const ferry::Tensor y_host = ferry::randint(0, 10, {shape.input[0]});
+  const double batch_bytes = static_cast<double>(x_host.nbytes() + y_host.nbytes());  // bytes per step
+  std::vector<Row> rows;
+  auto progress = [&](const std::string& what) {
+    if (!o.json) std::fprintf(stderr, "ferry bench golden: %s\n", what.c_str());
+  };
+
+  // 1. The cpu step: the sheet's T_cpu.
+  progress("cpu step");
+  {
+    Stepper cpu(o.workload, o.batch, ferry::kCPU);
+    rows.push_back({"cpu", "cpu step, data in host memory", seconds_per_step(ferry::kCPU, o.warmup, o.steps, [&](int) {
+                      cpu.step(x_host, y_host);
+                    })});
+  }
+  Stepper dev(o.workload, o.batch, device);
+  const ferry::Tensor x_dev = x_host.to(device), y_dev = y_host.to(device);
+  // 2. Resident: T_compute.
+  progress("device step, data resident");
+  rows.push_back({"resident", "device step, data resident", seconds_per_step(device, o.warmup, o.steps, [&](int) {
+                    dev.step(x_dev, y_dev);
+                  })});
+  // 3. The copy alone: T_transfer (pageable, as a naive loop does it).
+  progress("the batch's copy alone");
+  rows.push_back({"copy", "copy of one batch host->device (pageable)", seconds_per_step(device, o.warmup, o.steps, [&](int) {
+                    (void)x_host.to(device);
+                    (void)y_host.to(device);
+                  })});
+  // 4. The naive loop: copy every step, then compute.
+  progress("device step, pageable copy every step");
+  rows.push_back({"per_step_copy", "device step + pageable copy every step",
+                  seconds_per_step(device, o.warmup, o.steps, [&](int) { dev.step(x_host.to(device), y_host.to(device)); })});
+  // 5. Pinned prefetch (cuda): the next batch's copy on the copy stream while this step computes.
+  if (cuda) {
+    progress("device step, pinned prefetch");
+    const ferry::Tensor x_pinned = x_host.pin_memory(), y_pinned = y_host.pin_memory();
+    rows.push_back({"copy_pinned", "copy of one batch host->device (pinned)", seconds_per_step(device, o.warmup, o.steps, [&](int) {
+                      (void)x_pinned.to(device, true);
+                      (void)y_pinned.to(device, true);
+                    })});
+    ferry::Tensor x_next = x_pinned.to(device, true), y_next = y_pinned.to(device, true);
+    rows.push_back({"prefetch", "device step, pinned prefetch of the next batch",
+                    seconds_per_step(device, o.warmup, o.steps, [&](int) {
+                      const ferry::Tensor x = x_next, y = y_next;
+                      x_next = x_pinned.to(device, true);
+                      y_next = y_pinned.to(device, true);
+                      dev.step(x, y);
+                    })});
+  }
+  // 6. Logging: item() every step (a host sync each) against every 100th.
+  progress("device step, loss.item() every step");
+  rows.push_back({"item_every_step", "device step, data resident, loss.item() every step",
+                  seconds_per_step(device, o.warmup, o.steps, [&](int) { (void)dev.step(x_dev, y_dev).item<double>(); })});
+  progress("device step, loss.item() every 100th step");
+  rows.push_back({"item_every_100", "device step, data resident, loss.item() every 100th step",
+                  seconds_per_step(device, o.warmup, o.steps, [&](int i) {
+                    ferry::Tensor loss = dev.step(x_dev, y_dev);
+                    if (i % 100 == 0) (void)loss.item<double>();
+                  })});
+
+  auto find = [&](const std::string& key) {
+    for (const Row& r : rows)
+      if (r.key == key) return r.seconds;
+    return 0.0;
+  };
+  const double t_cpu = find("cpu"), t_compute = find("resident"), t_transfer = find("copy");
+  const double t_naive = find("per_step_copy");
+  const double s = t_cpu / t_compute;                 // measured speedup, data resident
+  const double s_real = t_cpu / t_naive;              // measured, copy every step
+  const double s_real_golden = ferry::cost::golden_rule(s, t_compute, t_transfer).speedup_real;  // from the parts
+  const double error = 100 * (s_real_golden - s_real) / s_real;
+  const double sync_cost = find("item_every_step") - find("item_every_100");
+
+  Json object{{"bench", "golden"},
+              {"workload", o.workload},
+              {"device", device.str()},
+              {"batch", shape.input[0]},
+              {"bytes_per_step", batch_bytes},
+              {"steps", o.steps},
+              {"seconds_per_step", Json::object()},
+              {"speedup", s},
+              {"s_real_measured", s_real},
+              {"s_real_golden_rule", s_real_golden},
+              {"golden_rule_error_percent", error},
+              {"item_cost_s", sync_cost}};
+  for (const Row& r : rows) object["seconds_per_step"][r.key] = r.seconds;
+  std::string text = fmt::format("ferry bench golden: {} workload, batch {}, cpu against {}; {} timed steps each\n",
+                                 o.workload, shape.input[0], device.str(), o.steps);
+  text += fmt::format("{:<58} {:>12}\n", "per step", "time");
+  for (const Row& r : rows) text += fmt::format("{:<58} {:>12}\n", r.label, ferry::format_seconds(r.seconds));
+  text += fmt::format("batch: {} per step; link as measured: {}\n", ferry::format_bytes(batch_bytes),
+                      ferry::format_bandwidth(batch_bytes / t_transfer));
+  text += fmt::format("S (measured, resident)                  = T_cpu / T_compute = {:.3g}\n", s);
+  text += fmt::format("S_real (measured, copy every step)      = T_cpu / T_step    = {:.3g}\n", s_real);
+  text += fmt::format("S_real (Golden Rule, from the parts)    = S / (1 + T_transfer / T_compute) = {:.3g}  ({:+.1f} %)\n",
+                      s_real_golden, error);
+  if (cuda) {
+    const double overlap = std::max(t_compute, find("copy_pinned"));
+    const double t_prefetch = find("prefetch");
+    object["prefetch_predicted_s"] = overlap;
+    text += fmt::format("prefetch: measured {} per step; overlap model max(T_compute, T_pinned copy) = {} ({:+.1f} %)\n",
+                        ferry::format_seconds(t_prefetch), ferry::format_seconds(overlap),
+                        100 * (overlap - t_prefetch) / t_prefetch);
+  }
+  text += fmt::format("loss.item() every step costs {} per step ({:.1f} % of a resident step)\n",
+                      ferry::format_seconds(sync_cost), 100 * sync_cost / t_compute);
+  if (device.type == ferry::DeviceType::Sim) {
+    text += "sim computes with the cpu's kernels (S ~ 1) and waits out its link (FERRY_SIM_LINK): the copies and the\n"
+            "Golden Rule are real, the speedup is not; on a cuda machine both are.\n";
+  }
+  if (!o.trace.empty()) {
+    ferry::write_chrome_trace(o.trace);
+    object["trace"] = o.trace;
+    text += fmt::format("trace written to {} (open it in ui.perfetto.dev)\n", o.trace);
+  }
+  fmt::print("{}", o.json ? object.dump() + "\n" : text);
+}
+
+}  // namespace
+
+void register_bench_golden(CLI::App& bench) {
+  auto options = std::make_shared<GoldenOptions>();
+  CLI::App* command = bench.add_subcommand(
+      "golden", "The Golden Rule measured: a training step on the cpu and on a device, resident, copied, prefetched");
+  command->footer(
+      "Times one SGD step of the workload on the cpu (T_cpu) and on the device with the data resident (T_compute),\n"
+      "the batch's copy alone (T_transfer), the naive loop that copies every step, pinned prefetch (cuda), and\n"
+      "loss.item() every step; prints measured S and S_real beside S / (1 + T_transfer / T_compute).\n"
+      "Example: ferry bench golden --workload cnn --device cuda:0 --steps 20");
+  command->add_option("--workload", options->workload, "mlp (784-1024-1024-10, batch 512) | cnn (3x32x32, batch 256)")
+      ->capture_default_str();
+  command->add_option("--device", options->device, "The accelerator: cuda[:N] or sim[:N] (default cuda:0, else sim:0)");
+  command->add_option("--batch", options->batch, "Batch size (default: the workload's)");
+  command->add_option("--steps", options->steps, "Timed steps per measurement")->capture_default_str();
+  command->add_option("--warmup", options->warmup, "Untimed steps before each measurement")->capture_default_str();
+  command->add_flag("--json", options->json, "Print one JSON object instead of the table");
+  command->add_option("--trace", options->trace, "Write the crossings and syncs as Chrome trace JSON")->type_name("FILE");
+  command->callback([options] { run_golden(*options); });
+}
