@@ -149,6 +149,29 @@ TEST(CoreOps, ShapeAndDtypeErrors) {
   }
 }
 
+// In-place add_ with another dtype follows PyTorch: an integer or narrower float operand is converted to self's
+// dtype (it was once read as raw bytes: 1.f + int64 10 gave 1), a floating result into an integer self is refused.
+TEST(CoreOps, InPlaceAddConvertsTheOperandOrRefusesTheCast) {
+  for (const Device& device : available_devices()) {
+    if (device.index != 0) continue;
+    Tensor a = from_vector<float>({1.f, 2.f, 3.f}).to(device);
+    a.add_(from_vector<std::int64_t>({10, 20, 30}).to(device));
+    EXPECT_EQ(a.to_vector<float>(), (std::vector<float>{11.f, 22.f, 33.f})) << device.str();
+    a.add_(from_vector<double>({0.5, 0.5, 0.5}).to(device), 2.0);
+    EXPECT_EQ(a.to_vector<float>(), (std::vector<float>{12.f, 23.f, 34.f})) << device.str();
+    a.add_(from_vector<std::int64_t>({1}).to(device));  // broadcast after the conversion
+    EXPECT_EQ(a.to_vector<float>(), (std::vector<float>{13.f, 24.f, 35.f})) << device.str();
+    Tensor i = from_vector<std::int64_t>({1, 2}).to(device);
+    try {
+      i.add_(from_vector<float>({0.5f, 0.5f}).to(device));
+      ADD_FAILURE() << "int64 add_ float32 was accepted on " << device.str();
+    } catch (const DTypeMismatch& e) {
+      EXPECT_NE(std::string(e.what()).find("can't be cast to the desired output type int64"), std::string::npos) << e.what();
+    }
+    EXPECT_EQ(i.to_vector<std::int64_t>(), (std::vector<std::int64_t>{1, 2}));  // untouched
+  }
+}
+
 // Invariant 4: every op with two or more tensor operands checks devices before dispatch.
 TEST(CoreOps, EveryMultiOperandOpChecksDevices) {
   const Device sim = Device::parse("sim:0");

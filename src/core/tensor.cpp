@@ -375,7 +375,14 @@ Tensor& Tensor::fill_(double value) {
 
 Tensor& Tensor::add_(const Tensor& other, double alpha) {
   check_same_device("add_", {this, &other});
-  Tensor b = other.shape() == shape() ? other : other.expand(shape());
+  // PyTorch's in-place rule: the result type of (self, other) must cast to self's dtype within its kind
+  // (bool < integer < floating); `other` is then converted, so the kernel reads both in self's dtype.
+  const auto kind = [](DType t) { return t == DType::Bool ? 0 : is_floating(t) ? 2 : 1; };
+  const DType result = promote_types(dtype(), other.dtype());
+  FERRY_CHECK(kind(result) <= kind(dtype()), DTypeMismatch, "add_: result type ", dtype_name(result),
+              " can't be cast to the desired output type ", dtype_name(dtype()));
+  Tensor b = other.dtype() == dtype() ? other : other.to(dtype());
+  if (b.shape() != shape()) b = b.expand(shape());
   Backend& be = backend(device());
   const Stream stream = detail::compute_stream(device());
   if (alpha == 1) {
