@@ -172,6 +172,24 @@ TEST(CoreOps, InPlaceAddConvertsTheOperandOrRefusesTheCast) {
   }
 }
 
+// Floating to integer truncates through int64 on every device (PyTorch: -1.5 -> uint8 255); a normal draw with
+// mean > std (once an undefined conversion of a negative range) gives the same numbers on every device.
+TEST(CoreOps, FloatToIntegerConversionsAndNormalDrawsAreDefinedEverywhere) {
+  for (const Device& device : available_devices()) {
+    if (device.index != 0) continue;
+    const Tensor x = from_vector<float>({-1.5f, 2.7f, 255.9f, -0.2f}).to(device);
+    EXPECT_EQ(x.to(DType::UInt8).to_vector<std::uint8_t>(), (std::vector<std::uint8_t>{255, 2, 255, 0})) << device.str();
+    EXPECT_EQ(x.to(DType::Int32).to_vector<std::int32_t>(), (std::vector<std::int32_t>{-1, 2, 255, 0})) << device.str();
+    manual_seed(7);
+    const std::vector<float> drawn = normal({1000}, 5.0, 0.5, {.device = device}).to_vector<float>();
+    double mean = 0;
+    for (float v : drawn) mean += v / 1000.0;
+    EXPECT_NEAR(mean, 5.0, 0.1) << device.str();
+    manual_seed(7);
+    EXPECT_EQ(drawn, normal({1000}, 5.0, 0.5).to_vector<float>()) << device.str() << " differs from cpu";
+  }
+}
+
 // Invariant 4: every op with two or more tensor operands checks devices before dispatch.
 TEST(CoreOps, EveryMultiOperandOpChecksDevices) {
   const Device sim = Device::parse("sim:0");

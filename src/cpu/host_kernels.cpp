@@ -97,10 +97,21 @@ auto apply_binary(BinaryOp op, T a, T b) {
   }
 }
 
+// To bool: != 0 (NaN is true). Floating to integer truncates through int64 (as the CUDA backend and PyTorch
+// do: -1.5 -> uint8 is 255), so a negative value into an unsigned type wraps instead of being undefined; NaN
+// and values beyond int64 give int64's minimum, what x86's conversion gives, instead of undefined behaviour.
 template <typename Out, typename T>
 Out cast_to(T v) {
-  if constexpr (std::is_same_v<Out, bool>) return v != T(0);
-  else return static_cast<Out>(v);
+  if constexpr (std::is_same_v<Out, bool>) {
+    return v != T(0);
+  } else if constexpr (std::is_integral_v<Out> && std::is_floating_point_v<T>) {
+    constexpr T kLimit = T(9223372036854775807.0);  // 2^63
+    const std::int64_t whole = (v > -kLimit && v < kLimit) ? static_cast<std::int64_t>(v)
+                                                          : std::numeric_limits<std::int64_t>::min();
+    return static_cast<Out>(whole);
+  } else {
+    return static_cast<Out>(v);
+  }
 }
 
 // The common fast case: out = f(a, b) over contiguous float runs, op chosen outside the loop.
@@ -172,7 +183,8 @@ void HostKernels::random(const KernelTensor& out, RandomKind kind, double low, d
   dispatch(out.dtype, [&](auto tag_T) {
     using T = typename decltype(tag_T)::type;
     T* o = out.ptr<T>();
-    const auto range = static_cast<std::uint64_t>(high - low);
+    // Integer draws: [low, high) with high > low (checked by randint); the other kinds have no range.
+    const std::uint64_t range = kind == RandomKind::Integer && high > low ? static_cast<std::uint64_t>(high - low) : 0;
     parallel_for(n, 16, [&](std::int64_t i) {
       const auto u = static_cast<std::uint64_t>(i);
       double v;

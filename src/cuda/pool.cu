@@ -58,10 +58,10 @@ __global__ void __launch_bounds__(kPoolThreads)
         const std::int64_t ix = xo * g.stride_w - g.pad_w + kw;
         if (ix < 0 || ix >= g.width) continue;
         const T v = plane[iy * g.width + ix];
-        if (v > best || v != v || best_index < 0) {
+        // PyTorch's rule, as the cpu: the first maximum in window order; the first NaN wins over all after it.
+        if (best_index < 0 || (best == best && (v > best || v != v))) {
           best = v;
           best_index = iy * g.width + ix;
-          if (v != v) break;
         }
       }
     }
