@@ -145,6 +145,29 @@ TEST(CoreTensor, StridedMovesAndCrossDeviceCopies) {
   EXPECT_EQ(dst.cpu().to_vector<float>(), (std::vector<float>{0, 3, 1, 4, 2, 5}));
 }
 
+// copy_(device -> host, non_blocking) into pageable (or strided) host memory reads the crossing's result at once,
+// so it must have finished: it is done blocking (and counted as the sync it is); into a pinned contiguous host
+// tensor it stays asynchronous and the caller syncs. Values right either way, on every accelerator.
+TEST(CoreTensor, NonBlockingCopyIntoHostMemoryIsCompleteWhenRead) {
+  for (const Device& device : accelerators()) {
+    manual_seed(3);
+    const Tensor src = randn({256, 64}, {.device = device});
+    const std::vector<float> expected = src.cpu().to_vector<float>();
+    Tensor dst = zeros({256, 64});
+    dst.copy_(src, true);
+    EXPECT_EQ(dst.to_vector<float>(), expected) << device.str();
+    Tensor strided = zeros({64, 256}).t();
+    strided.copy_(src, true);
+    EXPECT_EQ(strided.contiguous().to_vector<float>(), expected) << device.str();
+    if (device.is_cuda()) {
+      Tensor pinned = zeros({256, 64}).pin_memory();
+      pinned.copy_(src, true);
+      synchronize(device);
+      EXPECT_EQ(pinned.to_vector<float>(), expected) << device.str();
+    }
+  }
+}
+
 TEST(CoreTensor, DtypeConversion) {
   Tensor f = from_vector<float>({1.5f, -2.7f, 0.f});
   EXPECT_EQ(f.to(DType::Int64).to_vector<std::int64_t>(), (std::vector<std::int64_t>{1, -2, 0}));

@@ -358,7 +358,15 @@ Tensor& Tensor::copy_(const Tensor& src, bool non_blocking) {
   Tensor source = src;
   if (source.shape() != shape()) source = source.expand(shape());
   if (source.device() != device()) {
-    Tensor moved = detail::transfer(source.contiguous(), device(), non_blocking, "copy_()");
+    if (device().is_cpu() && non_blocking && is_pinned() && is_contiguous() && source.dtype() == dtype()) {
+      // Straight into this pinned tensor, asynchronously: the caller syncs before reading it (as in PyTorch).
+      detail::copy_between(*this, source.contiguous(), true, "copy_()");
+      impl_->version += 1;
+      return *this;
+    }
+    // Otherwise the data lands in a temporary first; into host memory the copy below reads it at once, so that
+    // crossing must have finished: non_blocking is only honoured towards a device (its streams keep the order).
+    Tensor moved = detail::transfer(source.contiguous(), device(), non_blocking && !device().is_cpu(), "copy_()");
     source = moved;
   }
   backend(device()).unary(UnaryOp::Copy, detail::kernel_view(*this), detail::kernel_view(source),
