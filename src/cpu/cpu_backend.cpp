@@ -17,6 +17,15 @@
 #include "host_memory.h"
 #include "ferry/error.h"
 
+#if defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define FERRY_CLANG_ASAN 1
+#endif
+#endif
+#ifndef FERRY_CLANG_ASAN
+#define FERRY_CLANG_ASAN 0
+#endif
+
 namespace ferry::cpu {
 
 namespace {
@@ -128,7 +137,7 @@ class CpuBackend final : public HostKernels {
   // The cache's limit, bytes: a quarter of the machine's memory, at most 4 GiB; none under AddressSanitizer,
   // which must see every block freed to catch a use after free.
   static std::size_t cache_limit() {
-#if defined(__SANITIZE_ADDRESS__)
+#if defined(__SANITIZE_ADDRESS__) || FERRY_CLANG_ASAN  // GCC defines the first, clang has the feature
     return 0;
 #else
     return static_cast<std::size_t>(std::min<std::int64_t>(physical_memory_bytes() / 4, std::int64_t{4} << 30));
