@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <optional>
 #include <type_traits>
 #include <vector>
 
@@ -399,8 +400,12 @@ void gemm_parallel(const Backend::GemmArgs& g) {
   const T* a = static_cast<const T*>(g.a);
   const T* b = static_cast<const T*>(g.b);
   T* c = static_cast<T*>(g.c);
-  SingleThreadedBlas single;
-  const int threads = omp_in_parallel() ? 1 : omp_get_max_threads();
+  // Inside a parallel region (a caller's per-sample loop) the caller owns OpenBLAS's setting: no guard there,
+  // whose set/restore would race between the region's threads.
+  const bool nested = omp_in_parallel();
+  std::optional<SingleThreadedBlas> single;
+  if (!nested) single.emplace();
+  const int threads = nested ? 1 : omp_get_max_threads();
   constexpr std::int64_t kMinMultiplyAdds = std::int64_t{1} << 18;  // ~10 us of one core: below, one thread
   const std::int64_t work = g.batch * g.m * g.n * g.k;
   if (threads < 2 || work < 2 * kMinMultiplyAdds) {
