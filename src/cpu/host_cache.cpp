@@ -26,9 +26,12 @@ void HostBlockCache::give(void* ptr, std::size_t bytes) noexcept {
       std::free(largest->second);
       blocks_.erase(largest);
     }
-    blocks_.emplace(bytes, ptr);
-    cached_ += bytes;
-    return;
+    try {
+      blocks_.emplace(bytes, ptr);  // a map node: may throw bad_alloc, then the block is simply freed
+      cached_ += bytes;
+      return;
+    } catch (...) {
+    }
   }
   std::free(ptr);
 }

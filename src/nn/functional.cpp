@@ -238,9 +238,12 @@ Tensor conv2d(const Tensor& input_in, const Tensor& weight, const Tensor& bias, 
   const std::int64_t chunk = samples_per_chunk(s, x.element_size());
 
   // Training on the host path keeps each sample's columns for the weight gradient (N * K * L elements, e.g.
-  // 29 MB for the fmnist CNN's second conv at batch 128) instead of running im2col again in backward.
+  // 29 MB for the fmnist CNN's second conv at batch 128) instead of running im2col again in backward; up to
+  // kMaxKeptColumnsBytes per layer (a 224x224 layer would keep gigabytes: it recomputes instead).
+  constexpr std::int64_t kMaxKeptColumnsBytes = std::int64_t{256} << 20;
   Tensor kept_columns;
-  if (host && !pointwise && out.numel() > 0 && weight.requires_grad() && needs_grad({&input, &weight, &bias}))
+  if (host && !pointwise && out.numel() > 0 && weight.requires_grad() && needs_grad({&input, &weight, &bias}) &&
+      N * K * L * static_cast<std::int64_t>(x.element_size()) <= kMaxKeptColumnsBytes)
     kept_columns = empty({N, K * L}, like);
   if (out.numel() > 0 && K > 0) {
     if (host) {
