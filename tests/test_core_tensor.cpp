@@ -179,6 +179,33 @@ TEST(CoreTensor, DtypeConversion) {
   EXPECT_EQ(promote_types(DType::Int64, DType::Float32), DType::Float32);
 }
 
+// The cpu keeps freed blocks of 1 MiB and more for the next request of the same size (no fresh pages every
+// training step): they count as reserved, not allocated, and empty_cache() gives them back. (Under
+// AddressSanitizer the cache is off: every block is freed at once and reserved stays equal to allocated.)
+TEST(CoreTensor, CpuReusesLargeBlocksAndEmptyCacheReleasesThem) {
+  Backend& cpu = backend(kCPU);
+  cpu.empty_cache(0);
+  const MemoryStats before = cpu.memory_stats(0);
+  EXPECT_EQ(before.reserved, before.allocated);
+  const void* first = nullptr;
+  {
+    Tensor big = empty({1 << 20});  // 4 MiB
+    first = big.data_ptr();
+    EXPECT_GE(cpu.memory_stats(0).allocated, before.allocated + (4 << 20));
+  }
+  const MemoryStats freed = cpu.memory_stats(0);
+  EXPECT_EQ(freed.allocated, before.allocated);
+  if (freed.reserved > freed.allocated) {  // cached: the same size gets the same block back
+    EXPECT_EQ(freed.reserved - freed.allocated, std::int64_t{4} << 20);
+    Tensor again = empty({1 << 20});
+    EXPECT_EQ(again.data_ptr(), first);
+    EXPECT_EQ(cpu.memory_stats(0).reserved, cpu.memory_stats(0).allocated);
+  }
+  cpu.empty_cache(0);
+  const MemoryStats emptied = cpu.memory_stats(0);
+  EXPECT_EQ(emptied.reserved, emptied.allocated);
+}
+
 TEST(CoreTensor, ItemAndPrinting) {
   EXPECT_DOUBLE_EQ(full({}, 3.25).item<double>(), 3.25);
   EXPECT_THROW(ones({2}).item<float>(), InvalidArgument);
