@@ -19,7 +19,7 @@ started=$SECONDS
 # RelWithDebInfo at -O1 -g1: Debug's -O0 makes the training and gradient-check tests several times slower under
 # ASan; -O2 -g doubled the build (27 min on 2 cores) for no extra check; -g1 keeps file:line in every report.
 cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE="${FERRY_ASAN_BUILD_TYPE:-RelWithDebInfo}" \
-  -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1" -DCMAKE_C_FLAGS_RELWITHDEBINFO="-O1 -g1" \
+  -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1" \
   -DFERRY_SANITIZE=ON -DFERRY_CUDA=OFF -DFERRY_BENCH=OFF -DFERRY_TESTS=ON >/dev/null
 cmake --build "$build_dir" -j "$jobs"
 built=$SECONDS

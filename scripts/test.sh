@@ -16,13 +16,14 @@ if [ -f "$log" ]; then
 import re, sys
 text = open(sys.argv[1], errors="replace").read()
 found = 0
-for block in text.split("----------------------------------------------------------"):
-    name = re.search(r'"([^"]+)" start time', block)
-    if not name or "[  SKIPPED ]" not in block:
+# ctest's log has one section per test, opened by "N/M Testing: NAME"; GoogleTest prints "file:line: Skipped"
+# and the GTEST_SKIP() reason on the next line in the test's output.
+for match in re.finditer(r"^\d+/\d+ Testing: (.+?)\n(.*?)(?=^\d+/\d+ Testing: |\Z)", text, re.S | re.M):
+    name, section = match.group(1).strip(), match.group(2)
+    if "[  SKIPPED ]" not in section:
         continue
-    reason = re.search(r"Skipped\s*\n(.*)", block)
-    why = reason.group(1).strip() if reason else "(no reason given)"
-    print(f"  {name.group(1)}: {why}")
+    reason = re.search(r"Skipped\s*\n(.*)", section)
+    print(f"  {name}: {reason.group(1).strip() if reason else '(no reason given)'}")
     found += 1
 if not found:
     print("  none")
