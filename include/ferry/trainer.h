@@ -77,6 +77,9 @@ struct TrainResult {
 // The `fmnist` workload of DESIGN.md: 3 x [Conv3x3 pad 1, BatchNorm2d, ReLU, MaxPool 2] with 32, 64,
 // 128 channels, Flatten, Linear 1152 -> 10. Parameters drawn from the generator on options.device.
 std::shared_ptr<nn::Sequential> make_fmnist_model(const TensorOptions& options = {});
+// DESIGN.md's cnn family: 3 x [Conv3x3 pad 1, BatchNorm2d, ReLU, MaxPool 2] with 32, 64, 128 channels, Flatten,
+// Linear -> 10, for (in_channels, side, side) images: fmnist is (1, 28), the cnn workload (3, 32).
+std::shared_ptr<nn::Sequential> make_cnn_model(std::int64_t in_channels, std::int64_t side, const TensorOptions& options = {});
 
 // The `mlp` workload of DESIGN.md on 28 x 28 images: Flatten, Linear 784 -> 1024, ReLU, Linear 1024 -> 1024,
 // ReLU, Linear 1024 -> 10. No BatchNorm, no dropout: data-parallel runs match one process to rounding.

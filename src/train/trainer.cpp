@@ -78,9 +78,9 @@ double schedule_lr(const TrainOptions& o, std::int64_t step, std::int64_t total_
 }
 }  // namespace
 
-std::shared_ptr<nn::Sequential> make_fmnist_model(const TensorOptions& options) {
+std::shared_ptr<nn::Sequential> make_cnn_model(std::int64_t in_channels, std::int64_t side, const TensorOptions& options) {
   auto model = std::make_shared<nn::Sequential>();
-  std::int64_t in = 1;
+  std::int64_t in = in_channels;
   for (std::int64_t out : {32, 64, 128}) {
     model->push_back(std::make_shared<nn::Conv2d>(in, out, 3, nn::Conv2dOptions{.padding = 1}, options));
     model->push_back(std::make_shared<nn::BatchNorm2d>(out, nn::BatchNormOptions{}, options));
@@ -88,10 +88,13 @@ std::shared_ptr<nn::Sequential> make_fmnist_model(const TensorOptions& options) 
     model->push_back(std::make_shared<nn::MaxPool2d>(2));
     in = out;
   }
+  const std::int64_t pooled = side / 2 / 2 / 2;  // three 2x2 poolings, floor: 28 -> 3, 32 -> 4
   model->push_back(std::make_shared<nn::Flatten>());
-  model->push_back(std::make_shared<nn::Linear>(128 * 3 * 3, 10, true, options));  // 28 -> 14 -> 7 -> 3
+  model->push_back(std::make_shared<nn::Linear>(128 * pooled * pooled, 10, true, options));
   return model;
 }
+
+std::shared_ptr<nn::Sequential> make_fmnist_model(const TensorOptions& options) { return make_cnn_model(1, 28, options); }
 
 std::shared_ptr<nn::Sequential> make_mlp_model(const TensorOptions& options) {
   auto model = std::make_shared<nn::Sequential>();

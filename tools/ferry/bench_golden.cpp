@@ -17,14 +17,10 @@
 #include "commands.h"
 #include "ferry/cost_model.h"
 #include "ferry/ferry.h"
-#include "ferry/nn/activation.h"
-#include "ferry/nn/batchnorm.h"
-#include "ferry/nn/conv.h"
-#include "ferry/nn/linear.h"
 #include "ferry/nn/loss.h"
-#include "ferry/nn/pooling.h"
 #include "ferry/nn/sequential.h"
 #include "ferry/optim.h"
+#include "ferry/trainer.h"
 #include "ferry/trace.h"
 #include "ferry/units.h"
 
@@ -49,28 +45,8 @@ struct Workload {
 };
 
 Workload make_workload(const std::string& name, std::int64_t batch) {
-  namespace nn = ferry::nn;
-  auto model = std::make_shared<nn::Sequential>();
-  if (name == "mlp") {
-    model->push_back(nn::Linear(784, 1024));
-    model->push_back(nn::ReLU());
-    model->push_back(nn::Linear(1024, 1024));
-    model->push_back(nn::ReLU());
-    model->push_back(nn::Linear(1024, 10));
-    return {model, {batch > 0 ? batch : 512, 784}};
-  }
-  if (name == "cnn") {
-    const std::int64_t channels[] = {3, 32, 64, 128};
-    for (int i = 0; i < 3; ++i) {
-      model->push_back(nn::Conv2d(channels[i], channels[i + 1], 3, {.padding = 1}));
-      model->push_back(nn::BatchNorm2d(channels[i + 1]));
-      model->push_back(nn::ReLU());
-      model->push_back(nn::MaxPool2d(2));
-    }
-    model->push_back(nn::Flatten());
-    model->push_back(nn::Linear(2048, 10));
-    return {model, {batch > 0 ? batch : 256, 3, 32, 32}};
-  }
+  if (name == "mlp") return {ferry::make_mlp_model(), {batch > 0 ? batch : 512, 784}};
+  if (name == "cnn") return {ferry::make_cnn_model(3, 32), {batch > 0 ? batch : 256, 3, 32, 32}};
   throw ferry::InvalidArgument(fmt::format("--workload must be mlp or cnn, got '{}'", name));
 }
 
