@@ -4,11 +4,14 @@
 // Not here: the op-by-op parity suite over every device (test_core_ops.cpp, which includes cuda:0).
 // Without a CUDA device every test that needs one skips, saying why.
 #include <cmath>
+#include <cstdlib>
+#include <optional>
 #include <cstring>
 #include <functional>
 #include <string>
 #include <vector>
 
+#include "ferry/nn/functional.h"
 #include "test_helpers.h"
 
 #ifdef FERRY_HAVE_CUDA
@@ -556,6 +559,94 @@ TEST_F(CudaBackend, ArangeAndFillMatchCpu) {
     t.t().narrow(0, 1, 5).fill_(2.5);
     return t;
   }, 0, 0);
+}
+
+
+// (C) values 0.5, 0.6, ... : distinct per channel, never zero.
+Tensor linspace_like(std::int64_t channels) { return add(mul(arange(static_cast<double>(channels)), 0.1), 0.5); }
+
+// --- cuDNN layers: the same results as the layers composed from ferry's kernels ----------------------
+
+// One conv2d forward and backward on cuda; returns {out, grad input, grad weight, grad bias}, on the cpu.
+std::vector<Tensor> conv_pass(const Tensor& x_in, const Tensor& w_in, const Tensor& b_in, const Tensor& probe,
+                              nn::Size2 stride, nn::Size2 padding, nn::Size2 dilation) {
+  Tensor x = x_in.to(kCuda).requires_grad_(), w = w_in.to(kCuda).requires_grad_(), b = b_in.to(kCuda).requires_grad_();
+  const Tensor out = nn::functional::conv2d(x, w, b, stride, padding, dilation);
+  sum(mul(out, probe.to(kCuda))).backward();
+  return {out.detach().cpu(), x.grad().cpu(), w.grad().cpu(), b.grad().cpu()};
+}
+
+TEST_F(CudaBackend, CudnnConvolutionMatchesTheComposedLayer) {
+#ifdef FERRY_HAVE_CUDNN
+  const char* off = std::getenv("FERRY_CUDNN");
+  if (off == nullptr || std::string(off) != "0") {  // a cuDNN build uses it, unless told not to
+    Backend::Conv2dShape s;
+    s.batch = 8, s.in_channels = 16, s.height = 14, s.width = 14, s.out_channels = 32, s.kernel_h = 3, s.kernel_w = 3;
+    s.pad_h = 1, s.pad_w = 1;
+    EXPECT_TRUE(backend(kCuda).conv2d_library(s, DType::Float32, kCuda.index)) << "cuDNN was built in but not used";
+  }
+#endif
+  struct Case { std::int64_t n, c, h, w, o, kh, kw; nn::Size2 stride, padding, dilation; };
+  const std::vector<Case> cases = {
+      {8, 16, 14, 14, 32, 3, 3, 1, 1, 1},           // the fmnist CNN's 'same' 3x3
+      {4, 3, 17, 13, 8, 5, 3, {2, 1}, {2, 0}, 1},   // odd sizes, strides and padding
+      {5, 6, 9, 11, 4, 3, 2, 2, 1, {1, 2}},         // dilation
+      {6, 12, 7, 7, 10, 1, 1, 1, 0, 1},             // pointwise
+  };
+  manual_seed(41);
+  for (const Case& c : cases) {
+    const Tensor x = randn({c.n, c.c, c.h, c.w}), w = randn({c.o, c.c, c.kh, c.kw}), b = randn({c.o});
+    const Tensor out_shape_probe = nn::functional::conv2d(x, w, b, c.stride, c.padding, c.dilation);
+    const Tensor probe = randn(out_shape_probe.shape());
+    const std::vector<Tensor> library = conv_pass(x, w, b, probe, c.stride, c.padding, c.dilation);
+    nn::functional::set_library_layers(false);
+    const std::vector<Tensor> composed = conv_pass(x, w, b, probe, c.stride, c.padding, c.dilation);
+    nn::functional::set_library_layers(true);
+    const char* names[] = {"out", "grad input", "grad weight", "grad bias"};
+    for (int i = 0; i < 4; ++i) {
+      EXPECT_TRUE(all_close(library[i], composed[i], 1e-4, 1e-4)) << names[i] << " of " << shape_str(x.shape()) << " * "
+                                                                  << shape_str(w.shape());
+    }
+    EXPECT_TRUE(all_close(library[0], out_shape_probe, 1e-4, 1e-4)) << "cuda against cpu";
+  }
+}
+
+// BatchNorm in training on cuda: {out, grad input, grad weight, grad bias, running mean, running var}.
+std::vector<Tensor> batch_norm_pass(const Tensor& x_in, const Tensor& probe, bool affine, std::optional<double> momentum) {
+  Tensor x = x_in.to(kCuda).requires_grad_();
+  const std::int64_t C = x_in.size(1);
+  Tensor weight, bias;
+  if (affine) {
+    weight = linspace_like(C).to(kCuda).requires_grad_();
+    bias = mul(linspace_like(C), -0.5).to(kCuda).requires_grad_();
+  }
+  Tensor running_mean = full({C}, 0.25, {.device = kCuda}), running_var = full({C}, 2.0, {.device = kCuda});
+  const Tensor batches = full({}, 3, {.device = kCuda, .dtype = DType::Int64});
+  const Tensor out = nn::functional::batch_norm(x, running_mean, running_var, weight, bias, true, momentum, 1e-5, batches);
+  sum(mul(out, probe.to(kCuda))).backward();
+  return {out.detach().cpu(), x.grad().cpu(), affine ? weight.grad().cpu() : zeros({C}),
+          affine ? bias.grad().cpu() : zeros({C}), running_mean.cpu(), running_var.cpu()};
+}
+
+TEST_F(CudaBackend, CudnnBatchNormMatchesTheComposedLayer) {
+  manual_seed(43);
+  for (const Shape& shape : {Shape{16, 8, 7, 7}, Shape{5, 3, 11}, Shape{64, 10}}) {
+    for (const bool affine : {true, false}) {
+      for (const std::optional<double> momentum : {std::optional<double>(0.1), std::optional<double>()}) {
+        const Tensor x = add(mul(randn(shape), 3.0), 1.5), probe = randn(shape);
+        const std::vector<Tensor> library = batch_norm_pass(x, probe, affine, momentum);
+        nn::functional::set_library_layers(false);
+        const std::vector<Tensor> composed = batch_norm_pass(x, probe, affine, momentum);
+        nn::functional::set_library_layers(true);
+        const char* names[] = {"out", "grad input", "grad weight", "grad bias", "running mean", "running var"};
+        for (int i = 0; i < 6; ++i) {
+          EXPECT_TRUE(all_close(library[i], composed[i], 1e-4, 1e-4))
+              << names[i] << " of " << shape_str(shape) << (affine ? " affine" : "") << " momentum "
+              << (momentum ? std::to_string(*momentum) : "None");
+        }
+      }
+    }
+  }
 }
 
 }  // namespace

@@ -195,6 +195,43 @@ class Backend {
                           const Stream& stream) = 0;
   virtual void avg_pool2d_backward(const KernelTensor& grad_in, const KernelTensor& grad_out,
                                    const Pool2dShape& shape, const Stream& stream) = 0;
+
+  // --- library layers (cuDNN on cuda) ------------------------------------------------------------
+  // Convolution and BatchNorm as one vendor-library call each, where the device has such a library.
+  // The *_library queries (for device `index`) never throw: false means "compose the layer from the
+  // kernels above" (im2col + GEMM, per-channel passes), which every device can do. cpu and sim say false.
+  // All tensors contiguous NCHW; weight (O, C, kh, kw).
+  virtual bool conv2d_library(const Conv2dShape& /*shape*/, DType /*dtype*/, int /*index*/) { return false; }
+  // out (N, O, oh, ow) = conv(input (N, C, H, W), weight) + beta * out (beta 1 keeps a bias written first).
+  virtual void conv2d_forward(const KernelTensor& out, const KernelTensor& input, const KernelTensor& weight,
+                              const Conv2dShape& shape, float beta, const Stream& stream);
+  // grad_input (N, C, H, W) = the input gradient of the convolution, overwritten.
+  virtual void conv2d_backward_input(const KernelTensor& grad_input, const KernelTensor& grad_out,
+                                     const KernelTensor& weight, const Conv2dShape& shape, const Stream& stream);
+  // grad_weight (O, C, kh, kw) = the weight gradient, summed over the batch, overwritten.
+  virtual void conv2d_backward_weight(const KernelTensor& grad_weight, const KernelTensor& grad_out,
+                                      const KernelTensor& input, const Conv2dShape& shape, const Stream& stream);
+
+  // BatchNorm in training mode over x viewed as (batch, channels, inner), statistics per channel.
+  struct BatchNormShape {
+    std::int64_t batch = 0, channels = 0, inner = 0;
+    double eps = 1e-5;
+  };
+  virtual bool batch_norm_library(const BatchNormShape& /*shape*/, DType /*dtype*/, int /*index*/) { return false; }
+  // out = (x - mean) * invstd * weight + bias with the batch's mean and invstd = 1/sqrt(var + eps) (C),
+  // written to save_mean and save_invstd. When running_mean.data is not null: running_mean =
+  // (1 - factor) running_mean + factor mean, running_var likewise with the unbiased variance.
+  virtual void batch_norm_forward(const KernelTensor& out, const KernelTensor& x, const KernelTensor& weight,
+                                  const KernelTensor& bias, const KernelTensor& running_mean,
+                                  const KernelTensor& running_var, const KernelTensor& save_mean,
+                                  const KernelTensor& save_invstd, const BatchNormShape& shape, double factor,
+                                  const Stream& stream);
+  // The training-mode gradients: grad_x (N, C, inner), grad_weight and grad_bias (C), all overwritten.
+  virtual void batch_norm_backward(const KernelTensor& grad_x, const KernelTensor& grad_weight,
+                                   const KernelTensor& grad_bias, const KernelTensor& grad_out, const KernelTensor& x,
+                                   const KernelTensor& weight, const KernelTensor& save_mean,
+                                   const KernelTensor& save_invstd, const BatchNormShape& shape,
+                                   const Stream& stream);
 };
 
 // The registry: one backend per device type, created on first use. Throws DeviceUnavailable for a

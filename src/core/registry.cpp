@@ -13,6 +13,36 @@ void* Backend::allocate_pinned(std::size_t) {
 }
 void Backend::deallocate_pinned(void*) noexcept {}
 
+namespace {
+[[noreturn]] void no_library(const char* layer) {
+  throw NotSupported(detail::concat(layer, " through a vendor library is not available on this device; ferry composes it "
+                                    "from kernels when the backend's *_library query says false"));
+}
+}  // namespace
+
+void Backend::conv2d_forward(const KernelTensor&, const KernelTensor&, const KernelTensor&, const Conv2dShape&, float,
+                             const Stream&) {
+  no_library("conv2d");
+}
+void Backend::conv2d_backward_input(const KernelTensor&, const KernelTensor&, const KernelTensor&, const Conv2dShape&,
+                                    const Stream&) {
+  no_library("conv2d");
+}
+void Backend::conv2d_backward_weight(const KernelTensor&, const KernelTensor&, const KernelTensor&, const Conv2dShape&,
+                                     const Stream&) {
+  no_library("conv2d");
+}
+void Backend::batch_norm_forward(const KernelTensor&, const KernelTensor&, const KernelTensor&, const KernelTensor&,
+                                 const KernelTensor&, const KernelTensor&, const KernelTensor&, const KernelTensor&,
+                                 const BatchNormShape&, double, const Stream&) {
+  no_library("batch_norm");
+}
+void Backend::batch_norm_backward(const KernelTensor&, const KernelTensor&, const KernelTensor&, const KernelTensor&,
+                                  const KernelTensor&, const KernelTensor&, const KernelTensor&, const KernelTensor&,
+                                  const BatchNormShape&, const Stream&) {
+  no_library("batch_norm");
+}
+
 Backend& backend(DeviceType type) {
   static std::array<std::unique_ptr<Backend>, kDeviceTypeCount> table;
   static std::array<std::once_flag, kDeviceTypeCount> once;

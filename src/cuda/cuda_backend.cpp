@@ -17,6 +17,7 @@
 
 #include "../core/registry.h"
 #include "check.h"
+#include "cudnn_layers.h"
 #include "device_state.h"
 #include "ferry/error.h"
 #include "kernels.h"
@@ -462,6 +463,55 @@ class CudaBackend final : public Backend {
                            const Stream& stream) override {
     DeviceGuard guard(stream.device.index);
     launch_avg_pool2d_backward(grad_in, grad_out, shape, to_cuda(stream));
+  }
+
+  // --- library layers: cuDNN (cudnn_layers.cpp) -----------------------------------------------------
+  bool conv2d_library(const Conv2dShape& shape, DType dtype, int index) override {
+    try {
+      DeviceGuard guard(index);
+      return cudnn_conv2d_supported(shape, dtype, index);
+    } catch (const std::exception&) {
+      return false;
+    }
+  }
+  void conv2d_forward(const KernelTensor& out, const KernelTensor& input, const KernelTensor& weight,
+                      const Conv2dShape& shape, float beta, const Stream& stream) override {
+    DeviceGuard guard(stream.device.index);
+    cudnn_conv2d_forward(out, input, weight, shape, beta, stream.device.index, to_cuda(stream));
+  }
+  void conv2d_backward_input(const KernelTensor& grad_input, const KernelTensor& grad_out, const KernelTensor& weight,
+                             const Conv2dShape& shape, const Stream& stream) override {
+    DeviceGuard guard(stream.device.index);
+    cudnn_conv2d_backward_input(grad_input, grad_out, weight, shape, stream.device.index, to_cuda(stream));
+  }
+  void conv2d_backward_weight(const KernelTensor& grad_weight, const KernelTensor& grad_out, const KernelTensor& input,
+                              const Conv2dShape& shape, const Stream& stream) override {
+    DeviceGuard guard(stream.device.index);
+    cudnn_conv2d_backward_weight(grad_weight, grad_out, input, shape, stream.device.index, to_cuda(stream));
+  }
+  bool batch_norm_library(const BatchNormShape& shape, DType dtype, int index) override {
+    try {
+      DeviceGuard guard(index);
+      return cudnn_batch_norm_supported(shape, dtype, index);
+    } catch (const std::exception&) {
+      return false;
+    }
+  }
+  void batch_norm_forward(const KernelTensor& out, const KernelTensor& x, const KernelTensor& weight,
+                          const KernelTensor& bias, const KernelTensor& running_mean, const KernelTensor& running_var,
+                          const KernelTensor& save_mean, const KernelTensor& save_invstd, const BatchNormShape& shape,
+                          double factor, const Stream& stream) override {
+    DeviceGuard guard(stream.device.index);
+    cudnn_batch_norm_forward(out, x, weight, bias, running_mean, running_var, save_mean, save_invstd, shape, factor,
+                             stream.device.index, to_cuda(stream));
+  }
+  void batch_norm_backward(const KernelTensor& grad_x, const KernelTensor& grad_weight, const KernelTensor& grad_bias,
+                           const KernelTensor& grad_out, const KernelTensor& x, const KernelTensor& weight,
+                           const KernelTensor& save_mean, const KernelTensor& save_invstd, const BatchNormShape& shape,
+                           const Stream& stream) override {
+    DeviceGuard guard(stream.device.index);
+    cudnn_batch_norm_backward(grad_x, grad_weight, grad_bias, grad_out, x, weight, save_mean, save_invstd, shape,
+                              stream.device.index, to_cuda(stream));
   }
 };
 

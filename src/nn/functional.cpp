@@ -1,9 +1,11 @@
 // functional.cpp — the nn layers as functions over any device: linear and conv2d (GEMMs through the
-// backend; conv via im2col/col2im), batch_norm, pooling, dropout. Each records one autograd node with a
+// backend; conv via im2col/col2im, or the device's library: cuDNN), batch_norm (per-channel passes, or
+// cuDNN in training), pooling, dropout. Each records one autograd node with a
 // hand-written backward. Not here: the losses (loss.cpp), BatchNorm's per-channel passes (batch_norm_kernels.cpp).
 #include "ferry/nn/functional.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 
 #include "../core/internal.h"
@@ -232,6 +234,9 @@ Tensor conv2d(const Tensor& input_in, const Tensor& weight, const Tensor& bias, 
   const TensorOptions like{.device = x.device(), .dtype = x.dtype()};
   Tensor out = empty({N, O, out_h, out_w}, like);  // (N, O, oh, ow) = (N, O, L)
   const bool host = K > 0 && detail::use_host_conv(x.device(), s);
+  // cuDNN on cuda (one call per direction) where it has an algorithm for the shape; else im2col + GEMM.
+  const bool library = !host && K > 0 && out.numel() > 0 && library_layers() &&
+                       backend(x.device()).conv2d_library(s, x.dtype(), x.device().index);
   if (bias.defined() && !host && out.numel() > 0) fill_with_channel_vector(out, bias.detach());
   const float beta = bias.defined() ? 1.0f : 0.0f;
   const bool pointwise = is_pointwise(s);
@@ -248,6 +253,8 @@ Tensor conv2d(const Tensor& input_in, const Tensor& weight, const Tensor& bias, 
   if (out.numel() > 0 && K > 0) {
     if (host) {
       detail::host_conv2d_forward(x, w, bias.defined() ? bias.detach().contiguous() : Tensor(), out, s, kept_columns);
+    } else if (library) {  // out (N, O, oh, ow) = conv(x, w) + beta * out (the bias written above)
+      backend(x.device()).conv2d_forward(kernel(out), kernel(x), kernel(w), s, beta, stream_of(x.device()));
     } else if (pointwise) {  // the columns are the image itself: out[n] (O, L) = w (O, C) @ x[n] (C, L)
       run_gemm({.m = O, .n = L, .k = K, .a = &w, .lda = K, .b = &x, .ldb = L, .stride_b = C * L, .c = &out,
                 .ldc = L, .stride_c = O * L, .batch = N, .beta = beta});
@@ -268,7 +275,7 @@ Tensor conv2d(const Tensor& input_in, const Tensor& weight, const Tensor& bias, 
   if (needs_grad({&input, &weight, &bias})) {
     const bool want_x = input.requires_grad(), want_w = weight.requires_grad(), want_b = bias.requires_grad();
     record("conv2d", {input, weight, bias}, out,
-           [x, w, s, K, L, chunk, pointwise, want_x, want_w, want_b, kept_columns](const Tensor& grad) {
+           [x, w, s, K, L, chunk, pointwise, library, want_x, want_w, want_b, kept_columns](const Tensor& grad) {
              const Tensor g = grad.contiguous();  // (N, O, oh, ow) = (N, O, L)
              const std::int64_t N = s.batch, C = s.in_channels, O = s.out_channels;
              const TensorOptions like{.device = g.device(), .dtype = g.dtype()};
@@ -282,6 +289,12 @@ Tensor conv2d(const Tensor& input_in, const Tensor& weight, const Tensor& bias, 
              }
              if (detail::use_host_conv(g.device(), s)) {
                detail::host_conv2d_backward(g, x, w, s, want_x ? &gx : nullptr, want_w ? &gw : nullptr, kept_columns);
+               return Grads{gx, gw, gb};
+             }
+             if (library) {  // cuDNN: one call per gradient
+               Backend& be = backend(g.device());
+               if (want_w) be.conv2d_backward_weight(kernel(gw), kernel(g), kernel(x), s, stream_of(g.device()));
+               if (want_x) be.conv2d_backward_input(kernel(gx), kernel(g), kernel(w), s, stream_of(g.device()));
                return Grads{gx, gw, gb};
              }
              if (pointwise) {
@@ -328,6 +341,45 @@ Tensor conv2d(const Tensor& input_in, const Tensor& weight, const Tensor& bias, 
 
 // --- batch_norm ---------------------------------------------------------------------------------
 
+namespace {
+std::atomic<bool> g_library_layers{true};
+
+// Training-mode BatchNorm as one library call forward and one backward (cuDNN on cuda). x is the
+// contiguous input (N, C, *); running statistics (when defined) are updated in place with `factor`.
+Tensor batch_norm_library(const Tensor& input, const Tensor& x, const Backend::BatchNormShape& shape,
+                          const Tensor& running_mean, const Tensor& running_var, const Tensor& weight,
+                          const Tensor& bias, double factor) {
+  const TensorOptions like{.device = x.device(), .dtype = x.dtype()};
+  const std::int64_t C = shape.channels;
+  const Tensor w = weight.defined() ? weight.detach().contiguous() : ones({C}, like);   // (C)
+  const Tensor b = bias.defined() ? bias.detach().contiguous() : zeros({C}, like);      // (C)
+  Tensor out = empty(x.shape(), like);                                                  // (N, C, *)
+  Tensor save_mean = empty({C}, like), save_invstd = empty({C}, like);                  // (C)
+  backend(x.device()).batch_norm_forward(kernel(out), kernel(x), kernel(w), kernel(b),
+                                         running_mean.defined() ? kernel(running_mean) : KernelTensor{},
+                                         running_var.defined() ? kernel(running_var) : KernelTensor{},
+                                         kernel(save_mean), kernel(save_invstd), shape, factor, stream_of(x.device()));
+  out = out.reshape(input.shape());
+  if (needs_grad({&input, &weight, &bias})) {
+    const bool want_x = input.requires_grad(), want_w = weight.requires_grad(), want_b = bias.requires_grad();
+    record("batch_norm", {input, weight, bias}, out,
+           [x, w, save_mean, save_invstd, shape, want_x, want_w, want_b](const Tensor& grad) {
+             const Tensor g = grad.contiguous().reshape(x.shape());
+             const TensorOptions like{.device = g.device(), .dtype = g.dtype()};
+             Tensor gx = empty(x.shape(), like), gw = empty({shape.channels}, like), gb = empty({shape.channels}, like);
+             backend(g.device()).batch_norm_backward(kernel(gx), kernel(gw), kernel(gb), kernel(g), kernel(x), kernel(w),
+                                                     kernel(save_mean), kernel(save_invstd), shape,
+                                                     stream_of(g.device()));
+             return Grads{want_x ? gx : Tensor(), want_w ? gw : Tensor(), want_b ? gb : Tensor()};
+           });
+  }
+  return out;
+}
+}  // namespace
+
+void set_library_layers(bool enabled) { g_library_layers = enabled; }
+bool library_layers() { return g_library_layers; }
+
 Tensor batch_norm(const Tensor& input, const Tensor& running_mean, const Tensor& running_var, const Tensor& weight,
                   const Tensor& bias, bool training, std::optional<double> momentum, double eps,
                   const Tensor& num_batches_tracked) {
@@ -356,6 +408,23 @@ Tensor batch_norm(const Tensor& input, const Tensor& running_mean, const Tensor&
               shape_str(input.shape()));
 
   const Tensor x = input.detach().contiguous();
+  // The running statistics' update factor: momentum, or 1/batches for the cumulative average.
+  auto update_factor = [&] {
+    if (momentum) return *momentum;
+    FERRY_CHECK(num_batches_tracked.defined(), InvalidArgument,
+                "batch_norm: momentum=None (cumulative average) needs num_batches_tracked");
+    return 1.0 / num_batches_tracked.item<double>();  // a host sync, as in PyTorch
+  };
+  const Backend::BatchNormShape library_shape{.batch = view.batch, .channels = view.channels, .inner = view.inner,
+                                              .eps = eps};
+  const auto library_dtype_ok = [&](const Tensor& t) {
+    return !t.defined() || (t.dtype() == x.dtype() && t.is_contiguous());
+  };
+  if (training && library_layers() && library_dtype_ok(running_mean) && library_dtype_ok(running_var) &&
+      backend(x.device()).batch_norm_library(library_shape, x.dtype(), x.device().index)) {
+    const double factor = running_mean.defined() ? update_factor() : 0.0;
+    return batch_norm_library(input, x, library_shape, running_mean, running_var, weight, bias, factor);
+  }
   Tensor mean, invstd;  // (C), the input's dtype
   {
     autograd::NoGradGuard no_grad;
@@ -364,14 +433,7 @@ Tensor batch_norm(const Tensor& input, const Tensor& running_mean, const Tensor&
       detail::channel_statistics(x, view, mean, variance);
       invstd = rsqrt(add(variance, eps));
       if (running_mean.defined()) {
-        double factor = 0;
-        if (momentum) {
-          factor = *momentum;
-        } else {
-          FERRY_CHECK(num_batches_tracked.defined(), InvalidArgument,
-                      "batch_norm: momentum=None (cumulative average) needs num_batches_tracked");
-          factor = 1.0 / num_batches_tracked.item<double>();  // a host sync, as in PyTorch
-        }
+        const double factor = update_factor();
         const double unbias = static_cast<double>(count) / static_cast<double>(count - 1);
         Tensor rm = running_mean, rv = running_var;
         rm.mul_(1 - factor).add_(mean.to(rm.dtype()), factor);

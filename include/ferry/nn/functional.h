@@ -58,4 +58,11 @@ Tensor dropout(const Tensor& input, double p = 0.5, bool training = true);
 void set_fused_host_kernels(bool enabled);
 bool fused_host_kernels();
 
+// Library layers: convolution and training-mode BatchNorm through the device's vendor library (cuDNN
+// on cuda) when the backend has one for the shape; on by default. Off, every device composes them
+// from ferry's kernels (im2col + GEMM, per-channel passes): tests compare the two, and FERRY_CUDNN=0
+// turns cuDNN off for a whole run.
+void set_library_layers(bool enabled);
+bool library_layers();
+
 }  // namespace ferry::nn::functional

@@ -1,0 +1,352 @@
+// cudnn_layers.cpp — convolution and training-mode BatchNorm through cuDNN (see cudnn_layers.h).
+// Without cuDNN in the build every query says false and the layers are composed from ferry's kernels.
+#include "cudnn_layers.h"
+
+#include <array>
+#include <atomic>
+#include <climits>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "check.h"
+#include "cuda_backend.h"
+#include "device_state.h"
+#include "ferry/error.h"
+
+namespace ferry::cuda {
+
+#if defined(FERRY_HAVE_CUDNN) && defined(FERRY_HAVE_CUDNN_HEADER)
+
+namespace {
+
+// The largest workspace an algorithm may ask for; faster ones that want more are passed over.
+constexpr std::size_t kMaxWorkspaceBytes = std::size_t{1} << 30;
+
+// One handle per device, created on first use. The mutex covers setting the handle's stream and
+// enqueuing one call (a handle is not safe on two threads at once), and the plan cache.
+struct CudnnState;
+struct ConvPlan;
+using ConvKey = std::array<std::int64_t, 15>;  // the Conv2dShape's fields and the math mode
+
+struct CudnnState {
+  std::mutex mutex;
+  cudnnHandle_t handle = nullptr;  // null when cuDNN cannot be used here
+  std::map<ConvKey, std::unique_ptr<ConvPlan>> plans;  // null: the shape cannot run on cuDNN
+};
+
+std::array<std::atomic<CudnnState*>, kMaxDevices> g_states{};
+std::array<std::once_flag, kMaxDevices> g_state_once;
+
+bool switched_off() {
+  const char* value = std::getenv("FERRY_CUDNN");
+  return value != nullptr && std::strcmp(value, "0") == 0;
+}
+
+// Never throws: a cuDNN that cannot start leaves handle null and says why, once, on stderr.
+CudnnState& state(int device) {
+  std::call_once(g_state_once[static_cast<std::size_t>(device)], [device] {
+    auto s = std::make_unique<CudnnState>();
+    if (!switched_off()) {
+      const cudnnStatus_t status = cudnnCreate(&s->handle);
+      if (status != CUDNN_STATUS_SUCCESS) {
+        s->handle = nullptr;
+        std::fprintf(stderr,
+                     "ferry: cuDNN cannot be used on cuda:%d (cudnnCreate: %s); convolution and BatchNorm are "
+                     "composed from ferry's own kernels\n",
+                     device, cudnnGetErrorString(status));
+      }
+    }
+    g_states[static_cast<std::size_t>(device)].store(s.release());  // kept for the process
+  });
+  return *g_states[static_cast<std::size_t>(device)].load();
+}
+
+bool fits_int(std::int64_t value) { return value >= 0 && value <= INT_MAX; }
+int as_int(std::int64_t value) { return static_cast<int>(value); }
+
+// --- descriptors, owned --------------------------------------------------------------------------
+class TensorDesc {
+ public:
+  TensorDesc() { FERRY_CUDNN_CHECK(cudnnCreateTensorDescriptor(&desc_)); }
+  ~TensorDesc() { cudnnDestroyTensorDescriptor(desc_); }
+  TensorDesc(const TensorDesc&) = delete;
+  TensorDesc& operator=(const TensorDesc&) = delete;
+  void set(std::int64_t n, std::int64_t c, std::int64_t h, std::int64_t w) {  // contiguous NCHW, float
+    FERRY_CUDNN_CHECK(cudnnSetTensor4dDescriptor(desc_, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, as_int(n), as_int(c),
+                                                 as_int(h), as_int(w)));
+  }
+  cudnnTensorDescriptor_t get() const { return desc_; }
+
+ private:
+  cudnnTensorDescriptor_t desc_ = nullptr;
+};
+
+class FilterDesc {
+ public:
+  FilterDesc() { FERRY_CUDNN_CHECK(cudnnCreateFilterDescriptor(&desc_)); }
+  ~FilterDesc() { cudnnDestroyFilterDescriptor(desc_); }
+  FilterDesc(const FilterDesc&) = delete;
+  FilterDesc& operator=(const FilterDesc&) = delete;
+  cudnnFilterDescriptor_t get() const { return desc_; }
+
+ private:
+  cudnnFilterDescriptor_t desc_ = nullptr;
+};
+
+class ConvDesc {
+ public:
+  ConvDesc() { FERRY_CUDNN_CHECK(cudnnCreateConvolutionDescriptor(&desc_)); }
+  ~ConvDesc() { cudnnDestroyConvolutionDescriptor(desc_); }
+  ConvDesc(const ConvDesc&) = delete;
+  ConvDesc& operator=(const ConvDesc&) = delete;
+  cudnnConvolutionDescriptor_t get() const { return desc_; }
+
+ private:
+  cudnnConvolutionDescriptor_t desc_ = nullptr;
+};
+
+// The descriptors of one convolution shape and the algorithm chosen for each direction.
+struct ConvPlan {
+  bool usable = false;  // an algorithm was found for all three directions
+  TensorDesc x, y;      // input (N, C, H, W), output (N, O, oh, ow)
+  FilterDesc w;         // (O, C, kh, kw)
+  ConvDesc conv;
+  cudnnConvolutionFwdAlgo_t forward{};
+  cudnnConvolutionBwdDataAlgo_t backward_input{};
+  cudnnConvolutionBwdFilterAlgo_t backward_weight{};
+  std::size_t forward_bytes = 0, backward_input_bytes = 0, backward_weight_bytes = 0;  // workspaces
+};
+
+ConvKey key_of(const Backend::Conv2dShape& s, bool tf32) {
+  return {s.batch,      s.in_channels, s.height,     s.width,      s.out_channels,
+          s.kernel_h,   s.kernel_w,    s.stride_h,   s.stride_w,   s.pad_h,
+          s.pad_w,      s.dilation_h,  s.dilation_w, tf32 ? 1 : 0, 0};
+}
+
+// The fastest algorithm that succeeded, keeps the requested precision and fits the workspace cap.
+template <typename Perf, typename Algo>
+bool choose(const Perf* results, int count, bool tf32, Algo* algo, std::size_t* bytes) {
+  for (int i = 0; i < count; ++i) {  // cuDNN sorts them fastest first
+    const Perf& r = results[i];
+    if (r.status != CUDNN_STATUS_SUCCESS || r.memory > kMaxWorkspaceBytes) continue;
+    if (!tf32 && r.mathType != CUDNN_FMA_MATH) continue;  // fp32 means fp32 (no TF32 tensor cores)
+    *algo = r.algo;
+    *bytes = r.memory;
+    return true;
+  }
+  return false;
+}
+
+// Builds the plan for a shape, timing every algorithm once (this synchronizes the device, once per
+// shape, as PyTorch's cudnn.benchmark does). Called with the state's mutex held.
+std::unique_ptr<ConvPlan> make_plan(cudnnHandle_t handle, const Backend::Conv2dShape& s, bool tf32,
+                                    cudaStream_t stream) {
+  auto plan = std::make_unique<ConvPlan>();
+  plan->x.set(s.batch, s.in_channels, s.height, s.width);
+  plan->y.set(s.batch, s.out_channels, s.out_h(), s.out_w());
+  FERRY_CUDNN_CHECK(cudnnSetFilter4dDescriptor(plan->w.get(), CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW,
+                                               as_int(s.out_channels), as_int(s.in_channels), as_int(s.kernel_h),
+                                               as_int(s.kernel_w)));
+  FERRY_CUDNN_CHECK(cudnnSetConvolution2dDescriptor(plan->conv.get(), as_int(s.pad_h), as_int(s.pad_w),
+                                                    as_int(s.stride_h), as_int(s.stride_w), as_int(s.dilation_h),
+                                                    as_int(s.dilation_w), CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
+  FERRY_CUDNN_CHECK(cudnnSetConvolutionMathType(plan->conv.get(), tf32 ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH));
+  // The output shape cuDNN computes must be ours (it is, for the same formula; a mismatch is a bug).
+  int n = 0, c = 0, h = 0, w = 0;
+  FERRY_CUDNN_CHECK(cudnnGetConvolution2dForwardOutputDim(plan->conv.get(), plan->x.get(), plan->w.get(), &n, &c, &h, &w));
+  if (n != s.batch || c != s.out_channels || h != s.out_h() || w != s.out_w()) return plan;  // unusable
+
+  FERRY_CUDNN_CHECK(cudnnSetStream(handle, stream));
+  constexpr int kRequested = 16;
+  int returned = 0;
+  std::array<cudnnConvolutionFwdAlgoPerf_t, kRequested> forward{};
+  FERRY_CUDNN_CHECK(cudnnFindConvolutionForwardAlgorithm(handle, plan->x.get(), plan->w.get(), plan->conv.get(),
+                                                         plan->y.get(), kRequested, &returned, forward.data()));
+  if (!choose(forward.data(), returned, tf32, &plan->forward, &plan->forward_bytes)) return plan;
+  std::array<cudnnConvolutionBwdDataAlgoPerf_t, kRequested> backward_input{};
+  FERRY_CUDNN_CHECK(cudnnFindConvolutionBackwardDataAlgorithm(handle, plan->w.get(), plan->y.get(), plan->conv.get(),
+                                                              plan->x.get(), kRequested, &returned,
+                                                              backward_input.data()));
+  if (!choose(backward_input.data(), returned, tf32, &plan->backward_input, &plan->backward_input_bytes)) return plan;
+  std::array<cudnnConvolutionBwdFilterAlgoPerf_t, kRequested> backward_weight{};
+  FERRY_CUDNN_CHECK(cudnnFindConvolutionBackwardFilterAlgorithm(handle, plan->x.get(), plan->y.get(), plan->conv.get(),
+                                                                plan->w.get(), kRequested, &returned,
+                                                                backward_weight.data()));
+  if (!choose(backward_weight.data(), returned, tf32, &plan->backward_weight, &plan->backward_weight_bytes)) return plan;
+  plan->usable = true;
+  return plan;
+}
+
+// The cached plan of a shape; null when the shape cannot run on cuDNN. Called with the mutex held.
+ConvPlan* plan_for(CudnnState& st, const Backend::Conv2dShape& s, cudaStream_t stream) {
+  const bool tf32 = allow_tf32();
+  const ConvKey key = key_of(s, tf32);
+  if (auto found = st.plans.find(key); found != st.plans.end()) return found->second.get();
+  std::unique_ptr<ConvPlan> plan = make_plan(st.handle, s, tf32, stream);
+  if (!plan->usable) plan.reset();
+  return st.plans.emplace(key, std::move(plan)).first->second.get();
+}
+
+ConvPlan& plan_or_throw(CudnnState& st, const Backend::Conv2dShape& s, cudaStream_t stream) {
+  ConvPlan* plan = plan_for(st, s, stream);
+  FERRY_CHECK(plan != nullptr, NotSupported, "cuDNN has no algorithm for this convolution (ask cudnn_conv2d_supported first)");
+  return *plan;
+}
+
+}  // namespace
+
+bool cudnn_conv2d_supported(const Backend::Conv2dShape& s, DType dtype, int device) {
+  if (dtype != DType::Float32) return false;
+  for (std::int64_t v : {s.batch, s.in_channels, s.height, s.width, s.out_channels, s.kernel_h, s.kernel_w, s.stride_h,
+                         s.stride_w, s.pad_h, s.pad_w, s.dilation_h, s.dilation_w})
+    if (!fits_int(v)) return false;
+  if (s.batch < 1 || s.in_channels < 1 || s.out_channels < 1 || s.out_h() < 1 || s.out_w() < 1) return false;
+  // cuDNN's 4-d descriptors count elements in int.
+  if (!fits_int(s.batch * s.in_channels * s.height * s.width) || !fits_int(s.batch * s.out_channels * s.out_h() * s.out_w()))
+    return false;
+  CudnnState& st = state(device);
+  if (st.handle == nullptr) return false;
+  try {
+    std::lock_guard lock(st.mutex);
+    return plan_for(st, s, device_state(device).compute_stream) != nullptr;
+  } catch (const std::exception& e) {  // a cuDNN that fails here is not used for this shape
+    std::fprintf(stderr, "ferry: cuDNN cannot run a convolution on cuda:%d (%s); using ferry's own kernels\n", device,
+                 e.what());
+    std::lock_guard lock(st.mutex);
+    st.plans[key_of(s, allow_tf32())] = nullptr;  // remembered as unusable
+    return false;
+  }
+}
+
+void cudnn_conv2d_forward(const KernelTensor& out, const KernelTensor& input, const KernelTensor& weight,
+                          const Backend::Conv2dShape& s, float beta, int device, cudaStream_t stream) {
+  CudnnState& st = state(device);
+  std::lock_guard lock(st.mutex);
+  ConvPlan& plan = plan_or_throw(st, s, stream);
+  ScratchBuffer workspace(plan.forward_bytes, stream);
+  const float alpha = 1.0f;
+  FERRY_CUDNN_CHECK(cudnnSetStream(st.handle, stream));
+  FERRY_CUDNN_CHECK(cudnnConvolutionForward(st.handle, &alpha, plan.x.get(), input.data, plan.w.get(), weight.data,
+                                            plan.conv.get(), plan.forward, workspace.data(), plan.forward_bytes, &beta,
+                                            plan.y.get(), out.data));
+}
+
+void cudnn_conv2d_backward_input(const KernelTensor& grad_input, const KernelTensor& grad_out,
+                                 const KernelTensor& weight, const Backend::Conv2dShape& s, int device,
+                                 cudaStream_t stream) {
+  CudnnState& st = state(device);
+  std::lock_guard lock(st.mutex);
+  ConvPlan& plan = plan_or_throw(st, s, stream);
+  ScratchBuffer workspace(plan.backward_input_bytes, stream);
+  const float alpha = 1.0f, beta = 0.0f;
+  FERRY_CUDNN_CHECK(cudnnSetStream(st.handle, stream));
+  FERRY_CUDNN_CHECK(cudnnConvolutionBackwardData(st.handle, &alpha, plan.w.get(), weight.data, plan.y.get(),
+                                                 grad_out.data, plan.conv.get(), plan.backward_input, workspace.data(),
+                                                 plan.backward_input_bytes, &beta, plan.x.get(), grad_input.data));
+}
+
+void cudnn_conv2d_backward_weight(const KernelTensor& grad_weight, const KernelTensor& grad_out,
+                                  const KernelTensor& input, const Backend::Conv2dShape& s, int device,
+                                  cudaStream_t stream) {
+  CudnnState& st = state(device);
+  std::lock_guard lock(st.mutex);
+  ConvPlan& plan = plan_or_throw(st, s, stream);
+  ScratchBuffer workspace(plan.backward_weight_bytes, stream);
+  const float alpha = 1.0f, beta = 0.0f;
+  FERRY_CUDNN_CHECK(cudnnSetStream(st.handle, stream));
+  FERRY_CUDNN_CHECK(cudnnConvolutionBackwardFilter(st.handle, &alpha, plan.x.get(), input.data, plan.y.get(),
+                                                   grad_out.data, plan.conv.get(), plan.backward_weight,
+                                                   workspace.data(), plan.backward_weight_bytes, &beta, plan.w.get(),
+                                                   grad_weight.data));
+}
+
+// --- BatchNorm (CUDNN_BATCHNORM_SPATIAL: statistics over N and the spatial dims, per channel) ----------
+
+namespace {
+// x as (N, C, inner, 1) and the (1, C, 1, 1) descriptor cuDNN derives for the per-channel tensors.
+struct BatchNormDescs {
+  TensorDesc x, channel;
+  explicit BatchNormDescs(const Backend::BatchNormShape& s) {
+    x.set(s.batch, s.channels, s.inner, 1);
+    FERRY_CUDNN_CHECK(cudnnDeriveBNTensorDescriptor(channel.get(), x.get(), CUDNN_BATCHNORM_SPATIAL));
+  }
+};
+}  // namespace
+
+bool cudnn_batch_norm_supported(const Backend::BatchNormShape& s, DType dtype, int device) {
+  if (dtype != DType::Float32 || s.eps < CUDNN_BN_MIN_EPSILON) return false;
+  if (s.batch < 1 || s.channels < 1 || s.inner < 1 || !fits_int(s.batch) || !fits_int(s.channels) || !fits_int(s.inner) ||
+      !fits_int(s.batch * s.channels * s.inner))
+    return false;
+  return state(device).handle != nullptr;
+}
+
+void cudnn_batch_norm_forward(const KernelTensor& out, const KernelTensor& x, const KernelTensor& weight,
+                              const KernelTensor& bias, const KernelTensor& running_mean,
+                              const KernelTensor& running_var, const KernelTensor& save_mean,
+                              const KernelTensor& save_invstd, const Backend::BatchNormShape& s, double factor,
+                              int device, cudaStream_t stream) {
+  CudnnState& st = state(device);
+  FERRY_CHECK(st.handle != nullptr, NotSupported, "cuDNN is not usable on cuda:", device);
+  const BatchNormDescs descs(s);
+  const float alpha = 1.0f, beta = 0.0f;
+  std::lock_guard lock(st.mutex);
+  FERRY_CUDNN_CHECK(cudnnSetStream(st.handle, stream));
+  FERRY_CUDNN_CHECK(cudnnBatchNormalizationForwardTraining(
+      st.handle, CUDNN_BATCHNORM_SPATIAL, &alpha, &beta, descs.x.get(), x.data, descs.x.get(), out.data,
+      descs.channel.get(), weight.data, bias.data, running_mean.data ? factor : 0.0, running_mean.data,
+      running_var.data, s.eps, save_mean.data, save_invstd.data));
+}
+
+void cudnn_batch_norm_backward(const KernelTensor& grad_x, const KernelTensor& grad_weight,
+                               const KernelTensor& grad_bias, const KernelTensor& grad_out, const KernelTensor& x,
+                               const KernelTensor& weight, const KernelTensor& save_mean,
+                               const KernelTensor& save_invstd, const Backend::BatchNormShape& s, int device,
+                               cudaStream_t stream) {
+  CudnnState& st = state(device);
+  FERRY_CHECK(st.handle != nullptr, NotSupported, "cuDNN is not usable on cuda:", device);
+  const BatchNormDescs descs(s);
+  const float one = 1.0f, zero = 0.0f;
+  std::lock_guard lock(st.mutex);
+  FERRY_CUDNN_CHECK(cudnnSetStream(st.handle, stream));
+  FERRY_CUDNN_CHECK(cudnnBatchNormalizationBackward(
+      st.handle, CUDNN_BATCHNORM_SPATIAL, &one, &zero, &one, &zero, descs.x.get(), x.data, descs.x.get(),
+      grad_out.data, descs.x.get(), grad_x.data, descs.channel.get(), weight.data, grad_weight.data, grad_bias.data,
+      s.eps, save_mean.data, save_invstd.data));
+}
+
+#else  // no cuDNN in this build: every layer is composed from ferry's kernels
+
+bool cudnn_conv2d_supported(const Backend::Conv2dShape&, DType, int) { return false; }
+void cudnn_conv2d_forward(const KernelTensor&, const KernelTensor&, const KernelTensor&, const Backend::Conv2dShape&,
+                          float, int, cudaStream_t) {
+  throw NotSupported("This build of ferry has no cuDNN");
+}
+void cudnn_conv2d_backward_input(const KernelTensor&, const KernelTensor&, const KernelTensor&,
+                                 const Backend::Conv2dShape&, int, cudaStream_t) {
+  throw NotSupported("This build of ferry has no cuDNN");
+}
+void cudnn_conv2d_backward_weight(const KernelTensor&, const KernelTensor&, const KernelTensor&,
+                                  const Backend::Conv2dShape&, int, cudaStream_t) {
+  throw NotSupported("This build of ferry has no cuDNN");
+}
+bool cudnn_batch_norm_supported(const Backend::BatchNormShape&, DType, int) { return false; }
+void cudnn_batch_norm_forward(const KernelTensor&, const KernelTensor&, const KernelTensor&, const KernelTensor&,
+                              const KernelTensor&, const KernelTensor&, const KernelTensor&, const KernelTensor&,
+                              const Backend::BatchNormShape&, double, int, cudaStream_t) {
+  throw NotSupported("This build of ferry has no cuDNN");
+}
+void cudnn_batch_norm_backward(const KernelTensor&, const KernelTensor&, const KernelTensor&, const KernelTensor&,
+                               const KernelTensor&, const KernelTensor&, const KernelTensor&, const KernelTensor&,
+                               const Backend::BatchNormShape&, int, cudaStream_t) {
+  throw NotSupported("This build of ferry has no cuDNN");
+}
+
+#endif
+
+}  // namespace ferry::cuda
