@@ -6,6 +6,7 @@
 #include <memory>
 
 #include "fixtures/fixture_reader.h"
+#include "test_helpers.h"
 #include "ferry/factories.h"
 #include "ferry/nn/linear.h"
 #include "ferry/ops.h"
@@ -183,4 +184,51 @@ TEST(OptimState, ZeroGradAndSkippedParameters) {
   EXPECT_THROW(optim::SGD({used}, {.lr = 0.1, .nesterov = true}), ferry::InvalidArgument);
   EXPECT_THROW(optim::Adam({used}, {.beta1 = 1.0}), ferry::InvalidArgument);
   EXPECT_THROW(optim::SGD({ferry::sum(ferry::mul(used, 2.0))}, {.lr = 0.1}), ferry::InvalidArgument);  // non-leaf
+}
+
+// The fused SGD step (one backend call for every parameter) against the op-by-op step, bit for bit, on
+// every device: each option, lr changing per step, a parameter without a gradient, one whose gradient
+// (and so its momentum buffer) starts later, an empty one, and float64.
+TEST(OptimSGD, FusedStepEqualsTheOpByOpStepBitForBit) {
+  std::vector<Device> devices = {Device::parse("cpu")};
+  for (const Device& d : ferry::testing::accelerators()) devices.push_back(d);
+  const std::vector<optim::SGDOptions> settings = {
+      {.lr = 0.1},
+      {.lr = 0.05, .momentum = 0.9, .weight_decay = 5e-4},
+      {.lr = 0.02, .momentum = 0.8, .dampening = 0.25, .weight_decay = 1e-2, .maximize = true},
+      {.lr = 0.03, .momentum = 0.9, .weight_decay = 1, .nesterov = true},
+  };
+  for (const Device& device : devices) {
+    for (const ferry::DType dtype : {ferry::DType::Float32, ferry::DType::Float64}) {
+      for (std::size_t k = 0; k < settings.size(); ++k) {
+        std::vector<Tensor> result[2];
+        for (const bool fused : {true, false}) {
+          ferry::manual_seed(91);
+          const ferry::TensorOptions like{.device = device, .dtype = dtype};
+          std::vector<Tensor> params = {ferry::randn({33, 17}, like), ferry::randn({70001}, like),
+                                        ferry::randn({5}, like), ferry::randn({0, 4}, like), ferry::randn({3}, like)};
+          optim::SGDOptions options = settings[k];
+          options.fused = fused;
+          optim::SGD sgd(params, options);
+          for (int step = 0; step < 4; ++step) {
+            sgd.set_learning_rate(settings[k].lr * (1.0 - 0.2 * step));
+            for (std::size_t i = 0; i < params.size(); ++i) {
+              if (i == 4) continue;                 // never has a gradient
+              if (i == 2 && step < 2) continue;     // its gradient (and buffer) start at step 2
+              params[i].set_grad(ferry::add(ferry::mul(params[i], 0.3), ferry::randn(params[i].shape(), like)));
+            }
+            sgd.step();
+          }
+          for (const Tensor& p : params) result[fused ? 0 : 1].push_back(p.cpu());
+          for (const auto& entry : sgd.state_dict()) result[fused ? 0 : 1].push_back(entry.second.cpu());  // buffers
+        }
+        ASSERT_EQ(result[0].size(), result[1].size());
+        for (std::size_t i = 0; i < result[0].size(); ++i) {
+          const auto a = ferry::testing::values(result[0][i]), b = ferry::testing::values(result[1][i]);
+          EXPECT_EQ(a, b) << "parameter or buffer " << i << " on " << device.str() << " " << ferry::dtype_name(dtype)
+                          << ", settings " << k;
+        }
+      }
+    }
+  }
 }

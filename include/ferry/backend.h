@@ -196,6 +196,21 @@ class Backend {
   virtual void avg_pool2d_backward(const KernelTensor& grad_in, const KernelTensor& grad_out,
                                    const Pool2dShape& shape, const Stream& stream) = 0;
 
+  // --- optimizer -----------------------------------------------------------------------------------
+  // One SGD step over `count` parameters in one call (one kernel launch on cuda instead of ~6 per
+  // parameter), with torch.optim.SGD's rule and the roundings of its single-tensor path, in the
+  // parameters' dtype (float32 or float64): d = (maximize ? -g : g) + (p * weight_decay);
+  // with momentum: buf = first ? d : buf * momentum + d * (1 - dampening), d = nesterov ? d + buf *
+  // momentum : buf; then p = p + d * -lr. params[i], grads[i] and (with momentum) buffers[i] are
+  // contiguous with the same numel; `buffers` is null when momentum is 0.
+  struct SgdStep {
+    double lr = 0, momentum = 0, dampening = 0, weight_decay = 0;
+    bool nesterov = false, maximize = false;
+    bool first = false;  // the momentum buffers are new: buf = d
+  };
+  virtual void sgd_step(const KernelTensor* params, const KernelTensor* grads, const KernelTensor* buffers,
+                        std::size_t count, const SgdStep& step, const Stream& stream) = 0;
+
   // --- library layers (cuDNN on cuda) ------------------------------------------------------------
   // Convolution and BatchNorm as one vendor-library call each, where the device has such a library.
   // The *_library queries (for device `index`) never throw: false means "compose the layer from the

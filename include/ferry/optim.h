@@ -55,6 +55,7 @@ class Optimizer {
   // The state tensor `name` of parameter i, made as zeros like the parameter when absent (`created`
   // says which).
   Tensor& state_tensor(std::size_t i, const std::string& name, bool* created = nullptr);
+  bool has_state(std::size_t i, const std::string& name) const;
   // The tensor names this optimizer keeps, to validate load_state_dict.
   virtual std::vector<std::string> state_names() const = 0;
   // Whether state_dict() carries a "step" entry per parameter.
@@ -71,6 +72,10 @@ struct SGDOptions {
   double weight_decay = 0;
   bool nesterov = false;
   bool maximize = false;
+  // One backend call updates every parameter (one kernel launch on cuda, instead of about six per
+  // parameter), with the same roundings as the op-by-op step; false runs op by op. Parameters of
+  // several devices or dtypes, or non-contiguous ones, always go op by op.
+  bool fused = true;
 };
 
 // d = grad (+ weight_decay * param); with momentum: buf = d on the first step, else
@@ -87,6 +92,9 @@ class SGD : public Optimizer {
 
  protected:
   std::vector<std::string> state_names() const override { return {"momentum_buffer"}; }
+
+ private:
+  bool step_fused();  // false (having changed nothing) when the parameters do not allow one call
 };
 
 struct AdamOptions {

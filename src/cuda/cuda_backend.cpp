@@ -465,6 +465,12 @@ class CudaBackend final : public Backend {
     launch_avg_pool2d_backward(grad_in, grad_out, shape, to_cuda(stream));
   }
 
+  void sgd_step(const KernelTensor* params, const KernelTensor* grads, const KernelTensor* buffers, std::size_t count,
+                const SgdStep& step, const Stream& stream) override {
+    DeviceGuard guard(stream.device.index);
+    launch_sgd_step(params, grads, buffers, count, step, to_cuda(stream));
+  }
+
   // --- library layers: cuDNN (cudnn_layers.cpp) -----------------------------------------------------
   bool conv2d_library(const Conv2dShape& shape, DType dtype, int index) override {
     try {

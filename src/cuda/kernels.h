@@ -78,4 +78,8 @@ void* pinned_allocate(std::size_t bytes);
 void pinned_deallocate(void* ptr) noexcept;
 void pinned_release_cached();  // give cached blocks back to the system (empty_cache)
 
+// --- sgd.cu: one SGD step over many parameters of one dtype (rule: src/optim/sgd_rule.h) ---------------
+void launch_sgd_step(const KernelTensor* params, const KernelTensor* grads, const KernelTensor* buffers,
+                     std::size_t count, const Backend::SgdStep& step, cudaStream_t stream);
+
 }  // namespace ferry::cuda

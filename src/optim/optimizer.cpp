@@ -31,6 +31,12 @@ void Optimizer::zero_grad(bool set_to_none) {
   }
 }
 
+bool Optimizer::has_state(std::size_t i, const std::string& name) const {
+  for (const auto& entry : state_[i].tensors)
+    if (entry.first == name) return true;
+  return false;
+}
+
 Tensor& Optimizer::state_tensor(std::size_t i, const std::string& name, bool* created) {
   NamedTensors& tensors = state_[i].tensors;
   for (auto& [key, value] : tensors) {

@@ -1,6 +1,8 @@
 // sgd.cpp — SGD with PyTorch's exact rule (torch.optim.SGD, single-tensor path): weight decay, momentum
 // with dampening, nesterov, maximize. In-place tensor ops on the parameter's device, no host syncs.
+#include "../core/internal.h"
 #include "ferry/autograd.h"
+#include "ferry/backend.h"
 #include "ferry/ops.h"
 #include "ferry/optim.h"
 
@@ -15,8 +17,55 @@ SGD::SGD(std::vector<Tensor> parameters, const SGDOptions& sgd) : Optimizer(std:
               ", dampening ", options.dampening, ")");
 }
 
+bool SGD::step_fused() {
+  std::vector<std::size_t> order;  // parameters with a gradient
+  std::vector<Tensor> grads;
+  for (std::size_t i = 0; i < parameters_.size(); ++i) {
+    const Tensor& p = parameters_[i];
+    const Tensor grad = p.grad();
+    if (!grad.defined()) continue;
+    check_same_device("SGD.step", {&p, &grad});
+    if (!order.empty() && (p.device() != parameters_[order[0]].device() || p.dtype() != parameters_[order[0]].dtype()))
+      return false;
+    if (!is_floating(p.dtype()) || !p.is_contiguous() || grad.dtype() != p.dtype() ||
+        grad.shape() != p.shape())
+      return false;
+    order.push_back(i);
+    grads.push_back(grad.contiguous());
+  }
+  if (order.empty()) return true;
+  const Device device = parameters_[order[0]].device();
+  Backend::SgdStep step{.lr = options.lr, .momentum = options.momentum, .dampening = options.dampening,
+                        .weight_decay = options.weight_decay, .nesterov = options.nesterov,
+                        .maximize = options.maximize};
+  // One call for the parameters whose momentum buffer exists and one for those that get it now.
+  for (const bool first : {false, true}) {
+    std::vector<KernelTensor> p_views, g_views, b_views;
+    for (std::size_t j = 0; j < order.size(); ++j) {
+      Tensor& p = parameters_[order[j]];
+      if (options.momentum != 0) {
+        if (has_state(order[j], "momentum_buffer") == first) continue;  // the other call's
+        Tensor& buffer = state_tensor(order[j], "momentum_buffer");  // created (zeros) in the `first` call
+        b_views.push_back(ferry::detail::kernel_view(buffer));
+        buffer.impl()->version += 1;
+      } else if (first) {
+        continue;
+      }
+      p_views.push_back(ferry::detail::kernel_view(p));
+      g_views.push_back(ferry::detail::kernel_view(grads[j]));
+      p.impl()->version += 1;
+    }
+    if (p_views.empty()) continue;
+    step.first = first;
+    backend(device).sgd_step(p_views.data(), g_views.data(), b_views.empty() ? nullptr : b_views.data(),
+                             p_views.size(), step, ferry::detail::compute_stream(device));
+  }
+  return true;
+}
+
 void SGD::step() {
   autograd::NoGradGuard no_grad;
+  if (options.fused && step_fused()) return;
   for (std::size_t i = 0; i < parameters_.size(); ++i) {
     Tensor p = parameters_[i];
     const Tensor grad = p.grad();

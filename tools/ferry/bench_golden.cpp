@@ -123,11 +123,14 @@ void run_golden(const GoldenOptions& o) {
   }
   Stepper dev(o.workload, o.batch, device);
   const ferry::Tensor x_dev = x_host.to(device), y_dev = y_host.to(device);
-  // 2. Resident: T_compute.
+  // 2. Resident: T_compute, and the step's peak device memory (model, gradients, optimizer state, batch,
+  // activations: what torch.cuda.max_memory_allocated reports for the same loop).
   progress("device step, data resident");
+  ferry::backend(device).reset_peak_memory_stats(device.index);
   rows.push_back({"resident", "device step, data resident", seconds_per_step(device, o.warmup, o.steps, [&](int) {
                     dev.step(x_dev, y_dev);
                   })});
+  const std::int64_t peak_bytes = ferry::backend(device).memory_stats(device.index).peak;
   // 3. The copy alone: T_transfer (pageable, as a naive loop does it).
   progress("the batch's copy alone");
   rows.push_back({"copy", "copy of one batch host->device (pageable)", seconds_per_step(device, o.warmup, o.steps, [&](int) {
@@ -190,7 +193,8 @@ void run_golden(const GoldenOptions& o) {
               {"s_real_measured", s_real},
               {"s_real_golden_rule", s_real_golden},
               {"golden_rule_error_percent", error},
-              {"item_cost_s", sync_cost}};
+              {"item_cost_s", sync_cost},
+              {"peak_device_bytes", peak_bytes}};
   for (const Row& r : rows) object["seconds_per_step"][r.key] = r.seconds;
   std::string text = fmt::format("ferry bench golden: {} workload, batch {}, cpu against {}; {} timed steps each\n",
                                  o.workload, shape.input[0], device.str(), o.steps);
@@ -212,6 +216,8 @@ void run_golden(const GoldenOptions& o) {
   }
   text += fmt::format("loss.item() every step costs {} per step ({:.1f} % of a resident step)\n",
                       ferry::format_seconds(sync_cost), 100 * sync_cost / t_compute);
+  text += fmt::format("peak {} memory of the resident loop: {}\n", device.str(),
+                      ferry::format_bytes(static_cast<double>(peak_bytes)));
   if (device.type == ferry::DeviceType::Sim) {
     text += "sim computes with the cpu's kernels (S ~ 1) and waits out its link (FERRY_SIM_LINK): the copies and the\n"
             "Golden Rule are real, the speedup is not; on a cuda machine both are.\n";
