@@ -205,6 +205,28 @@ TEST_F(CudaBackend, MemoryStatsTrackAllocatedPeakAndReserved) {
   EXPECT_EQ(be.memory_stats(0).peak, be.memory_stats(0).allocated);
 }
 
+// Host->device copies into fresh tensors no longer wait for the compute stream (their memory is taken in
+// the copy stream's order): while a long queue of kernels runs, batches copied in, used and freed again
+// (their blocks reused by the next copies) must still arrive whole and be read only once they have.
+TEST_F(CudaBackend, CopiesBesideQueuedComputeAreOrderedAndReuseMemorySafely) {
+  manual_seed(6);
+  const Tensor a = randn({2048, 2048}, {.device = kCuda});
+  std::vector<Tensor> hosts;
+  for (int i = 0; i < 4; ++i) hosts.push_back(full({1 << 22}, static_cast<double>(i + 1)).pin_memory());
+  const Tensor pageable = full({1 << 22}, 7.0);
+  Tensor busy = a;
+  Tensor total = zeros({}, {.device = kCuda, .dtype = DType::Float64});
+  for (int round = 0; round < 24; ++round) {
+    busy = matmul(busy, a).mul_(1e-3);  // keeps the compute stream busy while the next copy is queued
+    const Tensor batch = round % 5 == 4 ? pageable.to(kCuda) : hosts[round % 4].to(kCuda, /*non_blocking=*/true);
+    total = add(total, sum(batch.to(DType::Float64)));
+  }  // each batch is freed on the compute stream and its block reused by a later copy
+  double expected = 0;
+  for (int round = 0; round < 24; ++round) expected += (round % 5 == 4 ? 7.0 : (round % 4) + 1.0) * (1 << 22);
+  EXPECT_EQ(total.item<double>(), expected);
+  EXPECT_TRUE(std::isfinite(sum(busy).item<double>()));
+}
+
 TEST_F(CudaBackend, PinnedNonBlockingCopiesKeepStreamOrder) {
   manual_seed(5);
   const Tensor host = randn({1 << 24}).pin_memory();  // 64 MB, page-locked

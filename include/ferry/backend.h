@@ -91,6 +91,10 @@ class Backend {
   // --- memory ------------------------------------------------------------------------------------
   // Throws OutOfMemory with the numbers when the request cannot be met.
   virtual void* allocate(std::size_t bytes, int index) = 0;
+  // Memory whose first writer is the copy stream (the destination of a host->device copy): on cuda it is
+  // taken in the copy stream's order, so the copy need not wait for the compute stream's queued work
+  // (a prefetch overlaps the step that is running). Freed by deallocate like any other block.
+  virtual void* allocate_for_copy(std::size_t bytes, int index) { return allocate(bytes, index); }
   virtual void deallocate(void* ptr, std::size_t bytes, int index) noexcept = 0;
   virtual MemoryStats memory_stats(int index) const = 0;
   virtual void reset_peak_memory_stats(int index) = 0;

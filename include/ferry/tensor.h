@@ -31,7 +31,8 @@ namespace autograd { struct Node; }
 // A block of bytes on one device, freed through its backend when the last tensor lets go.
 class Storage {
  public:
-  Storage(std::size_t nbytes, Device device, bool pinned = false);
+  // copy_order: the first writer is a host->device copy (Backend::allocate_for_copy).
+  Storage(std::size_t nbytes, Device device, bool pinned = false, bool copy_order = false);
   ~Storage();
   Storage(const Storage&) = delete;
   Storage& operator=(const Storage&) = delete;

@@ -11,6 +11,9 @@ namespace ferry::detail {
 
 // The tensor as a kernel sees it.
 KernelTensor kernel_view(const Tensor& t);
+// A fresh contiguous tensor on an accelerator whose first writer is a host->device copy: allocated in the
+// copy stream's order (Backend::allocate_for_copy), so that copy waits for nothing on the compute stream.
+Tensor make_tensor_for_copy(const Shape& shape, const TensorOptions& options);
 // The tensor broadcast (stride 0) to `shape` (right-aligned).
 KernelTensor kernel_broadcast(const Tensor& t, const Shape& shape);
 // A 0-element or flat view: shape (numel,) over contiguous memory.

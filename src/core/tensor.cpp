@@ -58,11 +58,14 @@ std::vector<std::int64_t> contiguous_strides(const Shape& shape) {
 
 // --- Storage ------------------------------------------------------------------------------------
 
-Storage::Storage(std::size_t nbytes, Device device, bool pinned) : nbytes_(nbytes), device_(device), pinned_(pinned) {
+Storage::Storage(std::size_t nbytes, Device device, bool pinned, bool copy_order)
+    : nbytes_(nbytes), device_(device), pinned_(pinned) {
   if (nbytes == 0) return;
   if (pinned) {
     FERRY_CHECK(device.is_cpu(), InvalidArgument, "Pinned memory is host memory; asked for it on ", device.str());
     data_ = backend(DeviceType::CUDA).allocate_pinned(nbytes);
+  } else if (copy_order) {
+    data_ = backend(device).allocate_for_copy(nbytes, device.index);
   } else {
     data_ = backend(device).allocate(nbytes, device.index);
   }
@@ -89,6 +92,18 @@ Tensor make_tensor(const Shape& shape, const TensorOptions& options) {
   impl->requires_grad = options.requires_grad;
   return Tensor(std::move(impl));
 }
+
+namespace detail {
+Tensor make_tensor_for_copy(const Shape& shape, const TensorOptions& options) {
+  auto impl = std::make_shared<TensorImpl>();
+  impl->storage = std::make_shared<Storage>(static_cast<std::size_t>(shape_numel(shape)) * element_size(options.dtype),
+                                            options.device, false, true);
+  impl->shape = shape;
+  impl->strides = contiguous_strides(shape);
+  impl->dtype = options.dtype;
+  return Tensor(std::move(impl));
+}
+}  // namespace detail
 
 Tensor make_view(const Tensor& base, const Shape& shape, const std::vector<std::int64_t>& strides,
                  std::int64_t offset) {

@@ -16,8 +16,10 @@ Direction direction_of(Device source, Device target) {
 }
 
 // Copy contiguous bytes between two devices. Accelerators of different types meet in host memory.
+// fresh_destination: dst was allocated for this copy in the copy stream's order (make_tensor_for_copy), so
+// nothing queued on the compute stream can touch it and a host->device copy need not wait for that work.
 void copy_bytes(void* dst, Device target, const void* src, Device source, std::size_t bytes, bool pinned,
-                bool non_blocking, const char* label) {
+                bool non_blocking, const char* label, bool fresh_destination = false) {
   if (bytes == 0) return;
   if (!source.is_cpu() && !target.is_cpu() && source.type != target.type) {
     Tensor staging = make_tensor({static_cast<std::int64_t>(bytes)}, {.device = kCPU, .dtype = DType::UInt8});
@@ -40,8 +42,11 @@ void copy_bytes(void* dst, Device target, const void* src, Device source, std::s
   const double start = ledger.now_ms();
   const Stream stream = be.copy_stream(accelerator.index);
   // The copy stream first waits for work queued on the compute stream (the data may still be being
-  // computed, or its memory just allocated in stream order): an event, not a host wait.
-  be.stream_wait(stream, be.compute_stream(accelerator.index));
+  // computed, or the destination still read by queued kernels, or allocated in the compute stream's
+  // order): an event, not a host wait. A host->device copy into a fresh destination waits for nothing,
+  // so it runs beside the step that is computing (prefetch) instead of after it.
+  if (!(fresh_destination && direction == Direction::HostToDevice))
+    be.stream_wait(stream, be.compute_stream(accelerator.index));
   be.copy(dst, target, src, source, bytes, stream, pinned, non_blocking);
   if (!non_blocking) be.synchronize(stream);
   else if (!target.is_cpu()) be.stream_wait(be.compute_stream(target.index), stream);  // compute sees the data
@@ -65,9 +70,12 @@ Tensor transfer(const Tensor& src_in, Device target, bool non_blocking, const ch
   Tensor src = src_in.contiguous();
   // A non_blocking copy into the host needs pinned memory to be truly asynchronous.
   const bool pin_target = target.is_cpu() && non_blocking && is_available(DeviceType::CUDA) && src.device().is_cuda();
-  Tensor out = make_tensor(src.shape(), {.device = target, .dtype = src.dtype(), .pinned = pin_target});
+  const bool host_to_device = src.device().is_cpu() && !target.is_cpu();
+  Tensor out = host_to_device ? make_tensor_for_copy(src.shape(), {.device = target, .dtype = src.dtype()})
+                              : make_tensor(src.shape(), {.device = target, .dtype = src.dtype(), .pinned = pin_target});
   const bool pinned = src.is_pinned() || out.is_pinned();
-  copy_bytes(out.data_ptr(), target, src.data_ptr(), src.device(), src.nbytes(), pinned, non_blocking, label);
+  copy_bytes(out.data_ptr(), target, src.data_ptr(), src.device(), src.nbytes(), pinned, non_blocking, label,
+             host_to_device);
   return out;
 }
 

@@ -213,8 +213,8 @@ OutOfMemory out_of_memory(const DeviceState& s, std::size_t bytes) {
 }
 
 // One allocation from the device's pool in the order of `stream`; throws OutOfMemory. When the pool
-// cannot grow, it waits for the stream (pending frees complete), returns every unused block to the
-// device and tries once more.
+// cannot grow, it waits for the device's streams (pending frees complete), returns every unused block
+// to the device and tries once more.
 void* allocate_in_stream_order(DeviceState& s, std::size_t bytes, cudaStream_t stream) {
   if (static_cast<std::int64_t>(bytes) > s.total_memory) throw out_of_memory(s, bytes);
   void* ptr = nullptr;
@@ -222,6 +222,7 @@ void* allocate_in_stream_order(DeviceState& s, std::size_t bytes, cudaStream_t s
   if (status == cudaErrorMemoryAllocation) {
     cudaGetLastError();
     FERRY_CUDA_CHECK(cudaStreamSynchronize(stream));
+    FERRY_CUDA_CHECK(cudaStreamSynchronize(s.compute_stream));  // blocks are freed in its order
     FERRY_CUDA_CHECK(cudaMemPoolTrimTo(s.pool, 0));
     status = cudaMallocFromPoolAsync(&ptr, bytes, s.pool, stream);
   }
@@ -287,10 +288,15 @@ class CudaBackend final : public Backend {
   }
 
   // --- memory ----------------------------------------------------------------------------------
-  void* allocate(std::size_t bytes, int index) override {
+  void* allocate(std::size_t bytes, int index) override { return take(bytes, index, false); }
+  // In the copy stream's order: its host->device copy need not wait for the compute stream. The block is
+  // freed on the compute stream (deallocate) after the compute stream has waited for the copy.
+  void* allocate_for_copy(std::size_t bytes, int index) override { return take(bytes, index, true); }
+
+  void* take(std::size_t bytes, int index, bool copy_order) {
     DeviceState& s = device_state(index);
     DeviceGuard guard(index);
-    void* ptr = allocate_in_stream_order(s, bytes, s.compute_stream);
+    void* ptr = allocate_in_stream_order(s, bytes, copy_order ? s.copy_stream : s.compute_stream);
     const std::int64_t now = s.allocated.fetch_add(static_cast<std::int64_t>(bytes)) + static_cast<std::int64_t>(bytes);
     std::int64_t peak = s.peak.load();
     while (now > peak && !s.peak.compare_exchange_weak(peak, now)) {}
