@@ -137,6 +137,13 @@ TEST_F(CudaBackend, PropertiesDescribeTheCard) {
   EXPECT_GT(p.memory_bytes, std::int64_t{1} << 30);
   EXPECT_GT(p.memory_bytes_per_second, 1e11);
   EXPECT_TRUE(contains(p.link, "PCIe")) << p.link;
+  EXPECT_TRUE(contains(p.libraries, "cuBLAS ")) << p.libraries;
+#ifdef FERRY_HAVE_CUDNN
+  const char* off = std::getenv("FERRY_CUDNN");
+  if (off == nullptr || std::string(off) != "0") {
+    EXPECT_TRUE(contains(p.libraries, "(conv2d, batch_norm)")) << p.libraries;
+  }
+#endif
 }
 
 TEST_F(CudaBackend, StreamsAreSeparateAndNonBlocking) {

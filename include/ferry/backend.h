@@ -64,6 +64,7 @@ struct DeviceProperties {
   double link_bytes_per_second = 0;  // host link (PCIe rate, or the sim link setting); 0 for cpu
   std::string link;              // "PCIe Gen5 x16", "simulated", ""
   double memory_bytes_per_second = 0;  // device memory bandwidth where known
+  std::string libraries;         // vendor libraries in use, e.g. "cuBLAS 13.0.0, cuDNN 9.19.0 (conv2d, batch_norm)"
 };
 
 enum class UnaryOp : std::uint8_t {

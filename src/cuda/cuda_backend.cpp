@@ -284,6 +284,13 @@ class CudaBackend final : public Backend {
     if (cudaDeviceGetPCIBusId(bus_id, sizeof(bus_id), index) != cudaSuccess) cudaGetLastError();
     p.link = std::string("PCIe (bus ") + bus_id + ")";
     p.link_bytes_per_second = 0;  // the runtime cannot say (NVML could); measured by `ferry bench`
+    int cublas_major = 0, cublas_minor = 0, cublas_patch = 0;
+    if (cublasGetProperty(MAJOR_VERSION, &cublas_major) == CUBLAS_STATUS_SUCCESS &&
+        cublasGetProperty(MINOR_VERSION, &cublas_minor) == CUBLAS_STATUS_SUCCESS &&
+        cublasGetProperty(PATCH_LEVEL, &cublas_patch) == CUBLAS_STATUS_SUCCESS) {
+      p.libraries = detail::concat("cuBLAS ", cublas_major, ".", cublas_minor, ".", cublas_patch, " (GEMM), ");
+    }
+    p.libraries += cudnn_description(index);
     return p;
   }
 

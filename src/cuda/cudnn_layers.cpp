@@ -128,9 +128,11 @@ ConvKey key_of(const Backend::Conv2dShape& s, bool tf32) {
           s.pad_w,      s.dilation_h,  s.dilation_w, tf32 ? 1 : 0, 0};
 }
 
-// The fastest algorithm that succeeded, keeps the requested precision and fits the workspace cap.
+// The fastest algorithm that succeeded, keeps the requested precision and fits the workspace cap. When
+// none does, says why on stderr (the layer then runs on ferry's own kernels).
 template <typename Perf, typename Algo>
-bool choose(const Perf* results, int count, bool tf32, Algo* algo, std::size_t* bytes) {
+bool choose(const Perf* results, int count, bool tf32, Algo* algo, std::size_t* bytes, const char* direction,
+            const Backend::Conv2dShape& s) {
   for (int i = 0; i < count; ++i) {  // cuDNN sorts them fastest first
     const Perf& r = results[i];
     if (r.status != CUDNN_STATUS_SUCCESS || r.memory > kMaxWorkspaceBytes) continue;
@@ -139,6 +141,19 @@ bool choose(const Perf* results, int count, bool tf32, Algo* algo, std::size_t* 
     *bytes = r.memory;
     return true;
   }
+  std::string offers;
+  for (int i = 0; i < count; ++i) {
+    offers += detail::concat(i ? ", " : "", "algo ", static_cast<int>(results[i].algo), " ",
+                             cudnnGetErrorString(results[i].status), " math ", static_cast<int>(results[i].mathType),
+                             " ", results[i].memory, " B");
+  }
+  std::fprintf(stderr,
+               "ferry: cuDNN has no usable %s algorithm for conv2d N%lld C%lld H%lld W%lld -> O%lld k%lldx%lld "
+               "(wanted: success, %s math, workspace <= 1 GiB; offered: %s); this shape runs on ferry's kernels\n",
+               direction, static_cast<long long>(s.batch), static_cast<long long>(s.in_channels),
+               static_cast<long long>(s.height), static_cast<long long>(s.width), static_cast<long long>(s.out_channels),
+               static_cast<long long>(s.kernel_h), static_cast<long long>(s.kernel_w), tf32 ? "any" : "FMA (fp32)",
+               offers.empty() ? "none" : offers.c_str());
   return false;
 }
 
@@ -167,17 +182,21 @@ std::unique_ptr<ConvPlan> make_plan(cudnnHandle_t handle, const Backend::Conv2dS
   std::array<cudnnConvolutionFwdAlgoPerf_t, kRequested> forward{};
   FERRY_CUDNN_CHECK(cudnnFindConvolutionForwardAlgorithm(handle, plan->x.get(), plan->w.get(), plan->conv.get(),
                                                          plan->y.get(), kRequested, &returned, forward.data()));
-  if (!choose(forward.data(), returned, tf32, &plan->forward, &plan->forward_bytes)) return plan;
+  if (!choose(forward.data(), returned, tf32, &plan->forward, &plan->forward_bytes, "forward", s)) return plan;
   std::array<cudnnConvolutionBwdDataAlgoPerf_t, kRequested> backward_input{};
   FERRY_CUDNN_CHECK(cudnnFindConvolutionBackwardDataAlgorithm(handle, plan->w.get(), plan->y.get(), plan->conv.get(),
                                                               plan->x.get(), kRequested, &returned,
                                                               backward_input.data()));
-  if (!choose(backward_input.data(), returned, tf32, &plan->backward_input, &plan->backward_input_bytes)) return plan;
+  if (!choose(backward_input.data(), returned, tf32, &plan->backward_input, &plan->backward_input_bytes,
+              "backward-data", s))
+    return plan;
   std::array<cudnnConvolutionBwdFilterAlgoPerf_t, kRequested> backward_weight{};
   FERRY_CUDNN_CHECK(cudnnFindConvolutionBackwardFilterAlgorithm(handle, plan->x.get(), plan->y.get(), plan->conv.get(),
                                                                 plan->w.get(), kRequested, &returned,
                                                                 backward_weight.data()));
-  if (!choose(backward_weight.data(), returned, tf32, &plan->backward_weight, &plan->backward_weight_bytes)) return plan;
+  if (!choose(backward_weight.data(), returned, tf32, &plan->backward_weight, &plan->backward_weight_bytes,
+              "backward-filter", s))
+    return plan;
   plan->usable = true;
   return plan;
 }
@@ -278,6 +297,13 @@ struct BatchNormDescs {
 };
 }  // namespace
 
+std::string cudnn_description(int device) {
+  if (switched_off()) return "cuDNN switched off (FERRY_CUDNN=0): conv2d and batch_norm on ferry's kernels";
+  if (state(device).handle == nullptr) return "cuDNN cannot start here: conv2d and batch_norm on ferry's kernels";
+  const std::size_t v = cudnnGetVersion();  // e.g. 91900 for 9.19.0
+  return detail::concat("cuDNN ", v / 10000, ".", (v % 10000) / 100, ".", v % 100, " (conv2d, batch_norm)");
+}
+
 bool cudnn_batch_norm_supported(const Backend::BatchNormShape& s, DType dtype, int device) {
   if (dtype != DType::Float32 || s.eps < CUDNN_BN_MIN_EPSILON) return false;
   if (s.batch < 1 || s.channels < 1 || s.inner < 1 || !fits_int(s.batch) || !fits_int(s.channels) || !fits_int(s.inner) ||
@@ -321,6 +347,8 @@ void cudnn_batch_norm_backward(const KernelTensor& grad_x, const KernelTensor& g
 }
 
 #else  // no cuDNN in this build: every layer is composed from ferry's kernels
+
+std::string cudnn_description(int) { return "no cuDNN in this build: conv2d and batch_norm on ferry's kernels"; }
 
 bool cudnn_conv2d_supported(const Backend::Conv2dShape&, DType, int) { return false; }
 void cudnn_conv2d_forward(const KernelTensor&, const KernelTensor&, const KernelTensor&, const Backend::Conv2dShape&,

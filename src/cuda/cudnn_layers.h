@@ -8,6 +8,8 @@
 
 #include <cuda_runtime_api.h>
 
+#include <string>
+
 #include "ferry/backend.h"
 
 namespace ferry::cuda {
@@ -22,6 +24,9 @@ void cudnn_conv2d_backward_input(const KernelTensor& grad_input, const KernelTen
 void cudnn_conv2d_backward_weight(const KernelTensor& grad_weight, const KernelTensor& grad_out,
                                   const KernelTensor& input, const Backend::Conv2dShape& shape, int device,
                                   cudaStream_t stream);
+
+// "cuDNN 9.19.0 (conv2d, batch_norm)", "cuDNN switched off (FERRY_CUDNN=0)", "no cuDNN in this build", ...
+std::string cudnn_description(int device);
 
 bool cudnn_batch_norm_supported(const Backend::BatchNormShape& shape, DType dtype, int device);
 void cudnn_batch_norm_forward(const KernelTensor& out, const KernelTensor& x, const KernelTensor& weight,

@@ -42,7 +42,8 @@ void register_devices_command(CLI::App& app) {
                                    {"memory_bytes", p.memory_bytes},
                                    {"memory_bytes_per_second", p.memory_bytes_per_second},
                                    {"link", p.link},
-                                   {"link_bytes_per_second", p.link_bytes_per_second}};
+                                   {"link_bytes_per_second", p.link_bytes_per_second},
+                                   {"libraries", p.libraries}};
       if (!d.is_cpu()) {
         const std::optional<double> speedup = theoretical_speedup(p, host);
         entry["speedup_theoretical"] = speedup ? nlohmann::ordered_json(*speedup) : nlohmann::ordered_json(nullptr);
@@ -64,6 +65,8 @@ void register_devices_command(CLI::App& app) {
         fmt::print(", host link {} at {:.1f} GB/s", d["link"].get<std::string>(),
                    d["link_bytes_per_second"].get<double>() / 1e9);
       fmt::print("\n");
+      if (!d["libraries"].get<std::string>().empty())
+        fmt::print("         libraries: {}\n", d["libraries"].get<std::string>());
       if (d.contains("speedup_theoretical")) {
         if (d["speedup_theoretical"].is_null()) {
           fmt::print("         theoretical S against the host: unknown (a clock or core count is not reported)\n");
