@@ -1,5 +1,6 @@
 // sgd.cpp — SGD with PyTorch's exact rule (torch.optim.SGD, single-tensor path): weight decay, momentum
-// with dampening, nesterov, maximize. In-place tensor ops on the parameter's device, no host syncs.
+// with dampening, nesterov, maximize. By default one fused backend call per step (Backend::sgd_step, the
+// rule in sgd_rule.h); op by op (in-place tensor ops) when the parameters do not allow it. No host syncs.
 #include "../core/internal.h"
 #include "ferry/autograd.h"
 #include "ferry/backend.h"
