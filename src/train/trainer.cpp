@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "ferry/autograd.h"
+#include "ferry/backend.h"
 #include "ferry/checkpoint.h"
 #include "ferry/dist/ddp.h"
 #include "ferry/dist/process_group.h"
@@ -167,6 +168,10 @@ TrainResult train(nn::Module& model, const Dataset& train_set, const Dataset& te
       << placement_name(o.placement);
   if (train_loader.resident_bytes() > 0) out << " (" << train_loader.resident_bytes() << " bytes resident)";
   out << "\n";
+  if (is_rank0) {  // which vendor libraries run the layers here (cuda: cuBLAS, cuDNN or why not)
+    const std::string libraries = backend(o.device).properties(o.device.index).libraries;
+    if (!libraries.empty()) out << o.device.str() << " runs on " << libraries << "\n";
+  }
   if (ddp) {
     out << "data-parallel: " << group->world_size() << " ranks (" << dist::comm_backend_name(group->backend())
         << " backend), global batch " << o.batch_size << " = " << group->world_size() << " x "
