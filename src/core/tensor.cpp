@@ -79,29 +79,27 @@ Storage::~Storage() {
 
 // --- construction -------------------------------------------------------------------------------
 
-Tensor make_tensor(const Shape& shape, const TensorOptions& options) {
+namespace {
+Tensor fresh_tensor(const Shape& shape, const TensorOptions& options, bool copy_order) {
   const std::int64_t n = shape_numel(shape);
   FERRY_CHECK(static_cast<int>(shape.size()) <= kMaxDims, InvalidArgument, "Tensors have at most ", kMaxDims,
               " dims, got shape ", shape_str(shape));
   auto impl = std::make_shared<TensorImpl>();
   impl->storage = std::make_shared<Storage>(static_cast<std::size_t>(n) * element_size(options.dtype),
-                                            options.device, options.pinned);
+                                            options.device, options.pinned, copy_order);
   impl->shape = shape;
   impl->strides = contiguous_strides(shape);
   impl->dtype = options.dtype;
   impl->requires_grad = options.requires_grad;
   return Tensor(std::move(impl));
 }
+}  // namespace
+
+Tensor make_tensor(const Shape& shape, const TensorOptions& options) { return fresh_tensor(shape, options, false); }
 
 namespace detail {
 Tensor make_tensor_for_copy(const Shape& shape, const TensorOptions& options) {
-  auto impl = std::make_shared<TensorImpl>();
-  impl->storage = std::make_shared<Storage>(static_cast<std::size_t>(shape_numel(shape)) * element_size(options.dtype),
-                                            options.device, false, true);
-  impl->shape = shape;
-  impl->strides = contiguous_strides(shape);
-  impl->dtype = options.dtype;
-  return Tensor(std::move(impl));
+  return fresh_tensor(shape, options, true);
 }
 }  // namespace detail
 

@@ -16,8 +16,8 @@ Direction direction_of(Device source, Device target) {
 }
 
 // Copy contiguous bytes between two devices. Accelerators of different types meet in host memory.
-// fresh_destination: dst was allocated for this copy in the copy stream's order (make_tensor_for_copy), so
-// nothing queued on the compute stream can touch it and a host->device copy need not wait for that work.
+// fresh_destination (host->device only): dst was allocated for this copy in the copy stream's order
+// (make_tensor_for_copy), so nothing queued on the compute stream can touch it and the copy need not wait.
 void copy_bytes(void* dst, Device target, const void* src, Device source, std::size_t bytes, bool pinned,
                 bool non_blocking, const char* label, bool fresh_destination = false) {
   if (bytes == 0) return;
@@ -45,8 +45,7 @@ void copy_bytes(void* dst, Device target, const void* src, Device source, std::s
   // computed, or the destination still read by queued kernels, or allocated in the compute stream's
   // order): an event, not a host wait. A host->device copy into a fresh destination waits for nothing,
   // so it runs beside the step that is computing (prefetch) instead of after it.
-  if (!(fresh_destination && direction == Direction::HostToDevice))
-    be.stream_wait(stream, be.compute_stream(accelerator.index));
+  if (!fresh_destination) be.stream_wait(stream, be.compute_stream(accelerator.index));
   be.copy(dst, target, src, source, bytes, stream, pinned, non_blocking);
   if (!non_blocking) be.synchronize(stream);
   else if (!target.is_cpu()) be.stream_wait(be.compute_stream(target.index), stream);  // compute sees the data

@@ -485,13 +485,18 @@ class CudaBackend final : public Backend {
   }
 
   // --- library layers: cuDNN (cudnn_layers.cpp) -----------------------------------------------------
-  bool conv2d_library(const Conv2dShape& shape, DType dtype, int index) override {
+  // The *_library queries never throw: a device that cannot be made current answers no.
+  template <typename Query>
+  static bool library_query(int index, Query&& query) {
     try {
       DeviceGuard guard(index);
-      return cudnn_conv2d_supported(shape, dtype, index);
+      return query();
     } catch (const std::exception&) {
       return false;
     }
+  }
+  bool conv2d_library(const Conv2dShape& shape, DType dtype, int index) override {
+    return library_query(index, [&] { return cudnn_conv2d_supported(shape, dtype, index); });
   }
   void conv2d_forward(const KernelTensor& out, const KernelTensor& input, const KernelTensor& weight,
                       const Conv2dShape& shape, float beta, const Stream& stream) override {
@@ -509,12 +514,7 @@ class CudaBackend final : public Backend {
     cudnn_conv2d_backward_weight(grad_weight, grad_out, input, shape, stream.device.index, to_cuda(stream));
   }
   bool batch_norm_library(const BatchNormShape& shape, DType dtype, int index) override {
-    try {
-      DeviceGuard guard(index);
-      return cudnn_batch_norm_supported(shape, dtype, index);
-    } catch (const std::exception&) {
-      return false;
-    }
+    return library_query(index, [&] { return cudnn_batch_norm_supported(shape, dtype, index); });
   }
   void batch_norm_forward(const KernelTensor& out, const KernelTensor& x, const KernelTensor& weight,
                           const KernelTensor& bias, const KernelTensor& running_mean, const KernelTensor& running_var,

@@ -70,45 +70,29 @@ bool fits_int(std::int64_t value) { return value >= 0 && value <= INT_MAX; }
 int as_int(std::int64_t value) { return static_cast<int>(value); }
 
 // --- descriptors, owned --------------------------------------------------------------------------
-class TensorDesc {
+// One cuDNN descriptor, created with the object and destroyed with it.
+template <typename Handle, cudnnStatus_t (*Create)(Handle*), cudnnStatus_t (*Destroy)(Handle)>
+class Descriptor {
  public:
-  TensorDesc() { FERRY_CUDNN_CHECK(cudnnCreateTensorDescriptor(&desc_)); }
-  ~TensorDesc() { cudnnDestroyTensorDescriptor(desc_); }
-  TensorDesc(const TensorDesc&) = delete;
-  TensorDesc& operator=(const TensorDesc&) = delete;
-  void set(std::int64_t n, std::int64_t c, std::int64_t h, std::int64_t w) {  // contiguous NCHW, float
-    FERRY_CUDNN_CHECK(cudnnSetTensor4dDescriptor(desc_, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, as_int(n), as_int(c),
-                                                 as_int(h), as_int(w)));
-  }
-  cudnnTensorDescriptor_t get() const { return desc_; }
+  Descriptor() { FERRY_CUDNN_CHECK(Create(&desc_)); }
+  ~Descriptor() { Destroy(desc_); }
+  Descriptor(const Descriptor&) = delete;
+  Descriptor& operator=(const Descriptor&) = delete;
+  Handle get() const { return desc_; }
 
  private:
-  cudnnTensorDescriptor_t desc_ = nullptr;
+  Handle desc_ = nullptr;
 };
+using TensorDesc = Descriptor<cudnnTensorDescriptor_t, cudnnCreateTensorDescriptor, cudnnDestroyTensorDescriptor>;
+using FilterDesc = Descriptor<cudnnFilterDescriptor_t, cudnnCreateFilterDescriptor, cudnnDestroyFilterDescriptor>;
+using ConvDesc = Descriptor<cudnnConvolutionDescriptor_t, cudnnCreateConvolutionDescriptor,
+                            cudnnDestroyConvolutionDescriptor>;
 
-class FilterDesc {
- public:
-  FilterDesc() { FERRY_CUDNN_CHECK(cudnnCreateFilterDescriptor(&desc_)); }
-  ~FilterDesc() { cudnnDestroyFilterDescriptor(desc_); }
-  FilterDesc(const FilterDesc&) = delete;
-  FilterDesc& operator=(const FilterDesc&) = delete;
-  cudnnFilterDescriptor_t get() const { return desc_; }
-
- private:
-  cudnnFilterDescriptor_t desc_ = nullptr;
-};
-
-class ConvDesc {
- public:
-  ConvDesc() { FERRY_CUDNN_CHECK(cudnnCreateConvolutionDescriptor(&desc_)); }
-  ~ConvDesc() { cudnnDestroyConvolutionDescriptor(desc_); }
-  ConvDesc(const ConvDesc&) = delete;
-  ConvDesc& operator=(const ConvDesc&) = delete;
-  cudnnConvolutionDescriptor_t get() const { return desc_; }
-
- private:
-  cudnnConvolutionDescriptor_t desc_ = nullptr;
-};
+// A contiguous float NCHW tensor.
+void set_nchw(const TensorDesc& desc, std::int64_t n, std::int64_t c, std::int64_t h, std::int64_t w) {
+  FERRY_CUDNN_CHECK(cudnnSetTensor4dDescriptor(desc.get(), CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, as_int(n), as_int(c),
+                                               as_int(h), as_int(w)));
+}
 
 // The descriptors of one convolution shape and the algorithm chosen for each direction.
 struct ConvPlan {
@@ -162,8 +146,8 @@ bool choose(const Perf* results, int count, bool tf32, Algo* algo, std::size_t* 
 std::unique_ptr<ConvPlan> make_plan(cudnnHandle_t handle, const Backend::Conv2dShape& s, bool tf32,
                                     cudaStream_t stream) {
   auto plan = std::make_unique<ConvPlan>();
-  plan->x.set(s.batch, s.in_channels, s.height, s.width);
-  plan->y.set(s.batch, s.out_channels, s.out_h(), s.out_w());
+  set_nchw(plan->x, s.batch, s.in_channels, s.height, s.width);
+  set_nchw(plan->y, s.batch, s.out_channels, s.out_h(), s.out_w());
   FERRY_CUDNN_CHECK(cudnnSetFilter4dDescriptor(plan->w.get(), CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW,
                                                as_int(s.out_channels), as_int(s.in_channels), as_int(s.kernel_h),
                                                as_int(s.kernel_w)));
@@ -291,7 +275,7 @@ namespace {
 struct BatchNormDescs {
   TensorDesc x, channel;
   explicit BatchNormDescs(const Backend::BatchNormShape& s) {
-    x.set(s.batch, s.channels, s.inner, 1);
+    set_nchw(x, s.batch, s.channels, s.inner, 1);
     FERRY_CUDNN_CHECK(cudnnDeriveBNTensorDescriptor(channel.get(), x.get(), CUDNN_BATCHNORM_SPATIAL));
   }
 };
