@@ -5,6 +5,7 @@
 
 #include "ferry/checkpoint.h"
 #include "ferry/dataloader.h"
+#include "ferry/nn/functional.h"
 #include "ferry/nn/loss.h"
 #include "ferry/trainer.h"
 #include "test_helpers.h"
@@ -155,6 +156,40 @@ TEST(Trainer, LearnsAndReadsBackOnlyAtLogSteps) {
   EXPECT_LT(r.bytes_host_to_device, 2 * (256 + 64) * 784 * 4);
   EXPECT_NE(log.str().find("epoch 2/2"), std::string::npos);
   for (const Tensor& p : model->parameters()) EXPECT_EQ(p.device(), kSim0);
+}
+
+// ferry train with the step captured as a graph (--graphs on; sim records the capture as CUDA would) trains to
+// the same parameters, bit for bit, with the same host syncs: the shorter last batch of each epoch runs eagerly.
+TEST(Trainer, StepGraphGivesTheEagerLoopsParametersBitForBit) {
+  const Dataset train_set = quadrant_dataset(100, 30), test_set = quadrant_dataset(16, 31);  // 6 x 16 + 4 per epoch
+  std::ostringstream log;
+  nn::functional::set_fused_host_kernels(false);  // the kernels a capture records, in both runs
+  TrainOptions o = quick_options(kSim0);
+  o.graphs = "off";
+  manual_seed(2);
+  auto eager = make_fmnist_model();
+  const TrainResult a = train(*eager, train_set, test_set, o, log);
+  o.graphs = "on";
+  manual_seed(2);
+  auto graphed = make_fmnist_model();
+  const TrainResult b = train(*graphed, train_set, test_set, o, log);
+  EXPECT_EQ(a.graph_replays, 0);
+  EXPECT_EQ(b.graph_replays, 2 * 6 - 2) << b.graph;  // two warm-up steps, then every full batch
+  EXPECT_GT(b.graph_operations, 50) << b.graph;
+  EXPECT_EQ(a.syncs, b.syncs);
+  EXPECT_EQ(a.loss_curve, b.loss_curve);
+  ASSERT_EQ(a.history.size(), b.history.size());
+  for (std::size_t e = 0; e < a.history.size(); ++e) {
+    EXPECT_EQ(a.history[e].train_loss, b.history[e].train_loss);
+    EXPECT_EQ(a.history[e].train_accuracy, b.history[e].train_accuracy);
+    EXPECT_EQ(a.history[e].test_accuracy, b.history[e].test_accuracy);
+  }
+  const auto pa = eager->state_dict(), pb = graphed->state_dict();
+  ASSERT_EQ(pa.size(), pb.size());
+  for (std::size_t i = 0; i < pa.size(); ++i)
+    EXPECT_TRUE(testing::all_close(pb[i].second, pa[i].second, 0, 0)) << pa[i].first;
+  EXPECT_THROW({ o.graphs = "sometimes"; train(*graphed, train_set, test_set, o, log); }, InvalidArgument);
+  nn::functional::set_fused_host_kernels(true);
 }
 
 // --resume continues bit for bit: N steps straight equal k steps, a checkpoint, then N - k more.

@@ -252,6 +252,18 @@ class Backend {
                                    const KernelTensor& weight, const KernelTensor& save_mean,
                                    const KernelTensor& save_invstd, const BatchNormShape& shape,
                                    const Stream& stream);
+
+  // --- graphs (CUDA graphs on cuda; recorded host calls on sim; cpu: none) -------------------------
+  // Between begin_capture and end_capture the compute stream of device `index` records the work this thread
+  // enqueues instead of running it; memory allocated meanwhile belongs to the graph and keeps its address on
+  // every replay. end_capture returns an owned handle and the number of operations recorded, or throws
+  // GraphCaptureError with the reason when something in between could not be recorded (the capture is over
+  // either way). replay_graph enqueues the recorded work on the compute stream; destroy_graph frees the handle.
+  virtual bool graph_supported(int /*index*/) { return false; }
+  virtual void begin_capture(int index);
+  virtual void* end_capture(int index, std::int64_t* operations);
+  virtual void replay_graph(void* graph, int index);
+  virtual void destroy_graph(void* graph, int index) noexcept;
 };
 
 // The registry: one backend per device type, created on first use. Throws DeviceUnavailable for a

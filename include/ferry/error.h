@@ -35,6 +35,9 @@ class IoError : public Error { using Error::Error; };
 class BackendError : public Error { using Error::Error; };
 // An optional capability (pinned memory, events) that a device does not have.
 class NotSupported : public Error { using Error::Error; };
+// Work inside a graph capture that cannot be captured (a host sync, a copy between devices, random numbers,
+// freeing memory allocated before the capture), or a capture the device refused (ferry/graph.h).
+class GraphCaptureError : public Error { using Error::Error; };
 // A broken internal invariant: a bug in ferry, not a user mistake.
 class InternalError : public Error { using Error::Error; };
 

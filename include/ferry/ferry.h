@@ -7,6 +7,7 @@
 #include "ferry/dtype.h"
 #include "ferry/error.h"
 #include "ferry/factories.h"
+#include "ferry/graph.h"
 #include "ferry/ledger.h"
 #include "ferry/ops.h"
 #include "ferry/random.h"

@@ -34,6 +34,9 @@ struct TrainOptions {
   std::string resume_path;
   std::string metrics_path;      // JSON lines
   bool progress_bar = true;      // on a terminal; plain lines otherwise
+  // Capture the step (forward, loss, backward) as a graph and replay it (ferry/step_graph.h): "auto" on cuda,
+  // "on" on cuda or sim, "off" never. Data-parallel steps are never captured.
+  std::string graphs = "auto";
   std::string model_name = "fmnist";  // what the log and the checkpoint's settings call the model
   // Data-parallel (ferry train --ddp): with a group, batch_size is the global batch B and each rank trains
   // on its B/N slice (N must divide B); gradients are averaged across ranks before each step; rank 0 alone
@@ -62,6 +65,9 @@ struct TrainResult {
   std::int64_t bytes_host_to_device = 0, bytes_device_to_host = 0;
   std::vector<EpochStats> history;
   std::vector<std::pair<std::int64_t, double>> loss_curve;  // (step, loss) at log steps
+  // The captured step (graphs on): replays, operations in the graph, and one line saying so or why not.
+  std::int64_t graph_replays = 0, graph_operations = 0;
+  std::string graph;
   // Data-parallel runs only (world_size 1 otherwise).
   int world_size = 1;
   std::string comm_backend;                   // "mpi", "nccl"

@@ -3,6 +3,8 @@
 
 #include <mutex>
 
+#include "internal.h"
+
 namespace ferry {
 namespace {
 std::mutex g_mutex;
@@ -22,6 +24,8 @@ void set_generator_state(const GeneratorState& state) {
   g_state = state;
 }
 std::uint64_t reserve_random_counters(std::uint64_t count) {
+  // A replay would draw the same numbers again: the counter offset is baked into the captured work.
+  detail::check_not_capturing("Drawing random numbers");
   std::lock_guard lock(g_mutex);
   const std::uint64_t first = g_state.offset;
   g_state.offset += (count + 3) / 4 * 4;  // every draw starts on a fresh Philox block

@@ -43,6 +43,14 @@ void Backend::batch_norm_backward(const KernelTensor&, const KernelTensor&, cons
   no_library("batch_norm");
 }
 
+void Backend::begin_capture(int index) {
+  throw NotSupported(detail::concat(device_type_name(type()), ":", index, " cannot capture graphs: its kernels run ",
+                                    "as they are called (graphs need cuda, or sim to try them)"));
+}
+void* Backend::end_capture(int index, std::int64_t*) { begin_capture(index); return nullptr; }
+void Backend::replay_graph(void*, int index) { begin_capture(index); }
+void Backend::destroy_graph(void*, int) noexcept {}
+
 Backend& backend(DeviceType type) {
   static std::array<std::unique_ptr<Backend>, kDeviceTypeCount> table;
   static std::array<std::once_flag, kDeviceTypeCount> once;

@@ -21,6 +21,7 @@ Direction direction_of(Device source, Device target) {
 void copy_bytes(void* dst, Device target, const void* src, Device source, std::size_t bytes, bool pinned,
                 bool non_blocking, const char* label, bool fresh_destination = false) {
   if (bytes == 0) return;
+  check_not_capturing(concat("A copy from ", source.str(), " to ", target.str(), " (", label, ")").c_str());
   if (!source.is_cpu() && !target.is_cpu() && source.type != target.type) {
     Tensor staging = make_tensor({static_cast<std::int64_t>(bytes)}, {.device = kCPU, .dtype = DType::UInt8});
     copy_bytes(staging.data_ptr(), kCPU, src, source, bytes, false, false, label);
@@ -86,6 +87,7 @@ void copy_between(const Tensor& dst, const Tensor& src, bool non_blocking, const
 
 void host_sync(Device device, const char* reason) {
   if (device.is_cpu()) return;
+  check_not_capturing(concat("A host sync (", reason, ")").c_str());
   Ledger& ledger = Ledger::global();
   ledger.check_sync_allowed(device, reason);
   const double start = ledger.now_ms();

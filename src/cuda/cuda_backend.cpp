@@ -19,6 +19,7 @@
 #include "check.h"
 #include "cudnn_layers.h"
 #include "device_state.h"
+#include "graph.h"
 #include "ferry/error.h"
 #include "kernels.h"
 
@@ -198,7 +199,13 @@ std::uint64_t pool_reserved(const DeviceState& s) {
     cudaGetLastError();
     return 0;
   }
-  return reserved;
+  // Memory that captured graphs hold (their allocation nodes; see graph.cpp) is reserved too.
+  std::uint64_t graphs = 0;
+  if (cudaDeviceGetGraphMemAttribute(s.index, cudaGraphMemAttrReservedMemCurrent, &graphs) != cudaSuccess) {
+    cudaGetLastError();
+    graphs = 0;
+  }
+  return reserved + graphs;
 }
 
 // The message PyTorch users know, with every number a reader needs to decide what to do.
@@ -495,6 +502,15 @@ class CudaBackend final : public Backend {
       return false;
     }
   }
+  // --- graphs (graph.cpp) ---------------------------------------------------------------------------
+  bool graph_supported(int index) override { return index >= 0 && index < cuda_device_count(); }
+  void begin_capture(int index) override { cuda::begin_capture(device_state(index)); }
+  void* end_capture(int index, std::int64_t* operations) override {
+    return cuda::end_capture(device_state(index), operations);
+  }
+  void replay_graph(void* graph, int index) override { cuda::replay_graph(graph, device_state(index)); }
+  void destroy_graph(void* graph, int index) noexcept override { cuda::destroy_graph(graph, index); }
+
   bool conv2d_library(const Conv2dShape& shape, DType dtype, int index) override {
     return library_query(index, [&] { return cudnn_conv2d_supported(shape, dtype, index); });
   }

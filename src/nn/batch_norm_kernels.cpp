@@ -10,6 +10,7 @@
 #include "ferry/autograd.h"
 #include "ferry/error.h"
 #include "ferry/factories.h"
+#include "ferry/graph.h"
 #include "ferry/nn/functional.h"
 #include "ferry/ops.h"
 
@@ -25,7 +26,10 @@ bool functional::fused_host_kernels() { return g_fused_host_kernels; }
 namespace detail {
 
 bool use_fused_host_kernels(Device device) {
-  return g_fused_host_kernels && (device.type == DeviceType::CPU || device.type == DeviceType::Sim);
+  // Not inside a graph capture (sim): these loops compute at once on the host, where a capture records only
+  // the backend's calls; the layers then take the backend kernels, as on cuda.
+  return g_fused_host_kernels && (device.type == DeviceType::CPU || device.type == DeviceType::Sim) &&
+         !capturing_device().has_value();
 }
 
 namespace {

@@ -1,13 +1,20 @@
 // sim_backend.cpp — the sim device: a discrete accelerator simulated in host memory. Each sim:N has
 // its own allocations and capacity; every copy to or from it crosses a link of settable bandwidth
 // (throttled on the host clock). It computes with the cpu kernels. Tests use it to exercise every
-// device-management rule without a GPU; users use it to watch the cost model.
+// device-management rule without a GPU; users use it to watch the cost model. It also captures graphs the
+// way CUDA does (ferry/graph.h): while capturing, kernel calls are recorded instead of run, memory allocated
+// belongs to the graph and keeps its address until the graph is destroyed, and freeing memory from before the
+// capture, a copy or a sync spoils the capture, so capture mistakes show up here without a GPU.
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <atomic>
+#include <functional>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
+#include <unordered_map>
 #include <vector>
 
 #include "../core/registry.h"
@@ -76,6 +83,14 @@ void set_sim_device_count(int count) {
 
 namespace sim {
 
+// One captured graph: the recorded kernel calls, and the memory allocated while capturing.
+struct SimGraph {
+  int index = 0;
+  std::vector<std::function<void()>> operations;
+  std::vector<void*> blocks;
+  std::int64_t memory_operations = 0;  // allocations and frees recorded (CUDA's memory nodes)
+};
+
 class SimBackend final : public cpu::HostKernels {
  public:
   DeviceType type() const override { return DeviceType::Sim; }
@@ -99,11 +114,36 @@ class SimBackend final : public cpu::HostKernels {
                                        s.allocated, " bytes allocated, ", s.reserved, " reserved, ", s.free,
                                        " free of ", s.total, " bytes total"));
     }
-    return cpu::host_allocate(bytes, Device(DeviceType::Sim, index), counters_[index], kSimCapacity);
+    void* ptr = cpu::host_allocate(bytes, Device(DeviceType::Sim, index), counters_[index], kSimCapacity);
+    if (SimGraph* graph = recording(index)) {  // the graph owns it: same address on every replay
+      std::lock_guard lock(graph_mutex_);
+      owned_[ptr] = {graph, false};
+      graph->blocks.push_back(ptr);
+      graph->memory_operations += 1;
+    }
+    return ptr;
   }
   void deallocate(void* ptr, std::size_t bytes, int index) noexcept override {
-    std::free(ptr);
     counters_[index].remove(bytes);
+    SimGraph* capturing = recording(index);
+    {
+      std::lock_guard lock(graph_mutex_);
+      if (auto it = owned_.find(ptr); it != owned_.end()) {  // graph memory: kept while its graph lives
+        it->second.released = true;
+        if (capturing && it->second.graph == capturing) capturing->memory_operations += 1;
+        if (it->second.graph == nullptr) {  // its graph is gone already
+          owned_.erase(it);
+          std::free(ptr);
+        }
+        return;
+      }
+      if (capturing && capture_error_[index].empty()) {
+        capture_error_[index] = detail::concat("Freeing ", bytes, " bytes of sim:", index, " memory allocated before ",
+                                               "the capture (a tensor made before it was released inside it); release "
+                                               "such tensors before capturing");
+      }
+    }
+    std::free(ptr);
   }
   MemoryStats memory_stats(int index) const override {
     check_index(index);
@@ -113,17 +153,173 @@ class SimBackend final : public cpu::HostKernels {
   void reset_peak_memory_stats(int index) override { counters_[index].reset_peak(); }
   Stream compute_stream(int index) override { return {Device(DeviceType::Sim, index), nullptr}; }
   Stream copy_stream(int index) override { return {Device(DeviceType::Sim, index), nullptr}; }
-  void synchronize(const Stream&) override {}
-  void synchronize_device(int) override {}
+  void synchronize(const Stream& stream) override { spoil_capture(stream.device.index, "a host sync"); }
+  void synchronize_device(int index) override { spoil_capture(index, "a host sync"); }
   void stream_wait(const Stream&, const Stream&) override {}
   void copy(void* dst, Device dst_device, const void* src, Device src_device, std::size_t bytes, const Stream&, bool,
             bool) override {
+    for (Device d : {dst_device, src_device}) {
+      if (d.type == DeviceType::Sim) spoil_capture(d.index, "a copy between devices");
+    }
     const auto start = std::chrono::steady_clock::now();
     std::memcpy(dst, src, bytes);
     if (dst_device != src_device) wait_for_link(start, bytes);
   }
 
+  // --- kernels: run now, or recorded while capturing -------------------------------------------------
+  void fill(const KernelTensor& out, double value, const Stream& stream) override {
+    run_or_record(stream, [=, this] { HostKernels::fill(out, value, stream); });
+  }
+  void arange(const KernelTensor& out, double start, double step, const Stream& stream) override {
+    run_or_record(stream, [=, this] { HostKernels::arange(out, start, step, stream); });
+  }
+  void random(const KernelTensor& out, RandomKind kind, double low, double high, std::uint64_t seed,
+              std::uint64_t offset, const Stream& stream) override {
+    run_or_record(stream, [=, this] { HostKernels::random(out, kind, low, high, seed, offset, stream); });
+  }
+  void unary(UnaryOp op, const KernelTensor& out, const KernelTensor& in, const Stream& stream) override {
+    run_or_record(stream, [=, this] { HostKernels::unary(op, out, in, stream); });
+  }
+  void binary(BinaryOp op, const KernelTensor& out, const KernelTensor& a, const KernelTensor& b,
+              const Stream& stream) override {
+    run_or_record(stream, [=, this] { HostKernels::binary(op, out, a, b, stream); });
+  }
+  void binary_scalar(BinaryOp op, const KernelTensor& out, const KernelTensor& a, double scalar, bool scalar_first,
+                     const Stream& stream) override {
+    run_or_record(stream, [=, this] { HostKernels::binary_scalar(op, out, a, scalar, scalar_first, stream); });
+  }
+  void where(const KernelTensor& out, const KernelTensor& cond, const KernelTensor& a, const KernelTensor& b,
+             const Stream& stream) override {
+    run_or_record(stream, [=, this] { HostKernels::where(out, cond, a, b, stream); });
+  }
+  void reduce(ReduceOp op, const KernelTensor& out, const KernelTensor& in, std::int64_t outer, std::int64_t n,
+              std::int64_t inner, const Stream& stream) override {
+    run_or_record(stream, [=, this] { HostKernels::reduce(op, out, in, outer, n, inner, stream); });
+  }
+  void gemm(const GemmArgs& args, const Stream& stream) override {
+    run_or_record(stream, [=, this] { HostKernels::gemm(args, stream); });
+  }
+  void index_select(const KernelTensor& out, const KernelTensor& in, const KernelTensor& index, std::int64_t outer,
+                    std::int64_t n_in, std::int64_t inner, const Stream& stream) override {
+    run_or_record(stream, [=, this] { HostKernels::index_select(out, in, index, outer, n_in, inner, stream); });
+  }
+  void index_add(const KernelTensor& out, const KernelTensor& src, const KernelTensor& index, std::int64_t outer,
+                 std::int64_t n_out, std::int64_t inner, const Stream& stream) override {
+    run_or_record(stream, [=, this] { HostKernels::index_add(out, src, index, outer, n_out, inner, stream); });
+  }
+  void sgd_step(const KernelTensor* params, const KernelTensor* grads, const KernelTensor* buffers, std::size_t count,
+                const SgdStep& step, const Stream& stream) override {
+    if (!recording(stream.device.index)) return HostKernels::sgd_step(params, grads, buffers, count, step, stream);
+    std::vector<KernelTensor> p(params, params + count), g(grads, grads + count);
+    std::vector<KernelTensor> b = buffers ? std::vector<KernelTensor>(buffers, buffers + count) : std::vector<KernelTensor>{};
+    run_or_record(stream, [=, this] {
+      HostKernels::sgd_step(p.data(), g.data(), b.empty() ? nullptr : b.data(), count, step, stream);
+    });
+  }
+  void cross_entropy(const KernelTensor& loss_rows, const KernelTensor& grad, const KernelTensor& logits,
+                     const KernelTensor& target, double grad_scale, const Stream& stream) override {
+    run_or_record(stream, [=, this] { HostKernels::cross_entropy(loss_rows, grad, logits, target, grad_scale, stream); });
+  }
+  void im2col(const KernelTensor& columns, const KernelTensor& image, const Conv2dShape& shape,
+              const Stream& stream) override {
+    run_or_record(stream, [=, this] { HostKernels::im2col(columns, image, shape, stream); });
+  }
+  void col2im(const KernelTensor& image, const KernelTensor& columns, const Conv2dShape& shape,
+              const Stream& stream) override {
+    run_or_record(stream, [=, this] { HostKernels::col2im(image, columns, shape, stream); });
+  }
+  void max_pool2d(const KernelTensor& out, const KernelTensor& argmax, const KernelTensor& in,
+                  const Pool2dShape& shape, const Stream& stream) override {
+    run_or_record(stream, [=, this] { HostKernels::max_pool2d(out, argmax, in, shape, stream); });
+  }
+  void max_pool2d_backward(const KernelTensor& grad_in, const KernelTensor& grad_out, const KernelTensor& argmax,
+                           const Pool2dShape& shape, const Stream& stream) override {
+    run_or_record(stream, [=, this] { HostKernels::max_pool2d_backward(grad_in, grad_out, argmax, shape, stream); });
+  }
+  void avg_pool2d(const KernelTensor& out, const KernelTensor& in, const Pool2dShape& shape,
+                  const Stream& stream) override {
+    run_or_record(stream, [=, this] { HostKernels::avg_pool2d(out, in, shape, stream); });
+  }
+  void avg_pool2d_backward(const KernelTensor& grad_in, const KernelTensor& grad_out, const Pool2dShape& shape,
+                           const Stream& stream) override {
+    run_or_record(stream, [=, this] { HostKernels::avg_pool2d_backward(grad_in, grad_out, shape, stream); });
+  }
+
+  // --- graphs --------------------------------------------------------------------------------------
+  bool graph_supported(int index) override { return index >= 0 && index < device_count(); }
+  void begin_capture(int index) override {
+    check_index(index);
+    FERRY_CHECK(!recording(index), GraphCaptureError, "sim:", index, " is capturing a graph already");
+    std::lock_guard lock(graph_mutex_);
+    capture_error_[index].clear();
+    auto* graph = new SimGraph;
+    graph->index = index;
+    recording_[index].store(graph);
+  }
+  void* end_capture(int index, std::int64_t* operations) override {
+    check_index(index);
+    SimGraph* graph = recording_[index].exchange(nullptr);
+    FERRY_CHECK(graph != nullptr, GraphCaptureError, "sim:", index, " is not capturing a graph");
+    std::string error;
+    {
+      std::lock_guard lock(graph_mutex_);
+      error.swap(capture_error_[index]);
+    }
+    if (!error.empty()) {
+      destroy_graph(graph, index);
+      throw GraphCaptureError(detail::concat("The capture on sim:", index, " failed: ", error));
+    }
+    if (operations) *operations = static_cast<std::int64_t>(graph->operations.size()) + graph->memory_operations;
+    return graph;
+  }
+  void replay_graph(void* graph, int index) override {
+    FERRY_CHECK(!recording(index), GraphCaptureError, "A graph cannot be replayed inside a capture on sim:", index);
+    auto& ops = static_cast<SimGraph*>(graph)->operations; for (std::size_t i = 0; i < ops.size(); ++i) { std::fprintf(stderr, "op %zu of %zu graph %p\n", i, ops.size(), graph); ops[i](); }
+  }
+  void destroy_graph(void* handle, int) noexcept override {
+    auto* graph = static_cast<SimGraph*>(handle);
+    if (!graph) return;
+    std::lock_guard lock(graph_mutex_);
+    for (void* ptr : graph->blocks) {  // released blocks go now; live ones when their tensor lets go
+      auto it = owned_.find(ptr);
+      if (it == owned_.end()) continue;
+      if (it->second.released) {
+        std::free(ptr);
+        owned_.erase(it);
+      } else {
+        it->second.graph = nullptr;
+      }
+    }
+    delete graph;
+  }
+
  private:
+  SimGraph* recording(int index) const {
+    return index >= 0 && index < kMaxSimDevices ? recording_[index].load(std::memory_order_acquire) : nullptr;
+  }
+  template <typename Work>
+  void run_or_record(const Stream& stream, Work&& work) {
+    if (SimGraph* graph = recording(stream.device.index)) {
+      graph->operations.emplace_back(std::forward<Work>(work));
+    } else {
+      work();
+    }
+  }
+  void spoil_capture(int index, const char* what) {
+    if (!recording(index)) return;
+    std::lock_guard lock(graph_mutex_);
+    if (capture_error_[index].empty()) capture_error_[index] = detail::concat(what, " cannot be captured");
+  }
+
+  struct OwnedBlock {
+    SimGraph* graph = nullptr;  // nullptr once the graph is destroyed
+    bool released = false;      // the tensor let go (its memory stays the graph's)
+  };
+  std::atomic<SimGraph*> recording_[kMaxSimDevices] = {};
+  std::mutex graph_mutex_;
+  std::string capture_error_[kMaxSimDevices];
+  std::unordered_map<void*, OwnedBlock> owned_;
+
   void check_index(int index) const {
     FERRY_CHECK(index >= 0 && index < device_count(), DeviceUnavailable, "sim:", index,
                 " is not available; devices present: ", available_devices_text());

@@ -31,6 +31,7 @@
 #include "ferry/ops.h"
 #include "ferry/optim.h"
 #include "ferry/random.h"
+#include "ferry/step_graph.h"
 
 namespace ferry {
 
@@ -127,6 +128,8 @@ TrainResult train(nn::Module& model, const Dataset& train_set, const Dataset& te
   FERRY_CHECK(o.lr > 0 && std::isfinite(o.lr), InvalidArgument, "--lr must be a positive number, got ", o.lr);
   FERRY_CHECK(o.schedule == "cosine" || o.schedule == "constant", InvalidArgument,
               "--schedule must be cosine or constant, got '", o.schedule, "'");
+  FERRY_CHECK(o.graphs == "auto" || o.graphs == "on" || o.graphs == "off", InvalidArgument,
+              "--graphs must be auto, on or off, got '", o.graphs, "'");
   Ledger& ledger = Ledger::global();
   const auto ledger_start = ledger.totals();
   dist::ProcessGroup* group = o.process_group;  // data-parallel when set; everything below is as before otherwise
@@ -209,12 +212,31 @@ TrainResult train(nn::Module& model, const Dataset& train_set, const Dataset& te
     result.replica_checks += 1;
   };
   std::int64_t timed_epochs = 0;
+  // The step's forward, loss and backward. The running sums are updated in place (made once, zeroed each
+  // epoch), so a captured graph of the step keeps adding into the same tensors.
+  Tensor loss_sum = zeros({}, {.device = o.device});
+  Tensor correct = zeros({}, {.device = o.device, .dtype = DType::Int64});
+  double loss_weight = 1;  // data-parallel: this rank's slice of the global batch
+  auto forward_backward = [&](const Tensor& images, const Tensor& labels) {
+    Tensor logits = ddp ? ddp->forward(images) : model(images);
+    Tensor loss = nn::cross_entropy(logits, labels);
+    (loss_weight == 1 ? loss : mul(loss, loss_weight)).backward();
+    autograd::NoGradGuard no_grad;
+    loss_sum.add_(loss.detach(), static_cast<double>(labels.numel()));
+    correct.add_(sum(eq(argmax(logits.detach(), 1), labels)));
+    return loss.detach();
+  };
+  // On cuda (or sim when asked) the step is captured as a graph after two eager steps and replayed; the
+  // shorter last batch of an epoch runs eagerly. Data-parallel steps stay eager (their all-reduces overlap
+  // backward from hooks).
+  const bool want_graphs = o.graphs == "on" ? !o.device.is_cpu() : o.graphs == "auto" && o.device.is_cuda();
+  StepGraph step_graph(model.parameters(), forward_backward, {.enabled = want_graphs && !ddp});
   model.train();
   for (std::int64_t epoch = progress.epoch; epoch < o.epochs; ++epoch) {
     const auto epoch_start = Clock::now();
     train_loader.start_epoch(epoch, epoch == progress.epoch ? progress.batch_in_epoch : 0);
-    Tensor loss_sum = zeros({}, {.device = o.device});                            // summed on the device
-    Tensor correct = zeros({}, {.device = o.device, .dtype = DType::Int64});
+    loss_sum.zero_();  // summed on the device
+    correct.zero_();
     std::int64_t seen = 0, batches = 0;
     double last_loss = NAN;
     bool stopped = false;
@@ -232,29 +254,20 @@ TrainResult train(nn::Module& model, const Dataset& train_set, const Dataset& te
         ledger.end_step();
         break;
       }
-      double loss_weight = 1;  // data-parallel: this rank's slice of the global batch
+      loss_weight = 1;
       if (sampler && !sampler->take(Batch(batch), batch, &loss_weight)) {
         ledger.end_step();  // a last batch shorter than N: every rank skips it
         continue;
       }
       phase_start = Clock::now();
       optimizer.set_learning_rate(schedule_lr(o, result.steps, total_steps));
-      Tensor logits = ddp ? ddp->forward(batch.images) : model(batch.images);
-      Tensor loss = nn::cross_entropy(logits, batch.labels);
-      optimizer.zero_grad();
-      (loss_weight == 1 ? loss : mul(loss, loss_weight)).backward();
+      Tensor loss = step_graph.run(batch.images, batch.labels);
       if (ddp) {  // the buckets backward did not finish, and the averaged gradients into .grad
         const auto comm_start = Clock::now();
         ddp->finish_gradient_sync();
         comm_s += seconds_since(comm_start);
       }
       optimizer.step();
-      {
-        autograd::NoGradGuard no_grad;
-        const auto n = static_cast<double>(batch.labels.numel());
-        loss_sum = add(loss_sum, loss.detach(), n);
-        correct = correct + sum(eq(argmax(logits.detach(), 1), batch.labels));
-      }
       compute_s += seconds_since(phase_start);
       seen += batch.labels.numel();
       ++batches;
@@ -263,7 +276,7 @@ TrainResult train(nn::Module& model, const Dataset& train_set, const Dataset& te
       if (result.steps % o.log_every == 0) {  // the only per-step host sync, once per log_every steps
         phase_start = Clock::now();
         if (ddp) {  // the mean over every rank's slice
-          Tensor mean_loss = loss.detach().reshape({1}).clone();
+          Tensor mean_loss = loss.reshape({1}).clone();
           group->all_reduce(mean_loss, dist::ReduceOp::Avg, "logged loss");
           last_loss = mean_loss.item<double>();
         } else {
@@ -353,6 +366,9 @@ TrainResult train(nn::Module& model, const Dataset& train_set, const Dataset& te
   result.bytes_host_to_device = totals.bytes_host_to_device - ledger_start.bytes_host_to_device;
   result.bytes_device_to_host = totals.bytes_device_to_host - ledger_start.bytes_device_to_host;
   result.parameters = model.parameter_count();
+  result.graph_replays = step_graph.replays();
+  result.graph_operations = step_graph.operations();
+  if (want_graphs && !ddp) result.graph = step_graph.describe();
   if (ddp) {
     result.world_size = world;
     result.comm_backend = std::string(dist::comm_backend_name(group->backend()));

@@ -20,6 +20,7 @@
 #include "ferry/nn/loss.h"
 #include "ferry/nn/sequential.h"
 #include "ferry/optim.h"
+#include "ferry/step_graph.h"
 #include "ferry/trainer.h"
 #include "ferry/trace.h"
 #include "ferry/units.h"
@@ -50,31 +51,40 @@ Workload make_workload(const std::string& name, std::int64_t batch) {
   throw ferry::InvalidArgument(fmt::format("--workload must be mlp or cnn, got '{}'", name));
 }
 
-// One training step's parts on one device: the model there, its optimizer, the step.
+// One training step's parts on one device: the model there, its optimizer, the step; with `graph`, forward,
+// loss and backward are captured after two eager steps and replayed (ferry/step_graph.h), as ferry train does.
 class Stepper {
  public:
-  Stepper(const std::string& workload, std::int64_t batch, ferry::Device device) : device_(device) {
+  Stepper(const std::string& workload, std::int64_t batch, ferry::Device device, bool graph = false) : device_(device) {
     ferry::manual_seed(0);
     Workload w = make_workload(workload, batch);
     model_ = w.model;
     model_->to(device);
     model_->train();
     optimizer_ = std::make_unique<ferry::optim::SGD>(model_->parameters(), ferry::optim::SGDOptions{.lr = 0.01, .momentum = 0.9});
+    graph_ = std::make_unique<ferry::StepGraph>(
+        model_->parameters(),
+        [this](const ferry::Tensor& x, const ferry::Tensor& y) {
+          ferry::Tensor loss = ferry::nn::cross_entropy((*model_)(x), y);
+          loss.backward();
+          return loss.detach();
+        },
+        ferry::StepGraphOptions{.enabled = graph});
   }
   // forward, cross-entropy, backward, SGD update; the loss stays on the device.
   ferry::Tensor step(const ferry::Tensor& x, const ferry::Tensor& y) {
-    optimizer_->zero_grad();
-    ferry::Tensor loss = ferry::nn::cross_entropy((*model_)(x), y);
-    loss.backward();
+    ferry::Tensor loss = graph_->run(x, y);
     optimizer_->step();
     return loss;
   }
   ferry::Device device() const { return device_; }
+  const ferry::StepGraph& graph() const { return *graph_; }
 
  private:
   ferry::Device device_;
   std::shared_ptr<ferry::nn::Sequential> model_;
   std::unique_ptr<ferry::optim::SGD> optimizer_;
+  std::unique_ptr<ferry::StepGraph> graph_;
 };
 
 // Seconds per step of `body(i)` over `steps` steps after `warmup`, with one device sync at the end of the
@@ -169,6 +179,26 @@ void run_golden(const GoldenOptions& o) {
                     if (i % 100 == 0) (void)loss.item<double>();
                   })});
 
+  // 7. The step captured as a graph (cuda: one launch for forward, loss and backward), resident, then with
+  // item() every step: what issue 9 compares with PyTorch's eager step.
+  std::int64_t graph_peak_bytes = 0;
+  std::string graph_line;
+  if (ferry::graph_capture_supported(device)) {
+    // Its peak counts what this stepper holds and the batch, as the eager loop's does, not the eager model.
+    const std::int64_t others = ferry::backend(device).memory_stats(device.index).allocated -
+                                static_cast<std::int64_t>(x_dev.nbytes() + y_dev.nbytes());
+    Stepper graphed(o.workload, o.batch, device, true);
+    progress("device step, data resident, captured as a graph");
+    ferry::backend(device).reset_peak_memory_stats(device.index);
+    rows.push_back({"resident_graph", "device step, data resident, step graph replayed",
+                    seconds_per_step(device, std::max(o.warmup, 3), o.steps, [&](int) { graphed.step(x_dev, y_dev); })});
+    graph_peak_bytes = ferry::backend(device).memory_stats(device.index).peak - others;
+    progress("device step, step graph, loss.item() every step");
+    rows.push_back({"item_every_step_graph", "device step, step graph, loss.item() every step",
+                    seconds_per_step(device, o.warmup, o.steps, [&](int) { (void)graphed.step(x_dev, y_dev).item<double>(); })});
+    graph_line = graphed.graph().describe();
+  }
+
   auto find = [&](const std::string& key) {
     for (const Row& r : rows)
       if (r.key == key) return r.seconds;
@@ -195,6 +225,10 @@ void run_golden(const GoldenOptions& o) {
               {"golden_rule_error_percent", error},
               {"item_cost_s", sync_cost},
               {"peak_device_bytes", peak_bytes}};
+  if (!graph_line.empty()) {
+    object["graph"] = graph_line;
+    object["peak_device_bytes_graph"] = graph_peak_bytes;
+  }
   for (const Row& r : rows) object["seconds_per_step"][r.key] = r.seconds;
   std::string text = fmt::format("ferry bench golden: {} workload, batch {}, cpu against {}; {} timed steps each\n",
                                  o.workload, shape.input[0], device.str(), o.steps);
@@ -218,6 +252,14 @@ void run_golden(const GoldenOptions& o) {
                       ferry::format_seconds(sync_cost), 100 * sync_cost / t_compute);
   text += fmt::format("peak {} memory of the resident loop: {}\n", device.str(),
                       ferry::format_bytes(static_cast<double>(peak_bytes)));
+  if (!graph_line.empty()) {
+    const double t_graph = find("resident_graph");
+    text += fmt::format("step graph: {}\n  resident step {} ({:.2f} x the eager step); loss.item() every step adds {:.1f} %; "
+                        "peak memory {}\n",
+                        graph_line, ferry::format_seconds(t_graph), t_graph / t_compute,
+                        100 * (find("item_every_step_graph") / t_graph - 1),
+                        ferry::format_bytes(static_cast<double>(graph_peak_bytes)));
+  }
   if (device.type == ferry::DeviceType::Sim) {
     text += "sim computes with the cpu's kernels (S ~ 1) and waits out its link (FERRY_SIM_LINK): the copies and the\n"
             "Golden Rule are real, the speedup is not; on a cuda machine both are.\n";

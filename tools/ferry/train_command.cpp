@@ -71,6 +71,7 @@ void print_report(const ferry::TrainResult& r, std::FILE* out) {
   fmt::print(out, "  compute   {:8.2f} s  {:5.1f} %   (forward, backward, optimizer step)\n", r.t_compute_s,
              pct(r.t_compute_s));
   fmt::print(out, "  sync      {:8.2f} s  {:5.1f} %   (reading values back to the host)\n", r.t_sync_s, pct(r.t_sync_s));
+  if (!r.graph.empty()) fmt::print(out, "  step graph: {}\n", r.graph);
   if (r.world_size > 1 || !r.comm_backend.empty()) {
     fmt::print(out, "  (data-parallel: compute excludes the {:.2f} s the host waited for the gradient all-reduce)\n",
                r.t_comm_s);
@@ -106,6 +107,10 @@ void register_train_command(CLI::App& app) {
   cmd->add_option("--log-every", o.log_every, "Steps between loss read-backs (each one is a host sync)")
       ->capture_default_str()->check(CLI::PositiveNumber);
   cmd->add_option("--placement", a.placement, "resident | prefetch | per-step")->capture_default_str();
+  cmd->add_option("--graphs", o.graphs,
+                  "Capture the step (forward, loss, backward) as one graph after two eager steps and replay it:\n"
+                  "auto (on cuda: one launch instead of hundreds) | on (cuda or sim) | off")
+      ->capture_default_str();
   cmd->add_option("--max-steps", o.max_steps, "Stop after this many steps in all (and checkpoint)");
   cmd->add_option("--checkpoint", o.checkpoint_path, "Write a safetensors checkpoint at each epoch end");
   cmd->add_option("--resume", o.resume_path, "Continue from a checkpoint, bit for bit");
@@ -183,7 +188,8 @@ void register_train_command(CLI::App& app) {
                                         {"gradient_bytes_per_step", r.gradient_bytes_per_step},
                                         {"collectives", r.collectives}, {"collective_bytes", r.collective_bytes},
                                         {"collective_s", r.collective_s}, {"t_comm_s", r.t_comm_s},
-                                        {"replica_checks", r.replica_checks}}
+                                        {"replica_checks", r.replica_checks},
+                                        {"graph_replays", r.graph_replays}, {"graph_operations", r.graph_operations}}
                              .dump());
     } else {
       fmt::print("\nfinal test accuracy {:.2f} %, {:.1f} s per epoch on {}\n", 100 * r.test_accuracy,

@@ -1,0 +1,60 @@
+// ferry/step_graph.h — a training step's forward, loss and backward captured once as a graph (ferry/graph.h)
+// and replayed for every batch of the same shape: on cuda one launch instead of the hundreds of kernels a step
+// enqueues, so a small model's step is no longer bound by the host's launch rate. The optimizer update stays
+// outside the graph (one fused launch, with this step's learning rate). Not here: the loop (ferry/trainer.h).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ferry/graph.h"
+#include "ferry/tensor.h"
+
+namespace ferry {
+
+struct StepGraphOptions {
+  bool enabled = true;        // false: every step runs as written (eagerly)
+  int warmup_steps = 2;       // eager steps of the captured shape first (library plans, optimizer state)
+};
+
+class StepGraph {
+ public:
+  // body(images, labels): forward, loss, backward; returns the loss. It may also update tensors made before
+  // the first run() in place (running sums); it must not replace them, sync, copy or draw random numbers
+  // (ferry/graph.h). `parameters` are the model's: their gradients are cleared before each step and, when
+  // replaying, pointed at the graph's gradient tensors, so an optimizer reads them as after an eager step.
+  using Body = std::function<Tensor(const Tensor& images, const Tensor& labels)>;
+  StepGraph(std::vector<Tensor> parameters, Body body, StepGraphOptions options = {});
+
+  // One step on this batch (on the graph's device). The first batch shape seen after `warmup_steps` eager
+  // steps of it is captured; later batches of that shape replay it, others run eagerly. Returns the loss:
+  // when replayed, the graph's own tensor, overwritten by the next replay.
+  Tensor run(const Tensor& images, const Tensor& labels);
+
+  bool captured() const { return graph_ && graph_->captured(); }
+  std::int64_t replays() const { return graph_ ? graph_->replays() : 0; }
+  std::int64_t eager_steps() const { return eager_steps_; }
+  std::int64_t operations() const { return graph_ ? graph_->operations() : 0; }
+  // One line: "one graph of 312 operations, replayed 467 times; 7 steps eager (...)", or why there is none.
+  std::string describe() const;
+
+ private:
+  Tensor run_eagerly(const Tensor& images, const Tensor& labels);
+  void capture(const Tensor& images, const Tensor& labels);
+
+  std::vector<Tensor> parameters_;
+  Body body_;
+  StepGraphOptions options_;
+  std::string not_captured_;  // why there is no graph ("" while it may still come)
+  Shape images_shape_, labels_shape_;  // the shape being warmed up or captured
+  int warm_ = 0;
+  std::unique_ptr<Graph> graph_;
+  Tensor static_images_, static_labels_, static_loss_;
+  std::vector<Tensor> static_grads_;  // one per parameter (undefined where backward gave none)
+  std::int64_t eager_steps_ = 0;
+};
+
+}  // namespace ferry

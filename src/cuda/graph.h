@@ -1,0 +1,20 @@
+// graph.h — CUDA graphs for ferry::Graph: capture on a device's compute stream, instantiate, replay, destroy.
+// Not here: the rules a captured body follows (ferry/graph.h), the training step built on it (step_graph.h).
+#pragma once
+
+#include <cstdint>
+
+#include "device_state.h"
+
+namespace ferry::cuda {
+
+// The compute stream of `s` starts recording this thread's work (cudaStreamCaptureModeThreadLocal).
+void begin_capture(DeviceState& s);
+// Ends the capture and instantiates it (allocations the body leaves alive are freed by the next replay
+// before it allocates them again, at the same address). Throws GraphCaptureError when the capture was
+// invalidated, naming CUDA's reason. `operations` gets the graph's node count.
+void* end_capture(DeviceState& s, std::int64_t* operations);
+void replay_graph(void* graph, DeviceState& s);
+void destroy_graph(void* graph, int index) noexcept;
+
+}  // namespace ferry::cuda

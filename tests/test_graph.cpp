@@ -1,0 +1,156 @@
+// test_graph.cpp — captured graphs (ferry/graph.h) and the captured training step (ferry/step_graph.h).
+// sim records the calls of a capture the way CUDA does, so the rules are checked here without a GPU; the
+// cuda cases run where a GPU is present.
+#include "ferry/graph.h"
+
+#include "ferry/nn/functional.h"
+#include "ferry/nn/loss.h"
+#include "ferry/optim.h"
+#include "ferry/step_graph.h"
+#include "ferry/trainer.h"
+#include "test_helpers.h"
+
+namespace ferry {
+namespace {
+
+const Device kSim0{DeviceType::Sim, 0};
+
+// sim computes BatchNorm and large convolutions with fused host loops when it runs eagerly; inside a capture
+// it takes the backend's kernels (as cuda always does). Bit-for-bit comparisons use those kernels in both arms.
+struct BackendKernelsOnly {
+  BackendKernelsOnly() { nn::functional::set_fused_host_kernels(false); }
+  ~BackendKernelsOnly() { nn::functional::set_fused_host_kernels(true); }
+};
+
+// On sim here, and on cuda where a GPU is present.
+TEST(Graph, ReplaysTheCapturedWorkOnNewInputValues) {
+  for (const Device device : testing::accelerators()) {
+    SCOPED_TRACE(device.str());
+    Tensor x = from_vector<float>({1, 2, 3, 4}, {4}).to(device);
+    Tensor y;
+    Graph graph(device);
+    graph.capture([&] { y = add(mul(x, 2.0), 1.0); });
+    ASSERT_TRUE(graph.captured());
+    EXPECT_GE(graph.operations(), 2);  // two kernels, and the memory they wrote
+    graph.replay();
+    EXPECT_EQ(y.cpu().to_vector<float>(), (std::vector<float>{3, 5, 7, 9}));
+    void* const address = y.data_ptr();
+    x.copy_(from_vector<float>({10, 20, 30, 40}, {4}).to(device));  // new input values, same tensor
+    graph.replay();
+    EXPECT_EQ(y.data_ptr(), address);  // the output keeps its address
+    EXPECT_EQ(y.cpu().to_vector<float>(), (std::vector<float>{21, 41, 61, 81}));
+    EXPECT_EQ(graph.replays(), 2);
+  }
+}
+
+TEST(Graph, WhatCannotBeCapturedIsAnErrorAndTheDeviceStaysUsable) {
+  for (const Device device : testing::accelerators()) {
+    SCOPED_TRACE(device.str());
+    Tensor x = ones({8}, {.device = device});
+    auto expect_capture_error = [&](const std::function<void()>& body, const std::string& words) {
+      Graph graph(device);
+      try {
+        graph.capture(body);
+        ADD_FAILURE() << "captured, but should have failed with: " << words;
+      } catch (const GraphCaptureError& e) {
+        EXPECT_NE(std::string(e.what()).find(words), std::string::npos) << e.what();
+      }
+      EXPECT_FALSE(graph.captured());
+      EXPECT_FALSE(capturing_device().has_value());
+    };
+    expect_capture_error([&] { (void)sum(x).item<float>(); }, "to cpu (item())");
+    expect_capture_error([&] { (void)x.cpu(); }, "cpu()");
+    expect_capture_error([&] { synchronize(device, "test"); }, "host sync");
+    expect_capture_error([&] { (void)randn({4}, {.device = device}); }, "random numbers");
+    expect_capture_error([&] { (void)from_vector<float>({1}, {1}).to(device); }, "copy from cpu to " + device.str());
+    if (device.type == DeviceType::Sim) {  // freeing memory made before the capture: CUDA refuses it, sim says so
+      Tensor before = ones({16}, {.device = device});
+      expect_capture_error([&] { before = add(before, 1.0); }, "allocated before the capture");
+    }
+    // The device still computes, eagerly and in a new capture.
+    EXPECT_FLOAT_EQ(sum(x).item<float>(), 8.0F);
+    Tensor z;
+    Graph again(device);
+    again.capture([&] { z = mul(x, 3.0); });
+    again.replay();
+    EXPECT_FLOAT_EQ(sum(z).item<float>(), 24.0F);
+  }
+}
+
+TEST(Graph, CpuCannotCaptureAndCapturesDoNotNest) {
+  EXPECT_FALSE(graph_capture_supported(kCPU));
+  EXPECT_THROW(Graph{kCPU}, NotSupported);
+  EXPECT_TRUE(graph_capture_supported(kSim0));
+  Graph outer(kSim0);
+  Graph inner(kSim0);
+  EXPECT_THROW(outer.capture([&] { inner.capture([] {}); }), GraphCaptureError);
+  EXPECT_THROW(outer.replay(), InvalidArgument);  // never captured
+}
+
+// The captured step equals the eager one bit for bit: same kernels, same order. `device` is sim here, cuda on a
+// GPU machine; a batch of another shape in between runs eagerly and the graph resumes after it.
+void expect_step_graph_matches_eager(Device device, double tolerance) {
+  BackendKernelsOnly same_kernels;
+  auto make = [&](bool graphs) {
+    manual_seed(3);
+    auto model = make_fmnist_model({.device = device});
+    auto optimizer = std::make_shared<optim::SGD>(model->parameters(), optim::SGDOptions{.lr = 0.05, .momentum = 0.9});
+    auto step = std::make_shared<StepGraph>(
+        model->parameters(),
+        [model](const Tensor& x, const Tensor& y) {
+          Tensor loss = nn::cross_entropy((*model)(x), y);
+          loss.backward();
+          return loss.detach();
+        },
+        StepGraphOptions{.enabled = graphs});
+    return std::tuple{model, optimizer, step};
+  };
+  auto [eager_model, eager_opt, eager_step] = make(false);
+  auto [graph_model, graph_opt, graph_step] = make(true);
+  manual_seed(4);
+  std::vector<std::pair<Tensor, Tensor>> batches;
+  for (std::int64_t n : {8, 8, 8, 8, 5, 8, 8}) batches.emplace_back(randn({n, 1, 28, 28}).to(device), randint(0, 10, {n}).to(device));
+  for (const auto& [x, y] : batches) {
+    const float a = eager_step->run(x, y).item<float>();
+    eager_opt->step();
+    const float b = graph_step->run(x, y).item<float>();
+    graph_opt->step();
+    if (tolerance == 0) EXPECT_EQ(a, b);
+    else EXPECT_NEAR(a, b, tolerance * std::abs(a));
+  }
+  EXPECT_TRUE(graph_step->captured()) << graph_step->describe();
+  EXPECT_EQ(graph_step->replays(), 4);      // steps 3, 4, 6, 7 (1 and 2 warm up, 5 has 5 images)
+  EXPECT_EQ(graph_step->eager_steps(), 3);
+  EXPECT_EQ(eager_step->replays(), 0);
+  const auto a = eager_model->state_dict(), b = graph_model->state_dict();
+  ASSERT_EQ(a.size(), b.size());
+  for (std::size_t i = 0; i < a.size(); ++i)
+    EXPECT_TRUE(testing::all_close(b[i].second, a[i].second, tolerance, tolerance)) << a[i].first;
+}
+
+TEST(StepGraph, ReplayedStepsEqualEagerStepsBitForBitOnSim) { expect_step_graph_matches_eager(kSim0, 0); }
+
+TEST(StepGraph, ReplayedStepsEqualEagerStepsOnCuda) {
+  if (!is_available(DeviceType::CUDA)) GTEST_SKIP() << "no CUDA device: " << available_devices_text();
+  // cuDNN's weight-gradient algorithms may sum in a different order from run to run: close, not equal.
+  expect_step_graph_matches_eager(Device(DeviceType::CUDA, 0), 1e-4);
+}
+
+TEST(StepGraph, AStepThatCannotBeCapturedRunsEagerlyAndSaysWhy) {
+  Tensor w = ones({4}, {.device = kSim0, .requires_grad = true});
+  StepGraph step({w}, [&](const Tensor& x, const Tensor&) {
+    Tensor loss = sum(mul(x, w));
+    (void)loss.item<float>();  // a host sync: not capturable
+    loss.backward();
+    return loss.detach();
+  });
+  const Tensor x = ones({4}, {.device = kSim0}), y = zeros({4}, {.device = kSim0});
+  for (int i = 0; i < 4; ++i) EXPECT_FLOAT_EQ(step.run(x, y).item<float>(), 4.0F);
+  EXPECT_FALSE(step.captured());
+  EXPECT_EQ(step.eager_steps(), 4);
+  EXPECT_NE(step.describe().find("item()"), std::string::npos) << step.describe();
+  EXPECT_FLOAT_EQ(sum(w.grad()).item<float>(), 4.0F);
+}
+
+}  // namespace
+}  // namespace ferry
