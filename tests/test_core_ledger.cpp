@@ -1,5 +1,6 @@
 // test_core_ledger.cpp — the one door (invariant 5): crossings and syncs are recorded with their
 // direction, bytes and reason; the sync policy and per-step budgets stop what they forbid.
+#include "ferry/readback.h"
 #include "test_helpers.h"
 
 namespace ferry {
@@ -95,6 +96,28 @@ TEST(Ledger, StepBudgets) {
   EXPECT_NO_THROW(sum(on).item<float>());
   EXPECT_EQ(ledger.syncs().back().step, 8);
   ledger.end_step();
+}
+
+// A pending read (how ferry train logs its loss): the value as of when it was queued, even when later work
+// overwrites it, one sync with its label when read, and nothing left pending after.
+TEST(PendingRead, ReadsTheValueAsQueuedAndCountsOneSyncWithItsLabel) {
+  for (const Device device : testing::accelerators()) {
+    SCOPED_TRACE(device.str());
+    Ledger& ledger = Ledger::global();
+    Tensor x = full({3}, 2.0, {.device = device});
+    const std::int64_t syncs = ledger.totals().syncs;
+    PendingRead read(x, "pending test read");
+    EXPECT_TRUE(read.pending());
+    x.fill_(5.0);  // queued after the copy: it must not change what the read sees
+    const Tensor host = read.wait();
+    EXPECT_EQ(host.device(), kCPU);
+    EXPECT_EQ(host.to_vector<float>(), (std::vector<float>{2, 2, 2}));
+    EXPECT_EQ(ledger.totals().syncs - syncs, 1);
+    EXPECT_EQ(ledger.syncs().back().reason, "pending test read");
+    EXPECT_FALSE(read.pending());
+    EXPECT_THROW(read.wait(), InvalidArgument);
+    EXPECT_EQ(sum(x).item<float>(), 15.0F);
+  }
 }
 
 }  // namespace

@@ -111,6 +111,13 @@ class Backend {
   virtual void synchronize_device(int index) = 0;      // host waits for every stream of the device
   // Make `waiter` wait (on the device, not the host) for work enqueued so far on `producer`.
   virtual void stream_wait(const Stream& waiter, const Stream& producer) = 0;
+  // Events: record_event marks the work enqueued so far on `stream`; event_synchronize makes the host wait for
+  // that work alone, not for what was enqueued after it. cpu and sim finish work as it is called, so their
+  // events are null handles that are always complete.
+  virtual void* create_event(int /*index*/) { return nullptr; }
+  virtual void destroy_event(void* /*event*/, int /*index*/) noexcept {}
+  virtual void record_event(void* /*event*/, const Stream& /*stream*/) {}
+  virtual void event_synchronize(void* /*event*/, int /*index*/) {}
 
   // --- copies ------------------------------------------------------------------------------------
   // Copy `bytes` contiguous bytes. One of src/dst is this backend's device; the other is this

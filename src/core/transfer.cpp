@@ -48,8 +48,14 @@ void copy_bytes(void* dst, Device target, const void* src, Device source, std::s
   // so it runs beside the step that is computing (prefetch) instead of after it.
   if (!fresh_destination) be.stream_wait(stream, be.compute_stream(accelerator.index));
   be.copy(dst, target, src, source, bytes, stream, pinned, non_blocking);
-  if (!non_blocking) be.synchronize(stream);
-  else if (!target.is_cpu()) be.stream_wait(be.compute_stream(target.index), stream);  // compute sees the data
+  // A non-blocking copy: later compute work waits for it (on the device), so it sees the data (to a device), and
+  // nothing it queues frees or overwrites the source before the copy has read it (from a device).
+  if (!non_blocking) {
+    be.synchronize(stream);
+  } else {
+    if (!target.is_cpu()) be.stream_wait(be.compute_stream(target.index), stream);
+    if (!source.is_cpu() && source != target) be.stream_wait(be.compute_stream(source.index), stream);
+  }
   const double duration = ledger.now_ms() - start;
   TransferRecord record;
   record.direction = direction;

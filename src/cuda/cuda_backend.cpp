@@ -388,6 +388,26 @@ class CudaBackend final : public Backend {
   void stream_wait(const Stream& waiter, const Stream& producer) override {
     cuda::stream_wait(to_cuda(waiter), waiter.device.index, to_cuda(producer), producer.device.index);
   }
+  void* create_event(int index) override {
+    device_state(index);
+    DeviceGuard guard(index);
+    cudaEvent_t event = nullptr;
+    FERRY_CUDA_CHECK(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
+    return event;
+  }
+  void destroy_event(void* event, int index) noexcept override {
+    if (!event || !device_state_if_created(index)) return;
+    if (cudaEventDestroy(static_cast<cudaEvent_t>(event)) != cudaSuccess) cudaGetLastError();
+  }
+  void record_event(void* event, const Stream& stream) override {
+    DeviceGuard guard(stream.device.index);
+    FERRY_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(event), to_cuda(stream)));
+  }
+  void event_synchronize(void* event, int index) override {
+    DeviceGuard guard(index);
+    FERRY_CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(event)));
+    raise_kernel_errors(index);
+  }
 
   void copy(void* dst, Device dst_device, const void* src, Device src_device, std::size_t bytes, const Stream& stream,
             bool pinned, bool non_blocking) override {

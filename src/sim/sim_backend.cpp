@@ -274,7 +274,7 @@ class SimBackend final : public cpu::HostKernels {
   }
   void replay_graph(void* graph, int index) override {
     FERRY_CHECK(!recording(index), GraphCaptureError, "A graph cannot be replayed inside a capture on sim:", index);
-    auto& ops = static_cast<SimGraph*>(graph)->operations; for (std::size_t i = 0; i < ops.size(); ++i) { std::fprintf(stderr, "op %zu of %zu graph %p\n", i, ops.size(), graph); ops[i](); }
+    for (const auto& operation : static_cast<SimGraph*>(graph)->operations) operation();
   }
   void destroy_graph(void* handle, int) noexcept override {
     auto* graph = static_cast<SimGraph*>(handle);

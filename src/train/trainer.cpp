@@ -31,6 +31,7 @@
 #include "ferry/ops.h"
 #include "ferry/optim.h"
 #include "ferry/random.h"
+#include "ferry/readback.h"
 #include "ferry/step_graph.h"
 
 namespace ferry {
@@ -231,14 +232,51 @@ TrainResult train(nn::Module& model, const Dataset& train_set, const Dataset& te
   // backward from hooks).
   const bool want_graphs = o.graphs == "on" ? !o.device.is_cpu() : o.graphs == "auto" && o.device.is_cuda();
   StepGraph step_graph(model.parameters(), forward_backward, {.enabled = want_graphs && !ddp});
+  // Logging: the loss of a log step is copied to the host behind that step and read one step later (a stall
+  // then waits for that copy alone while the next step keeps the device busy).
+  struct LoggedStep {
+    std::int64_t step = 0, epoch = 0, batch_index = 0;
+    double lr = 0;
+  } logged;
+  PendingRead pending_loss;
+  Clock::time_point epoch_start = Clock::now();
+  std::int64_t seen = 0;
+  double last_loss = NAN;
+  auto report_loss = [&](double value) {
+    last_loss = value;
+    FERRY_CHECK(std::isfinite(last_loss), Error, "The loss became ", last_loss, " at step ", logged.step, " (epoch ",
+                logged.epoch + 1, "); stopping. ",
+                o.checkpoint_path.empty() ? std::string("") : "The last good checkpoint is " + o.checkpoint_path);
+    result.loss_curve.emplace_back(logged.step, last_loss);
+    const double elapsed = seconds_since(epoch_start);
+    const double rate = static_cast<double>(seen * world) / std::max(elapsed, 1e-9);
+    const double eta = static_cast<double>((total_steps - logged.step) * o.batch_size) / std::max(rate, 1e-9);
+    bar.update(logged.epoch, o.epochs, logged.batch_index + 1, steps_per_epoch, rate, eta, last_loss);
+    if (!bar.enabled()) {
+      out << "  epoch " << logged.epoch + 1 << " step " << logged.batch_index + 1 << "/" << steps_per_epoch
+          << "  loss " << std::fixed << std::setprecision(4) << last_loss << "  " << std::setprecision(0) << rate
+          << " img/s\n" << std::defaultfloat;
+    }
+    if (metrics.is_open()) {
+      metrics << nlohmann::json{{"kind", "step"}, {"epoch", logged.epoch + 1}, {"step", logged.step}, {"loss", last_loss},
+                                {"lr", logged.lr}, {"images_per_s", rate}}.dump()
+              << "\n";
+    }
+  };
+  auto read_logged_loss = [&] {
+    const auto start = Clock::now();
+    const double value = pending_loss.wait().item<double>();
+    sync_s += seconds_since(start);
+    report_loss(value);
+  };
   model.train();
   for (std::int64_t epoch = progress.epoch; epoch < o.epochs; ++epoch) {
-    const auto epoch_start = Clock::now();
+    epoch_start = Clock::now();
     train_loader.start_epoch(epoch, epoch == progress.epoch ? progress.batch_in_epoch : 0);
     loss_sum.zero_();  // summed on the device
     correct.zero_();
-    std::int64_t seen = 0, batches = 0;
-    double last_loss = NAN;
+    seen = 0;
+    std::int64_t batches = 0;
     bool stopped = false;
     while (true) {
       if (o.max_steps >= 0 && result.steps >= o.max_steps) {
@@ -273,37 +311,23 @@ TrainResult train(nn::Module& model, const Dataset& train_set, const Dataset& te
       ++batches;
       ++result.steps;
       if (ddp && o.check_replicas_every > 0 && result.steps % o.check_replicas_every == 0) check_replicas();
-      if (result.steps % o.log_every == 0) {  // the only per-step host sync, once per log_every steps
-        phase_start = Clock::now();
-        if (ddp) {  // the mean over every rank's slice
+      if (pending_loss.pending()) read_logged_loss();  // the last log step's loss, now that this step is queued
+      if (result.steps % o.log_every == 0) {  // the only per-step host read, once per log_every steps
+        logged = {result.steps, epoch, batch.index, optimizer.learning_rate()};
+        if (ddp) {  // the mean over every rank's slice (the all-reduce is a blocking collective anyway)
+          phase_start = Clock::now();
           Tensor mean_loss = loss.reshape({1}).clone();
           group->all_reduce(mean_loss, dist::ReduceOp::Avg, "logged loss");
-          last_loss = mean_loss.item<double>();
-        } else {
-          last_loss = loss.item<double>();
-        }
-        sync_s += seconds_since(phase_start);
-        FERRY_CHECK(std::isfinite(last_loss), Error, "The loss became ", last_loss, " at step ", result.steps,
-                    " (epoch ", epoch + 1, "); stopping. ",
-                    o.checkpoint_path.empty() ? std::string("") : "The last good checkpoint is " + o.checkpoint_path);
-        result.loss_curve.emplace_back(result.steps, last_loss);
-        const double elapsed = seconds_since(epoch_start);
-        const double rate = static_cast<double>(seen * world) / std::max(elapsed, 1e-9);
-        const double eta = static_cast<double>((total_steps - result.steps) * o.batch_size) / std::max(rate, 1e-9);
-        bar.update(epoch, o.epochs, batch.index + 1, steps_per_epoch, rate, eta, last_loss);
-        if (!bar.enabled()) {
-          out << "  epoch " << epoch + 1 << " step " << batch.index + 1 << "/" << steps_per_epoch << "  loss "
-              << std::fixed << std::setprecision(4) << last_loss << "  " << std::setprecision(0) << rate
-              << " img/s\n" << std::defaultfloat;
-        }
-        if (metrics.is_open()) {
-          metrics << nlohmann::json{{"kind", "step"}, {"epoch", epoch + 1}, {"step", result.steps}, {"loss", last_loss},
-                                    {"lr", optimizer.learning_rate()}, {"images_per_s", rate}}.dump()
-                  << "\n";
+          const double value = mean_loss.item<double>();
+          sync_s += seconds_since(phase_start);
+          report_loss(value);
+        } else {  // queued behind this step; read when the next one is queued, so the device never waits
+          pending_loss = PendingRead(loss, "logged loss");
         }
       }
       ledger.end_step();
     }
+    if (pending_loss.pending()) read_logged_loss();
     bar.clear();
     if (stopped) {
       check_replicas();

@@ -1,0 +1,68 @@
+// readback.cpp — PendingRead (ferry/readback.h): a non-blocking copy to the host and an event after it.
+#include "ferry/readback.h"
+
+#include "ferry/ledger.h"
+#include "internal.h"
+
+namespace ferry {
+
+PendingRead::PendingRead(const Tensor& value, std::string label) : device_(value.device()), label_(std::move(label)) {
+  if (device_.is_cpu()) {  // already on the host: nothing to wait for
+    host_ = value;
+    return;
+  }
+  if (!device_.is_cuda()) {  // sim finishes a copy as it is called: the read happens now (a sync, recorded)
+    host_ = detail::transfer(value, kCPU, false, label_.c_str());
+    return;
+  }
+  // Non-blocking into pinned host memory, so the copy is truly asynchronous; later compute work on the device
+  // waits for it (transfer() orders that), so nothing overwrites the value before it is read.
+  host_ = detail::transfer(value, kCPU, true, label_.c_str());
+  Backend& be = backend(device_);
+  event_ = be.create_event(device_.index);
+  be.record_event(event_, be.copy_stream(device_.index));
+}
+
+PendingRead::~PendingRead() { release(); }
+
+PendingRead::PendingRead(PendingRead&& other) noexcept
+    : host_(std::move(other.host_)), device_(other.device_), event_(other.event_), label_(std::move(other.label_)) {
+  other.host_ = Tensor();
+  other.event_ = nullptr;
+}
+
+PendingRead& PendingRead::operator=(PendingRead&& other) noexcept {
+  if (this != &other) {
+    release();
+    host_ = std::move(other.host_);
+    device_ = other.device_;
+    event_ = other.event_;
+    label_ = std::move(other.label_);
+    other.host_ = Tensor();
+    other.event_ = nullptr;
+  }
+  return *this;
+}
+
+void PendingRead::release() noexcept {
+  if (event_) backend(device_).destroy_event(event_, device_.index);
+  event_ = nullptr;
+  host_ = Tensor();
+}
+
+Tensor PendingRead::wait() {
+  FERRY_CHECK(pending(), InvalidArgument, "PendingRead::wait(): nothing is pending (never started, or read already)");
+  Tensor out = host_;
+  if (event_) {
+    detail::check_not_capturing(detail::concat("Reading a value back (", label_, ")").c_str());
+    Ledger& ledger = Ledger::global();
+    ledger.check_sync_allowed(device_, label_);
+    const double start = ledger.now_ms();
+    backend(device_).event_synchronize(event_, device_.index);
+    ledger.record_sync({.device = device_, .reason = label_, .start_ms = start, .duration_ms = ledger.now_ms() - start});
+  }
+  release();
+  return out;
+}
+
+}  // namespace ferry
