@@ -62,6 +62,7 @@ for bad in gpu cuda:-1 cuda:x cuda:0:1 "" cpu:1 sim: CUDA " cpu" cuda:99 sim:7 $
   expect_failure 2 "Devices present: cpu" train --device "$bad" --data "$scratch/no-data"
   expect_failure 2 "Devices present: cpu" eval --checkpoint "$scratch/absent.safetensors" --device "$bad"
 done
+expect_failure 2 "--graphs" train --graphs sometimes --data "$scratch/no-data"
 expect_failure 2 "Devices present: cpu" bench link --device gpu
 expect_failure 2 "Devices present: cpu" bench memory --device cuda:42
 

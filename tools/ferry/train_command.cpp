@@ -110,7 +110,8 @@ void register_train_command(CLI::App& app) {
   cmd->add_option("--graphs", o.graphs,
                   "Capture the step (forward, loss, backward) as one graph after two eager steps and replay it:\n"
                   "auto (on cuda: one launch instead of hundreds) | on (cuda or sim) | off")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(CLI::IsMember({"auto", "on", "off"}));
   cmd->add_option("--max-steps", o.max_steps, "Stop after this many steps in all (and checkpoint)");
   cmd->add_option("--checkpoint", o.checkpoint_path, "Write a safetensors checkpoint at each epoch end");
   cmd->add_option("--resume", o.resume_path, "Continue from a checkpoint, bit for bit");
