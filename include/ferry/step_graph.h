@@ -26,6 +26,8 @@ class StepGraph {
   // the first run() in place (running sums); it must not replace them, sync, copy or draw random numbers
   // (ferry/graph.h). `parameters` are the model's: their gradients are cleared before each step and, when
   // replaying, pointed at the graph's gradient tensors, so an optimizer reads them as after an eager step.
+  // What the body's host code decides is fixed at capture (training or eval mode, which layers run, scalars
+  // such as a loss weight): a replay repeats the device work only.
   using Body = std::function<Tensor(const Tensor& images, const Tensor& labels)>;
   StepGraph(std::vector<Tensor> parameters, Body body, StepGraphOptions options = {});
 
