@@ -15,13 +15,19 @@ Direction direction_of(Device source, Device target) {
   return Direction::DeviceToDevice;
 }
 
+// A capture records device work only: a crossing cannot be part of it (ferry/graph.h). Checked before anything
+// is allocated for the copy, so nothing made outside the capture is freed inside it.
+void refuse_in_capture(Device source, Device target, const char* label) {
+  check_not_capturing(concat("A copy from ", source.str(), " to ", target.str(), " (", label, ")").c_str());
+}
+
 // Copy contiguous bytes between two devices. Accelerators of different types meet in host memory.
 // fresh_destination (host->device only): dst was allocated for this copy in the copy stream's order
 // (make_tensor_for_copy), so nothing queued on the compute stream can touch it and the copy need not wait.
 void copy_bytes(void* dst, Device target, const void* src, Device source, std::size_t bytes, bool pinned,
                 bool non_blocking, const char* label, bool fresh_destination = false) {
   if (bytes == 0) return;
-  check_not_capturing(concat("A copy from ", source.str(), " to ", target.str(), " (", label, ")").c_str());
+  refuse_in_capture(source, target, label);
   if (!source.is_cpu() && !target.is_cpu() && source.type != target.type) {
     Tensor staging = make_tensor({static_cast<std::int64_t>(bytes)}, {.device = kCPU, .dtype = DType::UInt8});
     copy_bytes(staging.data_ptr(), kCPU, src, source, bytes, false, false, label);
@@ -73,6 +79,7 @@ void copy_bytes(void* dst, Device target, const void* src, Device source, std::s
 }  // namespace
 
 Tensor transfer(const Tensor& src_in, Device target, bool non_blocking, const char* label) {
+  refuse_in_capture(src_in.device(), target, label);
   Tensor src = src_in.contiguous();
   // A non_blocking copy into the host needs pinned memory to be truly asynchronous.
   const bool pin_target = target.is_cpu() && non_blocking && is_available(DeviceType::CUDA) && src.device().is_cuda();
