@@ -20,6 +20,8 @@ bool graph_capture_supported(Device device) {
 std::optional<Device> capturing_device() { return t_capturing; }
 
 namespace detail {
+bool capture_active() { return t_capturing.has_value(); }
+
 void check_not_capturing(const char* what) {
   if (!t_capturing) return;
   throw GraphCaptureError(concat(what, " inside a graph capture on ", t_capturing->str(),

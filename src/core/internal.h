@@ -28,7 +28,10 @@ Tensor transfer(const Tensor& src, Device target, bool non_blocking, const char*
 void copy_between(const Tensor& dst, const Tensor& src, bool non_blocking, const char* label);
 // Host waits for `device`; recorded as a sync with `reason` (policy-checked first).
 void host_sync(Device device, const char* reason);
-// Throws GraphCaptureError when this thread is capturing a graph: `what` cannot be captured (ferry/graph.h).
+// Whether this thread is capturing a graph (ferry/graph.h): a cheap test for hot paths.
+bool capture_active();
+// Throws GraphCaptureError when this thread is capturing a graph: `what` cannot be captured. Callers that
+// compose `what` test capture_active() first, so no message is built on the way of an ordinary copy or sync.
 void check_not_capturing(const char* what);
 
 }  // namespace ferry::detail

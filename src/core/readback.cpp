@@ -1,6 +1,8 @@
 // readback.cpp — PendingRead (ferry/readback.h): a non-blocking copy to the host and an event after it.
 #include "ferry/readback.h"
 
+#include <utility>
+
 #include "ferry/ledger.h"
 #include "internal.h"
 
@@ -26,20 +28,16 @@ PendingRead::PendingRead(const Tensor& value, std::string label) : device_(value
 PendingRead::~PendingRead() { release(); }
 
 PendingRead::PendingRead(PendingRead&& other) noexcept
-    : host_(std::move(other.host_)), device_(other.device_), event_(other.event_), label_(std::move(other.label_)) {
-  other.host_ = Tensor();
-  other.event_ = nullptr;
-}
+    : host_(std::exchange(other.host_, Tensor())), device_(other.device_),
+      event_(std::exchange(other.event_, nullptr)), label_(std::move(other.label_)) {}
 
 PendingRead& PendingRead::operator=(PendingRead&& other) noexcept {
   if (this != &other) {
     release();
-    host_ = std::move(other.host_);
+    host_ = std::exchange(other.host_, Tensor());
     device_ = other.device_;
-    event_ = other.event_;
+    event_ = std::exchange(other.event_, nullptr);
     label_ = std::move(other.label_);
-    other.host_ = Tensor();
-    other.event_ = nullptr;
   }
   return *this;
 }
@@ -54,7 +52,7 @@ Tensor PendingRead::wait() {
   FERRY_CHECK(pending(), InvalidArgument, "PendingRead::wait(): nothing is pending (never started, or read already)");
   Tensor out = host_;
   if (event_) {
-    detail::check_not_capturing(detail::concat("Reading a value back (", label_, ")").c_str());
+    if (detail::capture_active()) detail::check_not_capturing(detail::concat("Reading a value back (", label_, ")").c_str());
     Ledger& ledger = Ledger::global();
     ledger.check_sync_allowed(device_, label_);
     const double start = ledger.now_ms();

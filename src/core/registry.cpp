@@ -43,12 +43,16 @@ void Backend::batch_norm_backward(const KernelTensor&, const KernelTensor&, cons
   no_library("batch_norm");
 }
 
-void Backend::begin_capture(int index) {
-  throw NotSupported(detail::concat(device_type_name(type()), ":", index, " cannot capture graphs: its kernels run ",
+namespace {
+[[noreturn]] void no_graphs(DeviceType type, int index) {
+  throw NotSupported(detail::concat(device_type_name(type), ":", index, " cannot capture graphs: its kernels run ",
                                     "as they are called (graphs need cuda, or sim to try them)"));
 }
-void* Backend::end_capture(int index, std::int64_t*) { begin_capture(index); return nullptr; }
-void Backend::replay_graph(void*, int index) { begin_capture(index); }
+}  // namespace
+
+void Backend::begin_capture(int index) { no_graphs(type(), index); }
+void* Backend::end_capture(int index, std::int64_t*) { no_graphs(type(), index); }
+void Backend::replay_graph(void*, int index) { no_graphs(type(), index); }
 void Backend::destroy_graph(void*, int) noexcept {}
 
 Backend& backend(DeviceType type) {

@@ -18,7 +18,8 @@ Direction direction_of(Device source, Device target) {
 // A capture records device work only: a crossing cannot be part of it (ferry/graph.h). Checked before anything
 // is allocated for the copy, so nothing made outside the capture is freed inside it.
 void refuse_in_capture(Device source, Device target, const char* label) {
-  check_not_capturing(concat("A copy from ", source.str(), " to ", target.str(), " (", label, ")").c_str());
+  if (capture_active())
+    check_not_capturing(concat("A copy from ", source.str(), " to ", target.str(), " (", label, ")").c_str());
 }
 
 // Copy contiguous bytes between two devices. Accelerators of different types meet in host memory.
@@ -27,7 +28,6 @@ void refuse_in_capture(Device source, Device target, const char* label) {
 void copy_bytes(void* dst, Device target, const void* src, Device source, std::size_t bytes, bool pinned,
                 bool non_blocking, const char* label, bool fresh_destination = false) {
   if (bytes == 0) return;
-  refuse_in_capture(source, target, label);
   if (!source.is_cpu() && !target.is_cpu() && source.type != target.type) {
     Tensor staging = make_tensor({static_cast<std::int64_t>(bytes)}, {.device = kCPU, .dtype = DType::UInt8});
     copy_bytes(staging.data_ptr(), kCPU, src, source, bytes, false, false, label);
@@ -94,13 +94,14 @@ Tensor transfer(const Tensor& src_in, Device target, bool non_blocking, const ch
 
 void copy_between(const Tensor& dst, const Tensor& src, bool non_blocking, const char* label) {
   FERRY_ASSERT(dst.is_contiguous() && src.is_contiguous() && dst.nbytes() == src.nbytes());
+  refuse_in_capture(src.device(), dst.device(), label);
   copy_bytes(dst.data_ptr(), dst.device(), src.data_ptr(), src.device(), src.nbytes(),
              src.is_pinned() || dst.is_pinned(), non_blocking, label);
 }
 
 void host_sync(Device device, const char* reason) {
   if (device.is_cpu()) return;
-  check_not_capturing(concat("A host sync (", reason, ")").c_str());
+  if (capture_active()) check_not_capturing(concat("A host sync (", reason, ")").c_str());
   Ledger& ledger = Ledger::global();
   ledger.check_sync_allowed(device, reason);
   const double start = ledger.now_ms();

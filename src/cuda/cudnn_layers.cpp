@@ -215,17 +215,15 @@ bool cudnn_conv2d_supported(const Backend::Conv2dShape& s, DType dtype, int devi
   CudnnState& st = state(device);
   if (st.handle == nullptr) return false;
   const cudaStream_t stream = device_state(device).compute_stream;
-  {  // Timing algorithms synchronizes the device, which a graph capture (ferry/graph.h) cannot record: a shape
-     // first met inside a capture is composed from ferry's kernels there (StepGraph's eager warm-up steps make
-     // the plans before it captures, so this is the exception).
+  try {
     std::lock_guard lock(st.mutex);
+    // Timing algorithms synchronizes the device, which a graph capture (ferry/graph.h) cannot record: a shape
+    // first met inside a capture is composed from ferry's kernels there (StepGraph's eager warm-up steps make
+    // the plans before it captures, so this is the exception).
     cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
     if (!st.plans.count(key_of(s, allow_tf32())) && cudaStreamIsCapturing(stream, &capture) == cudaSuccess &&
         capture != cudaStreamCaptureStatusNone)
       return false;
-  }
-  try {
-    std::lock_guard lock(st.mutex);
     return plan_for(st, s, stream) != nullptr;
   } catch (const std::exception& e) {  // a cuDNN that fails here is not used for this shape
     std::fprintf(stderr, "ferry: cuDNN cannot run a convolution on cuda:%d (%s); using ferry's own kernels\n", device,

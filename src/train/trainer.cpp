@@ -241,9 +241,7 @@ TrainResult train(nn::Module& model, const Dataset& train_set, const Dataset& te
   PendingRead pending_loss;
   Clock::time_point epoch_start = Clock::now();
   std::int64_t seen = 0;
-  double last_loss = NAN;
-  auto report_loss = [&](double value) {
-    last_loss = value;
+  auto report_loss = [&](double last_loss) {
     FERRY_CHECK(std::isfinite(last_loss), Error, "The loss became ", last_loss, " at step ", logged.step, " (epoch ",
                 logged.epoch + 1, "); stopping. ",
                 o.checkpoint_path.empty() ? std::string("") : "The last good checkpoint is " + o.checkpoint_path);
