@@ -88,18 +88,23 @@ TEST(Graph, CpuCannotCaptureAndCapturesDoNotNest) {
 }
 
 // The captured step equals the eager one bit for bit: same kernels, same order. `device` is sim here, cuda on a
-// GPU machine; a batch of another shape in between runs eagerly and the graph resumes after it.
-void expect_step_graph_matches_eager(Device device, double tolerance) {
+// GPU machine; a batch of another shape in between runs eagerly and the graph resumes after it. The eager arm
+// updates outside its step with the learning rate on the host; the graph arm updates outside the graph, or,
+// with `update_inside`, inside it with the learning rate on the device, changed before every step.
+void expect_step_graph_matches_eager(Device device, double tolerance, bool update_inside) {
   BackendKernelsOnly same_kernels;
   auto make = [&](bool graphs) {
     manual_seed(3);
     auto model = make_fmnist_model({.device = device});
-    auto optimizer = std::make_shared<optim::SGD>(model->parameters(), optim::SGDOptions{.lr = 0.05, .momentum = 0.9});
+    const bool inside = graphs && update_inside;
+    auto optimizer = std::make_shared<optim::SGD>(
+        model->parameters(), optim::SGDOptions{.lr = 0.05, .momentum = 0.9, .weight_decay = 1e-4, .lr_on_device = inside});
     auto step = std::make_shared<StepGraph>(
         model->parameters(),
-        [model](const Tensor& x, const Tensor& y) {
+        [model, optimizer, inside](const Tensor& x, const Tensor& y) {
           Tensor loss = nn::cross_entropy((*model)(x), y);
           loss.backward();
+          if (inside) optimizer->step();
           return loss.detach();
         },
         StepGraphOptions{.enabled = graphs});
@@ -110,11 +115,15 @@ void expect_step_graph_matches_eager(Device device, double tolerance) {
   manual_seed(4);
   std::vector<std::pair<Tensor, Tensor>> batches;
   for (std::int64_t n : {8, 8, 8, 8, 5, 8, 8}) batches.emplace_back(randn({n, 1, 28, 28}).to(device), randint(0, 10, {n}).to(device));
+  double lr = 0.05;
   for (const auto& [x, y] : batches) {
+    lr *= 0.7;  // a schedule: a replay that repeated the captured learning rate would drift from the eager arm
+    eager_opt->set_learning_rate(lr);
+    graph_opt->set_learning_rate(lr);
     const float a = eager_step->run(x, y).item<float>();
     eager_opt->step();
     const float b = graph_step->run(x, y).item<float>();
-    graph_opt->step();
+    if (!update_inside) graph_opt->step();
     if (tolerance == 0) EXPECT_EQ(a, b);
     else EXPECT_NEAR(a, b, tolerance * std::abs(a));
   }
@@ -126,14 +135,68 @@ void expect_step_graph_matches_eager(Device device, double tolerance) {
   ASSERT_EQ(a.size(), b.size());
   for (std::size_t i = 0; i < a.size(); ++i)
     EXPECT_TRUE(testing::all_close(b[i].second, a[i].second, tolerance, tolerance)) << a[i].first;
+  const auto sa = eager_opt->state_dict(), sb = graph_opt->state_dict();  // the momentum buffers
+  ASSERT_EQ(sa.size(), sb.size());
+  for (std::size_t i = 0; i < sa.size(); ++i)
+    EXPECT_TRUE(testing::all_close(sb[i].second, sa[i].second, tolerance, tolerance)) << sa[i].first;
 }
 
-TEST(StepGraph, ReplayedStepsEqualEagerStepsBitForBitOnSim) { expect_step_graph_matches_eager(kSim0, 0); }
+TEST(StepGraph, ReplayedStepsEqualEagerStepsBitForBitOnSim) { expect_step_graph_matches_eager(kSim0, 0, false); }
+
+TEST(StepGraph, AnUpdateInsideTheGraphFollowsTheLearningRateBitForBitOnSim) {
+  expect_step_graph_matches_eager(kSim0, 0, true);
+}
 
 TEST(StepGraph, ReplayedStepsEqualEagerStepsOnCuda) {
   if (!is_available(DeviceType::CUDA)) GTEST_SKIP() << "no CUDA device: " << available_devices_text();
   // cuDNN's weight-gradient algorithms may sum in a different order from run to run: close, not equal.
-  expect_step_graph_matches_eager(Device(DeviceType::CUDA, 0), 1e-4);
+  expect_step_graph_matches_eager(Device(DeviceType::CUDA, 0), 1e-4, false);
+  expect_step_graph_matches_eager(Device(DeviceType::CUDA, 0), 1e-4, true);
+}
+
+// An update inside a capture must not bake host numbers into the graph: each way it could is refused.
+TEST(StepGraph, AnUpdateThatWouldReplayHostNumbersIsRefusedInsideACapture) {
+  Tensor w = ones({4}, {.device = kSim0, .requires_grad = true});
+  auto expect_refused = [&](const std::function<void()>& update, const std::string& words) {
+    w.set_grad(Tensor());  // a gradient made inside a capture that failed holds nothing computed
+    try {
+      Graph graph(kSim0);
+      graph.capture([&] {
+        sum(mul(w, w)).backward();
+        update();
+      });
+      ADD_FAILURE() << "captured: " << words;
+    } catch (const GraphCaptureError& e) {
+      EXPECT_NE(std::string(e.what()).find(words), std::string::npos) << e.what();
+    }
+    w.set_grad(Tensor());
+  };
+  optim::SGD host_lr({w}, {.lr = 0.1});
+  expect_refused([&] { host_lr.step(); }, "lr_on_device");
+  optim::SGD device_lr({w}, {.lr = 0.1, .momentum = 0.9, .lr_on_device = true});
+  expect_refused([&] { device_lr.step(); }, "momentum buffers");  // no eager step yet
+  sum(mul(w, w)).backward();
+  device_lr.step();  // eager: the buffers and the learning rate's scalar are made
+  expect_refused([&] { device_lr.set_learning_rate(0.2); }, "learning rate");
+  optim::Adam adam({w});
+  expect_refused([&] { adam.step(); }, "Adam.step");
+  // The same SGD captures once its buffers exist, and each replay reads the learning rate set before it.
+  const Tensor before = w.detach().clone();
+  Graph graph(kSim0);
+  graph.capture([&] {
+    sum(mul(w, w)).backward();  // grad = 2w
+    device_lr.step();
+  });
+  for (const double lr : {0.0, 0.25}) {
+    const Tensor start = w.detach().clone();
+    const Tensor buffer = device_lr.state_dict().at(0).second.clone();
+    device_lr.set_learning_rate(lr);
+    graph.replay();
+    // buf = 0.9 buf + 2w; w -= lr buf
+    const Tensor expected_buffer = add(mul(buffer, 0.9), mul(start, 2.0));
+    EXPECT_TRUE(testing::all_close(w.detach(), sub(start, mul(expected_buffer, lr)), 1e-6, 1e-6)) << "lr " << lr;
+  }
+  EXPECT_FALSE(testing::all_close(w.detach(), before, 1e-3, 1e-3));
 }
 
 TEST(StepGraph, AStepThatCannotBeCapturedRunsEagerlyAndSaysWhy) {

@@ -219,6 +219,10 @@ class Backend {
     double lr = 0, momentum = 0, dampening = 0, weight_decay = 0;
     bool nesterov = false, maximize = false;
     bool first = false;  // the momentum buffers are new: buf = d
+    // When set: a float64 scalar in the parameters' device memory holding the learning rate, read as
+    // the step runs (lr is then ignored), so a step captured in a graph follows a schedule written
+    // into it between replays.
+    const double* lr_on_device = nullptr;
   };
   virtual void sgd_step(const KernelTensor* params, const KernelTensor* grads, const KernelTensor* buffers,
                         std::size_t count, const SgdStep& step, const Stream& stream) = 0;

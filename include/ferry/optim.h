@@ -76,6 +76,10 @@ struct SGDOptions {
   // parameter), with the same roundings as the op-by-op step; false runs op by op. Parameters of
   // several devices or dtypes, or non-contiguous ones, always go op by op.
   bool fused = true;
+  // Keep the learning rate in a one-element float64 tensor on the parameters' device, written by
+  // set_learning_rate (a fill: no copy, no sync) and read by the fused step as it runs, so a step
+  // captured in a graph (ferry/graph.h) follows the schedule on every replay. Needs the fused step.
+  bool lr_on_device = false;
 };
 
 // d = grad (+ weight_decay * param); with momentum: buf = d on the first step, else
@@ -86,7 +90,9 @@ class SGD : public Optimizer {
   SGD(std::vector<Tensor> parameters, const SGDOptions& options);
   void step() override;
   double learning_rate() const override { return options.lr; }
-  void set_learning_rate(double lr) override { options.lr = lr; }
+  // With lr_on_device the value is also written to the device (not allowed inside a capture: a replay
+  // would repeat the value; set it before each replay instead).
+  void set_learning_rate(double lr) override;
 
   SGDOptions options;
 
@@ -95,6 +101,10 @@ class SGD : public Optimizer {
 
  private:
   bool step_fused();  // false (having changed nothing) when the parameters do not allow one call
+  const double* device_lr(Device device);  // lr_on_device: the scalar holding options.lr, written if stale
+
+  Tensor lr_tensor_;         // lr_on_device: float64, shape (), on the parameters' device
+  double lr_written_ = 0;    // the value last written into lr_tensor_
 };
 
 struct AdamOptions {

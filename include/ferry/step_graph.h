@@ -1,7 +1,7 @@
-// ferry/step_graph.h — a training step's forward, loss and backward captured once as a graph (ferry/graph.h)
-// and replayed for every batch of the same shape: on cuda one launch instead of the hundreds of kernels a step
-// enqueues, so a small model's step is no longer bound by the host's launch rate. The optimizer update stays
-// outside the graph (one fused launch, with this step's learning rate). Not here: the loop (ferry/trainer.h).
+// ferry/step_graph.h — a training step (forward, loss, backward and the optimizer's update) captured once as a
+// graph (ferry/graph.h) and replayed for every batch of the same shape: on cuda one launch instead of the
+// hundreds of kernels a step enqueues, so a small model's step is no longer bound by the host's launch rate.
+// Not here: the loop (ferry/trainer.h).
 #pragma once
 
 #include <cstdint>
@@ -22,10 +22,13 @@ struct StepGraphOptions {
 
 class StepGraph {
  public:
-  // body(images, labels): forward, loss, backward; returns the loss. It may also update tensors made before
-  // the first run() in place (running sums); it must not replace them, sync, copy or draw random numbers
-  // (ferry/graph.h). `parameters` are the model's: their gradients are cleared before each step and, when
-  // replaying, pointed at the graph's gradient tensors, so an optimizer reads them as after an eager step.
+  // body(images, labels): forward, loss, backward, and the update if wanted; returns the loss. It may also
+  // update tensors made before the first run() in place (parameters, momentum buffers, running sums); it must
+  // not replace them, sync, copy or draw random numbers (ferry/graph.h). An update inside the body must read
+  // its per-step numbers from the device: SGD with SGDOptions.lr_on_device, its learning rate set before each
+  // run() (other optimizers refuse the capture, and the step runs eagerly). `parameters` are the model's: their
+  // gradients are cleared before each step and, when replaying, pointed at the graph's gradient tensors, so
+  // code after run() (an update outside the body, gradient clipping) reads them as after an eager step.
   // What the body's host code decides is fixed at capture (training or eval mode, which layers run, scalars
   // such as a loss weight): a replay repeats the device work only.
   using Body = std::function<Tensor(const Tensor& images, const Tensor& labels)>;

@@ -16,7 +16,8 @@ void HostKernels::sgd_step(const KernelTensor* params, const KernelTensor* grads
   for (std::size_t t = 0; t < count; ++t) {
     dispatch_float(params[t].dtype, "sgd_step", [&](auto tag) {
       using T = typename decltype(tag)::type;
-      const auto s = optim::detail::sgd_scalars<T>(step.lr, step.momentum, step.dampening, step.weight_decay,
+      const double lr = step.lr_on_device ? *step.lr_on_device : step.lr;  // host memory on cpu and sim
+      const auto s = optim::detail::sgd_scalars<T>(lr, step.momentum, step.dampening, step.weight_decay,
                                                    step.nesterov, step.maximize, step.first);
       T* p = params[t].ptr<T>();
       const T* g = grads[t].ptr<const T>();

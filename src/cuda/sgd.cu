@@ -27,7 +27,8 @@ struct SgdTable {
 };
 
 template <typename T>
-__global__ void sgd_kernel(SgdTable table, optim::detail::SgdScalars<T> s) {
+__global__ void sgd_kernel(SgdTable table, optim::detail::SgdScalars<T> s, const double* lr_on_device) {
+  if (lr_on_device) s.neg_lr = static_cast<T>(-*lr_on_device);  // as sgd_scalars casts it on the host
   const int t = blockIdx.y;
   T* p = static_cast<T*>(table.params[t]);
   const T* g = static_cast<const T*>(table.grads[t]);
@@ -59,7 +60,7 @@ void launch_typed(const KernelTensor* params, const KernelTensor* grads, const K
     }
     if (largest == 0) continue;
     const auto blocks = static_cast<unsigned>(std::min<std::int64_t>((largest + kThreads - 1) / kThreads, kMaxBlocksPerTensor));
-    sgd_kernel<T><<<dim3(blocks, static_cast<unsigned>(n)), kThreads, 0, stream>>>(table, scalars);
+    sgd_kernel<T><<<dim3(blocks, static_cast<unsigned>(n)), kThreads, 0, stream>>>(table, scalars, step.lr_on_device);
     FERRY_LAUNCH_CHECK();
   }
 }

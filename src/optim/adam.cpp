@@ -3,6 +3,7 @@
 // parameter's device, no host syncs.
 #include <cmath>
 
+#include "../core/internal.h"
 #include "ferry/autograd.h"
 #include "ferry/ops.h"
 #include "ferry/optim.h"
@@ -23,6 +24,8 @@ Adam::Adam(std::vector<Tensor> parameters, const AdamOptions& adam, bool decoupl
 }
 
 void Adam::step() {
+  // The step count and its bias corrections live on the host: a replay would repeat the captured ones.
+  ferry::detail::check_not_capturing("Adam.step (its step count and bias corrections are host numbers)");
   autograd::NoGradGuard no_grad;
   const double beta1 = options.beta1, beta2 = options.beta2;
   for (std::size_t i = 0; i < parameters_.size(); ++i) {

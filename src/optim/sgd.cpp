@@ -1,8 +1,10 @@
 // sgd.cpp — SGD with PyTorch's exact rule (torch.optim.SGD, single-tensor path): weight decay, momentum
 // with dampening, nesterov, maximize. By default one fused backend call per step (Backend::sgd_step, the
 // rule in sgd_rule.h); op by op (in-place tensor ops) when the parameters do not allow it. No host syncs.
+// With lr_on_device the fused step reads the learning rate from a device scalar, so it can be captured.
 #include "../core/internal.h"
 #include "ferry/autograd.h"
+#include "ferry/factories.h"
 #include "ferry/backend.h"
 #include "ferry/ops.h"
 #include "ferry/optim.h"
@@ -16,6 +18,35 @@ SGD::SGD(std::vector<Tensor> parameters, const SGDOptions& sgd) : Optimizer(std:
   FERRY_CHECK(!options.nesterov || (options.momentum > 0 && options.dampening == 0), InvalidArgument,
               "SGD: nesterov momentum requires a momentum and zero dampening (got momentum ", options.momentum,
               ", dampening ", options.dampening, ")");
+  if (options.lr_on_device && !parameters_.empty()) device_lr(parameters_[0].device());  // made here, not in a capture
+}
+
+namespace {
+constexpr const char* kWritingLr = "writing SGD's learning rate to the device (set it before the capture and before each replay)";
+}  // namespace
+
+void SGD::set_learning_rate(double lr) {
+  if (!options.lr_on_device || !lr_tensor_.defined()) {
+    options.lr = lr;
+    return;
+  }
+  if (lr != lr_written_) ferry::detail::check_not_capturing(kWritingLr);  // before anything changes
+  options.lr = lr;
+  device_lr(lr_tensor_.device());
+}
+
+const double* SGD::device_lr(Device device) {
+  if (lr_tensor_.defined() && lr_tensor_.device() == device && lr_written_ == options.lr) {
+    return static_cast<const double*>(lr_tensor_.data_ptr());
+  }
+  ferry::detail::check_not_capturing(kWritingLr);
+  if (!lr_tensor_.defined() || lr_tensor_.device() != device) {
+    lr_tensor_ = full({}, options.lr, {.device = device, .dtype = DType::Float64});
+  } else {
+    lr_tensor_.fill_(options.lr);
+  }
+  lr_written_ = options.lr;
+  return static_cast<const double*>(lr_tensor_.data_ptr());
 }
 
 bool SGD::step_fused() {
@@ -39,6 +70,15 @@ bool SGD::step_fused() {
   Backend::SgdStep step{.lr = options.lr, .momentum = options.momentum, .dampening = options.dampening,
                         .weight_decay = options.weight_decay, .nesterov = options.nesterov,
                         .maximize = options.maximize};
+  if (options.lr_on_device) step.lr_on_device = device_lr(device);
+  // A buffer made inside a capture would be the graph's memory, and "buf = d" would be replayed every step.
+  if (options.momentum != 0 && ferry::detail::capture_active()) {
+    for (const std::size_t i : order) {
+      if (!has_state(i, "momentum_buffer")) {
+        ferry::detail::check_not_capturing("SGD.step creating its momentum buffers (take one eager step first)");
+      }
+    }
+  }
   // One call for the parameters whose momentum buffer exists and one for those that get it now.
   for (const bool first : {false, true}) {
     std::vector<KernelTensor> p_views, g_views, b_views;
@@ -66,7 +106,13 @@ bool SGD::step_fused() {
 
 void SGD::step() {
   autograd::NoGradGuard no_grad;
+  // With the learning rate in the kernels' arguments, a replay would repeat the captured one.
+  if (!options.lr_on_device) {
+    ferry::detail::check_not_capturing("SGD.step with the learning rate in its kernel's arguments (SGDOptions.lr_on_device "
+                                       "puts it on the device, where a replay reads the current one)");
+  }
   if (options.fused && step_fused()) return;
+  ferry::detail::check_not_capturing("SGD.step op by op (the learning rate on the device needs the fused step)");
   for (std::size_t i = 0; i < parameters_.size(); ++i) {
     Tensor p = parameters_[i];
     const Tensor grad = p.grad();

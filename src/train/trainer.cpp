@@ -139,7 +139,13 @@ TrainResult train(nn::Module& model, const Dataset& train_set, const Dataset& te
   if (group) sampler = std::make_unique<dist::DistributedSampler>(o.batch_size, group->world_size(), group->rank());
 
   const std::size_t moved = model.to(o.device);
-  optim::SGD optimizer(model.parameters(), {.lr = o.lr, .momentum = o.momentum, .weight_decay = o.weight_decay});
+  // On cuda (or sim when asked) the step is captured as a graph after two eager steps and replayed; the
+  // shorter last batch of an epoch runs eagerly. Data-parallel steps stay eager (their all-reduces overlap
+  // backward from hooks). A captured update reads the learning rate from the device, written before each step.
+  const bool want_graphs = o.graphs == "on" ? !o.device.is_cpu() : o.graphs == "auto" && o.device.is_cuda();
+  const bool graphs = want_graphs && group == nullptr;
+  optim::SGD optimizer(model.parameters(), {.lr = o.lr, .momentum = o.momentum, .weight_decay = o.weight_decay,
+                                            .lr_on_device = graphs});
   TrainingProgress progress;
   if (!o.resume_path.empty()) {
     const CheckpointContents contents = load_checkpoint(o.resume_path, model, &optimizer);
@@ -213,25 +219,27 @@ TrainResult train(nn::Module& model, const Dataset& train_set, const Dataset& te
     result.replica_checks += 1;
   };
   std::int64_t timed_epochs = 0;
-  // The step's forward, loss and backward. The running sums are updated in place (made once, zeroed each
-  // epoch), so a captured graph of the step keeps adding into the same tensors.
+  // The step: forward, loss, backward (data-parallel: the gradients averaged) and the update. The running sums
+  // are updated in place (made once, zeroed each epoch), so a captured graph keeps adding into the same tensors.
   Tensor loss_sum = zeros({}, {.device = o.device});
   Tensor correct = zeros({}, {.device = o.device, .dtype = DType::Int64});
   double loss_weight = 1;  // data-parallel: this rank's slice of the global batch
-  auto forward_backward = [&](const Tensor& images, const Tensor& labels) {
+  auto training_step = [&](const Tensor& images, const Tensor& labels) {
     Tensor logits = ddp ? ddp->forward(images) : model(images);
     Tensor loss = nn::cross_entropy(logits, labels);
     (loss_weight == 1 ? loss : mul(loss, loss_weight)).backward();
+    if (ddp) {  // the buckets backward did not finish, and the averaged gradients into .grad
+      const auto comm_start = Clock::now();
+      ddp->finish_gradient_sync();
+      comm_s += seconds_since(comm_start);
+    }
+    optimizer.step();
     autograd::NoGradGuard no_grad;
     loss_sum.add_(loss.detach(), static_cast<double>(labels.numel()));
     correct.add_(sum(eq(argmax(logits.detach(), 1), labels)));
     return loss.detach();
   };
-  // On cuda (or sim when asked) the step is captured as a graph after two eager steps and replayed; the
-  // shorter last batch of an epoch runs eagerly. Data-parallel steps stay eager (their all-reduces overlap
-  // backward from hooks).
-  const bool want_graphs = o.graphs == "on" ? !o.device.is_cpu() : o.graphs == "auto" && o.device.is_cuda();
-  StepGraph step_graph(model.parameters(), forward_backward, {.enabled = want_graphs && !ddp});
+  StepGraph step_graph(model.parameters(), training_step, {.enabled = graphs});
   // Logging: the loss of a log step is copied to the host behind that step and read one step later (a stall
   // then waits for that copy alone while the next step keeps the device busy).
   struct LoggedStep {
@@ -298,12 +306,6 @@ TrainResult train(nn::Module& model, const Dataset& train_set, const Dataset& te
       phase_start = Clock::now();
       optimizer.set_learning_rate(schedule_lr(o, result.steps, total_steps));
       Tensor loss = step_graph.run(batch.images, batch.labels);
-      if (ddp) {  // the buckets backward did not finish, and the averaged gradients into .grad
-        const auto comm_start = Clock::now();
-        ddp->finish_gradient_sync();
-        comm_s += seconds_since(comm_start);
-      }
-      optimizer.step();
       compute_s += seconds_since(phase_start);
       seen += batch.labels.numel();
       ++batches;
@@ -390,7 +392,7 @@ TrainResult train(nn::Module& model, const Dataset& train_set, const Dataset& te
   result.parameters = model.parameter_count();
   result.graph_replays = step_graph.replays();
   result.graph_operations = step_graph.operations();
-  if (want_graphs && !ddp) result.graph = step_graph.describe();
+  if (graphs) result.graph = step_graph.describe();
   if (ddp) {
     result.world_size = world;
     result.comm_backend = std::string(dist::comm_backend_name(group->backend()));

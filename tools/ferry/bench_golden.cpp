@@ -54,7 +54,8 @@ Workload make_workload(const std::string& name, std::int64_t batch) {
 }
 
 // One training step's parts on one device: the model there, its optimizer, the step; with `graph`, forward,
-// loss and backward are captured after two eager steps and replayed (ferry/step_graph.h), as ferry train does.
+// loss, backward and the SGD update are captured after two eager steps and replayed (ferry/step_graph.h), as
+// ferry train does (the learning rate then lives on the device).
 class Stepper {
  public:
   Stepper(const std::string& workload, std::int64_t batch, ferry::Device device, bool graph = false) : device_(device) {
@@ -63,22 +64,20 @@ class Stepper {
     model_ = w.model;
     model_->to(device);
     model_->train();
-    optimizer_ = std::make_unique<ferry::optim::SGD>(model_->parameters(), ferry::optim::SGDOptions{.lr = 0.01, .momentum = 0.9});
+    optimizer_ = std::make_unique<ferry::optim::SGD>(
+        model_->parameters(), ferry::optim::SGDOptions{.lr = 0.01, .momentum = 0.9, .lr_on_device = graph});
     graph_ = std::make_unique<ferry::StepGraph>(
         model_->parameters(),
         [this](const ferry::Tensor& x, const ferry::Tensor& y) {
           ferry::Tensor loss = ferry::nn::cross_entropy((*model_)(x), y);
           loss.backward();
+          optimizer_->step();
           return loss.detach();
         },
         ferry::StepGraphOptions{.enabled = graph});
   }
   // forward, cross-entropy, backward, SGD update; the loss stays on the device.
-  ferry::Tensor step(const ferry::Tensor& x, const ferry::Tensor& y) {
-    ferry::Tensor loss = graph_->run(x, y);
-    optimizer_->step();
-    return loss;
-  }
+  ferry::Tensor step(const ferry::Tensor& x, const ferry::Tensor& y) { return graph_->run(x, y); }
   ferry::Device device() const { return device_; }
   const ferry::StepGraph& graph() const { return *graph_; }
 
