@@ -226,6 +226,10 @@ void* allocate_in_stream_order(DeviceState& s, std::size_t bytes, cudaStream_t s
   if (static_cast<std::int64_t>(bytes) > s.total_memory) throw out_of_memory(s, bytes);
   void* ptr = nullptr;
   cudaError_t status = cudaMallocFromPoolAsync(&ptr, bytes, s.pool, stream);
+  if (status == cudaErrorMemoryAllocation && s.capturing.load()) {  // no waiting inside a capture
+    cudaGetLastError();
+    throw out_of_memory(s, bytes);
+  }
   if (status == cudaErrorMemoryAllocation) {
     cudaGetLastError();
     FERRY_CUDA_CHECK(cudaStreamSynchronize(stream));
@@ -311,6 +315,13 @@ class CudaBackend final : public Backend {
     DeviceState& s = device_state(index);
     DeviceGuard guard(index);
     void* ptr = allocate_in_stream_order(s, bytes, copy_order ? s.copy_stream : s.compute_stream);
+    if (s.capturing.load() || s.has_dead_blocks.load()) {
+      std::lock_guard lock(s.capture_mutex);
+      if (s.capturing.load() && !copy_order && std::this_thread::get_id() == s.capture_thread) {
+        s.capture_blocks.insert(ptr);  // the graph's
+      }
+      if (s.dead_blocks.erase(ptr) > 0) s.has_dead_blocks = !s.dead_blocks.empty();  // the address is live again
+    }
     const std::int64_t now = s.allocated.fetch_add(static_cast<std::int64_t>(bytes)) + static_cast<std::int64_t>(bytes);
     std::int64_t peak = s.peak.load();
     while (now > peak && !s.peak.compare_exchange_weak(peak, now)) {}
@@ -326,10 +337,26 @@ class CudaBackend final : public Backend {
     DeviceState& s = *state;
     int previous = -1;
     if (cudaGetDevice(&previous) != cudaSuccess) previous = -1;
+    s.allocated.fetch_sub(static_cast<std::int64_t>(bytes));
+    if (s.capturing.load() || s.has_dead_blocks.load()) {
+      std::lock_guard lock(s.capture_mutex);
+      if (s.capturing.load() && s.capture_blocks.count(ptr) == 0) {  // made before the capture: held back
+        s.held_frees.emplace_back(ptr, bytes);
+        if (s.capture_error.empty() && std::this_thread::get_id() == s.capture_thread) {  // the body's doing
+          s.capture_error = detail::concat("Freeing ", bytes, " bytes of cuda:", index, " memory allocated before "
+                                           "the capture (a tensor made before it was released inside it); release "
+                                           "such tensors before capturing");
+        }
+        return;
+      }
+      if (s.dead_blocks.erase(ptr) > 0) {  // a block of a graph never launched: nothing to give back
+        s.has_dead_blocks = !s.dead_blocks.empty();
+        return;
+      }
+    }
     if (previous != index) cudaSetDevice(index);
     if (cudaFreeAsync(ptr, s.compute_stream) != cudaSuccess) cudaGetLastError();  // e.g. at process exit
     if (previous >= 0 && previous != index) cudaSetDevice(previous);
-    s.allocated.fetch_sub(static_cast<std::int64_t>(bytes));
   }
 
   MemoryStats memory_stats(int index) const override {
@@ -359,6 +386,7 @@ class CudaBackend final : public Backend {
     FERRY_CUDA_CHECK(cudaStreamSynchronize(s.compute_stream));
     FERRY_CUDA_CHECK(cudaStreamSynchronize(s.copy_stream));
     FERRY_CUDA_CHECK(cudaMemPoolTrimTo(s.pool, 0));
+    FERRY_CUDA_CHECK(cudaDeviceGraphMemTrim(index));  // what graphs of the past replays keep reserved
     pinned_release_cached();
   }
 

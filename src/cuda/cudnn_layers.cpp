@@ -36,6 +36,7 @@ using ConvKey = std::array<std::int64_t, 15>;  // the Conv2dShape's fields and t
 struct CudnnState {
   std::mutex mutex;
   cudnnHandle_t handle = nullptr;  // null when cuDNN cannot be used here
+  std::atomic<bool> batch_norm_off{false};  // a BatchNorm call was refused: composed from now on
   std::map<ConvKey, std::unique_ptr<ConvPlan>> plans;  // null: the shape cannot run on cuDNN
 };
 
@@ -296,12 +297,15 @@ std::string cudnn_description(int device) {
   return detail::concat("cuDNN ", v / 10000, ".", (v % 10000) / 100, ".", v % 100, " (conv2d, batch_norm)");
 }
 
+void prepare_cudnn(int device) { (void)state(device); }
+
 bool cudnn_batch_norm_supported(const Backend::BatchNormShape& s, DType dtype, int device) {
   if (dtype != DType::Float32 || s.eps < CUDNN_BN_MIN_EPSILON) return false;
   if (s.batch < 1 || s.channels < 1 || s.inner < 1 || !fits_int(s.batch) || !fits_int(s.channels) || !fits_int(s.inner) ||
       !fits_int(s.batch * s.channels * s.inner))
     return false;
-  return state(device).handle != nullptr;
+  const CudnnState& st = state(device);
+  return st.handle != nullptr && !st.batch_norm_off.load();
 }
 
 void cudnn_batch_norm_forward(const KernelTensor& out, const KernelTensor& x, const KernelTensor& weight,
@@ -315,10 +319,21 @@ void cudnn_batch_norm_forward(const KernelTensor& out, const KernelTensor& x, co
   const float alpha = 1.0f, beta = 0.0f;
   std::lock_guard lock(st.mutex);
   FERRY_CUDNN_CHECK(cudnnSetStream(st.handle, stream));
-  FERRY_CUDNN_CHECK(cudnnBatchNormalizationForwardTraining(
+  const cudnnStatus_t status = cudnnBatchNormalizationForwardTraining(
       st.handle, CUDNN_BATCHNORM_SPATIAL, &alpha, &beta, descs.x.get(), x.data, descs.x.get(), out.data,
       descs.channel.get(), weight.data, bias.data, running_mean.data ? factor : 0.0, running_mean.data,
-      running_var.data, s.eps, save_mean.data, save_invstd.data));
+      running_var.data, s.eps, save_mean.data, save_invstd.data);
+  if (status == CUDNN_STATUS_SUCCESS) return;
+  // Refused before it ran (a sub-library missing on this machine, a shape it does not take): BatchNorm is
+  // composed from ferry's kernels from now on, and the caller retries this layer so (nn/functional.cpp).
+  const int family = static_cast<int>(status) / 1000;  // cuDNN 9: 2xxx bad parameter, 3xxx not supported
+  const bool refused = family == 2 || family == 3 || status == CUDNN_STATUS_SUBLIBRARY_LOADING_FAILED ||
+                       status == CUDNN_STATUS_NOT_INITIALIZED;
+  if (refused && !st.batch_norm_off.exchange(true)) {
+    std::fprintf(stderr, "ferry: cuDNN refused BatchNorm on cuda:%d (%s); BatchNorm is composed from ferry's own "
+                 "kernels from now on\n", device, cudnnGetErrorString(status));
+  }
+  throw_cudnn_error(status, "cudnnBatchNormalizationForwardTraining", __FILE__, __LINE__);
 }
 
 void cudnn_batch_norm_backward(const KernelTensor& grad_x, const KernelTensor& grad_weight,

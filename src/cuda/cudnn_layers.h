@@ -27,6 +27,8 @@ void cudnn_conv2d_backward_weight(const KernelTensor& grad_weight, const KernelT
 
 // "cuDNN 9.19.0 (conv2d, batch_norm)", "cuDNN switched off (FERRY_CUDNN=0)", "no cuDNN in this build", ...
 std::string cudnn_description(int device);
+// Makes device `device`'s cuDNN handle now if no layer has (before a graph capture). Never throws.
+void prepare_cudnn(int device);
 
 bool cudnn_batch_norm_supported(const Backend::BatchNormShape& shape, DType dtype, int device);
 void cudnn_batch_norm_forward(const KernelTensor& out, const KernelTensor& x, const KernelTensor& weight,

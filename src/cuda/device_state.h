@@ -10,6 +10,10 @@
 #include <cstdint>
 #include <mutex>
 #include <string>
+#include <thread>
+#include <unordered_set>
+#include <utility>
+#include <vector>
 
 #include "ferry/backend.h"
 
@@ -46,6 +50,18 @@ struct DeviceState {
 
   DeviceErrorReport* report_host = nullptr;    // mapped pinned memory ...
   DeviceErrorReport* report_device = nullptr;  // ... and the same bytes as the device sees them
+
+  // Graph captures (graph.cpp). While `capturing`, the compute stream's allocations become the graph's; a
+  // free of memory made before the capture cannot be recorded (cudaFreeAsync in a capture takes graph
+  // allocations only), so it is held back until the capture ends, and fails it. Blocks of a graph that was
+  // never launched have no memory behind them: freeing one only updates the counters.
+  std::mutex capture_mutex;
+  std::atomic<bool> capturing{false}, has_dead_blocks{false};
+  std::thread::id capture_thread;                          // the thread whose work is recorded
+  std::unordered_set<void*> capture_blocks;                // allocated inside the capture on now
+  std::vector<std::pair<void*, std::size_t>> held_frees;  // made before it, freed inside it
+  std::string capture_error;                               // why the capture on now cannot stand
+  std::unordered_set<void*> dead_blocks;
 };
 
 // Number of CUDA devices; 0 (never an exception) when there is no driver or no device. Cached.

@@ -58,6 +58,8 @@ int as_int(std::int64_t value, const char* what) {
 
 }  // namespace
 
+void prepare_cublas(int device) { (void)cublas_state(device); }
+
 void set_allow_tf32(bool allow) { g_allow_tf32.store(allow); }
 bool allow_tf32() { return g_allow_tf32.load(); }
 

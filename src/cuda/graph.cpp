@@ -7,7 +7,14 @@
 
 #include <cuda_runtime_api.h>
 
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
 #include "check.h"
+#include "cudnn_layers.h"
+#include "kernels.h"
 #include "ferry/error.h"
 
 namespace ferry::cuda {
@@ -16,7 +23,34 @@ namespace {
 struct CudaGraph {
   cudaGraph_t graph = nullptr;
   cudaGraphExec_t exec = nullptr;
+  std::vector<void*> blocks;  // allocated inside the capture: no memory behind them until the first launch
+  bool launched = false;
 };
+
+// Ends the capture on `s`'s side: no longer recording; frees held back during it go now (outside the capture,
+// in the compute stream's order); returns the blocks the capture allocated, and why it cannot stand ("" if it can).
+std::pair<std::vector<void*>, std::string> close_capture(DeviceState& s) {
+  std::lock_guard lock(s.capture_mutex);
+  s.capturing = false;
+  for (const auto& [ptr, bytes] : s.held_frees) {
+    if (cudaFreeAsync(ptr, s.compute_stream) != cudaSuccess) cudaGetLastError();
+  }
+  s.held_frees.clear();
+  std::pair<std::vector<void*>, std::string> out{std::vector<void*>(s.capture_blocks.begin(), s.capture_blocks.end()),
+                                                 std::move(s.capture_error)};
+  s.capture_blocks.clear();
+  s.capture_error.clear();
+  return out;
+}
+
+// Blocks of a graph that will never launch: tensors still pointing at them hold no memory; their frees only
+// count.
+void mark_dead(DeviceState& s, const std::vector<void*>& blocks) {
+  if (blocks.empty()) return;
+  std::lock_guard lock(s.capture_mutex);
+  s.dead_blocks.insert(blocks.begin(), blocks.end());
+  s.has_dead_blocks = true;
+}
 
 [[noreturn]] void capture_failed(const DeviceState& s, const char* call, cudaError_t status) {
   cudaGetLastError();  // clear the sticky-free error so the device stays usable
@@ -29,15 +63,37 @@ struct CudaGraph {
 
 void begin_capture(DeviceState& s) {
   DeviceGuard guard(s.index);
-  FERRY_CUDA_CHECK(cudaStreamBeginCapture(s.compute_stream, cudaStreamCaptureModeThreadLocal));
+  // What a first GEMM or cuDNN call would create (a handle, cuBLAS's workspace by cudaMalloc) cannot be made
+  // inside a capture: made now.
+  prepare_cublas(s.index);
+  prepare_cudnn(s.index);
+  {
+    std::lock_guard lock(s.capture_mutex);
+    s.capture_thread = std::this_thread::get_id();
+    s.capture_blocks.clear();
+    s.held_frees.clear();
+    s.capture_error.clear();
+    s.capturing = true;
+  }
+  const cudaError_t began = cudaStreamBeginCapture(s.compute_stream, cudaStreamCaptureModeThreadLocal);
+  if (began != cudaSuccess) {
+    close_capture(s);
+    throw_cuda_error(began, "cudaStreamBeginCapture", __FILE__, __LINE__);
+  }
 }
 
 void* end_capture(DeviceState& s, std::int64_t* operations) {
   DeviceGuard guard(s.index);
   cudaGraph_t graph = nullptr;
   const cudaError_t ended = cudaStreamEndCapture(s.compute_stream, &graph);
-  if (ended != cudaSuccess) {
+  auto [blocks, error] = close_capture(s);
+  if (ended != cudaSuccess || !error.empty()) {
     if (graph) cudaGraphDestroy(graph);
+    mark_dead(s, blocks);
+    if (!error.empty()) {
+      cudaGetLastError();
+      throw GraphCaptureError(detail::concat(error, " (cuda:", s.index, ")"));
+    }
     capture_failed(s, "cudaStreamEndCapture", ended);
   }
   std::size_t nodes = 0;
@@ -49,15 +105,18 @@ void* end_capture(DeviceState& s, std::int64_t* operations) {
   const cudaError_t made = cudaGraphInstantiateWithFlags(&exec, graph, cudaGraphInstantiateFlagAutoFreeOnLaunch);
   if (made != cudaSuccess) {
     cudaGraphDestroy(graph);
+    mark_dead(s, blocks);
     capture_failed(s, "cudaGraphInstantiateWithFlags", made);
   }
   if (operations) *operations = static_cast<std::int64_t>(nodes);
-  return new CudaGraph{graph, exec};
+  return new CudaGraph{graph, exec, std::move(blocks), false};
 }
 
 void replay_graph(void* handle, DeviceState& s) {
   DeviceGuard guard(s.index);
-  FERRY_CUDA_CHECK(cudaGraphLaunch(static_cast<CudaGraph*>(handle)->exec, s.compute_stream));
+  auto* g = static_cast<CudaGraph*>(handle);
+  FERRY_CUDA_CHECK(cudaGraphLaunch(g->exec, s.compute_stream));
+  g->launched = true;
 }
 
 void destroy_graph(void* handle, int index) noexcept {
@@ -69,6 +128,14 @@ void destroy_graph(void* handle, int index) noexcept {
   if (g->exec && cudaGraphExecDestroy(g->exec) != cudaSuccess) cudaGetLastError();
   if (g->graph && cudaGraphDestroy(g->graph) != cudaSuccess) cudaGetLastError();
   if (previous >= 0 && previous != index) cudaSetDevice(previous);
+  if (!g->launched) {  // e.g. the body threw after the capture: its outputs never had memory
+    if (DeviceState* s = device_state_if_created(index)) {
+      try {
+        mark_dead(*s, g->blocks);
+      } catch (...) {  // out of host memory: the counters stay high, nothing worse
+      }
+    }
+  }
   delete g;
 }
 

@@ -8,11 +8,14 @@
 
 namespace ferry::cuda {
 
-// The compute stream of `s` starts recording this thread's work (cudaStreamCaptureModeThreadLocal).
+// The compute stream of `s` starts recording this thread's work (cudaStreamCaptureModeThreadLocal); the
+// cuBLAS and cuDNN handles are made first (their creation cannot be recorded).
 void begin_capture(DeviceState& s);
 // Ends the capture and instantiates it (allocations the body leaves alive are freed by the next replay
 // before it allocates them again, at the same address). Throws GraphCaptureError when the capture was
-// invalidated, naming CUDA's reason. `operations` gets the graph's node count.
+// invalidated, naming CUDA's reason, or when the body freed memory made before the capture (that free is
+// held back until now: cudaFreeAsync inside a capture takes only the graph's own allocations). Tensors the
+// failed body allocated hold no memory. `operations` gets the graph's node count.
 void* end_capture(DeviceState& s, std::int64_t* operations);
 void replay_graph(void* graph, DeviceState& s);
 void destroy_graph(void* graph, int index) noexcept;

@@ -68,6 +68,8 @@ void launch_avg_pool2d_backward(const KernelTensor& grad_in, const KernelTensor&
 
 // --- gemm.cpp: cuBLAS, row-major via the swap of operands ---------------------------------------------------
 void gemm(const Backend::GemmArgs& args, int device, cudaStream_t stream);
+// Makes device `device`'s cuBLAS handle and workspace now if no GEMM has (before a graph capture).
+void prepare_cublas(int device);
 
 // --- copy.cpp: every copy that touches this backend's memory ------------------------------------------------
 void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device, std::size_t bytes,

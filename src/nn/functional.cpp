@@ -423,7 +423,13 @@ Tensor batch_norm(const Tensor& input, const Tensor& running_mean, const Tensor&
   if (training && library_layers() && library_dtype_ok(running_mean) && library_dtype_ok(running_var) &&
       backend(x.device()).batch_norm_library(library_shape, x.dtype(), x.device().index)) {
     const double factor = running_mean.defined() ? update_factor() : 0.0;
-    return batch_norm_library(input, x, library_shape, running_mean, running_var, weight, bias, factor);
+    try {
+      return batch_norm_library(input, x, library_shape, running_mean, running_var, weight, bias, factor);
+    } catch (const BackendError&) {
+      // The library refused the call before running it and now says so for this shape (cuDNN without its
+      // sub-libraries, say): composed below. Any other failure is the caller's to see.
+      if (backend(x.device()).batch_norm_library(library_shape, x.dtype(), x.device().index)) throw;
+    }
   }
   Tensor mean, invstd;  // (C), the input's dtype
   {
