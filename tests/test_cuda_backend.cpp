@@ -641,7 +641,8 @@ TEST_F(CudaBackend, CudnnConvolutionMatchesTheComposedLayer) {
 }
 
 // BatchNorm in training on cuda: {out, grad input, grad weight, grad bias, running mean, running var}.
-std::vector<Tensor> batch_norm_pass(const Tensor& x_in, const Tensor& probe, bool affine, std::optional<double> momentum) {
+std::vector<Tensor> batch_norm_pass(const Tensor& x_in, const Tensor& probe, bool affine, std::optional<double> momentum,
+                                    nn::functional::Activation activation = nn::functional::Activation::None) {
   Tensor x = x_in.to(kCuda).requires_grad_();
   const std::int64_t C = x_in.size(1);
   Tensor weight, bias;
@@ -651,7 +652,8 @@ std::vector<Tensor> batch_norm_pass(const Tensor& x_in, const Tensor& probe, boo
   }
   Tensor running_mean = full({C}, 0.25, {.device = kCuda}), running_var = full({C}, 2.0, {.device = kCuda});
   const Tensor batches = full({}, 3, {.device = kCuda, .dtype = DType::Int64});
-  const Tensor out = nn::functional::batch_norm(x, running_mean, running_var, weight, bias, true, momentum, 1e-5, batches);
+  const Tensor out =
+      nn::functional::batch_norm(x, running_mean, running_var, weight, bias, true, momentum, 1e-5, batches, activation);
   sum(mul(out, probe.to(kCuda))).backward();
   return {out.detach().cpu(), x.grad().cpu(), affine ? weight.grad().cpu() : zeros({C}),
           affine ? bias.grad().cpu() : zeros({C}), running_mean.cpu(), running_var.cpu()};
@@ -674,6 +676,37 @@ TEST_F(CudaBackend, CudnnBatchNormMatchesTheComposedLayer) {
               << (momentum ? std::to_string(*momentum) : "None");
         }
       }
+    }
+  }
+}
+
+// The fused activations on cuda against the same layers on the cpu: Linear's bias + ReLU pass (AddRelu, float32,
+// on a vectorisable and an odd width) and BatchNorm + ReLU on cuDNN and composed.
+TEST_F(CudaBackend, FusedActivationsMatchCpu) {
+  manual_seed(47);
+  using V = const std::vector<Tensor>&;
+  using nn::functional::Activation;
+  for (const std::int64_t width : {1024, 37}) {
+    const Tensor x = randn({129, 64}), w = mul(randn({width, 64}), 0.1), b = randn({width});
+    expect_matches_cpu("linear relu " + std::to_string(width), {x, w, b},
+                       [](V v) { return nn::functional::linear(v[0], v[1], v[2], Activation::ReLU); });
+  }
+  const Shape shape{16, 8, 7, 7};
+  const Tensor x = add(mul(randn(shape), 3.0), 1.5), probe = randn(shape);
+  for (const bool library : {true, false}) {
+    nn::functional::set_library_layers(library);
+    const std::vector<Tensor> fused = batch_norm_pass(x, probe, true, 0.1, Activation::ReLU);
+    nn::functional::set_library_layers(true);
+    // Unfused reference on the cpu: relu(batch_norm(x)).
+    Tensor xc = x.clone().requires_grad_();
+    Tensor weight = linspace_like(8).requires_grad_(), bias = mul(linspace_like(8), -0.5).requires_grad_();
+    Tensor running_mean = full({8}, 0.25), running_var = full({8}, 2.0);
+    const Tensor out = relu(nn::functional::batch_norm(xc, running_mean, running_var, weight, bias, true, 0.1, 1e-5,
+                                                       full({}, 3, {.dtype = DType::Int64})));
+    sum(mul(out, probe)).backward();
+    const std::vector<Tensor> expected = {out.detach(), xc.grad(), weight.grad(), bias.grad(), running_mean, running_var};
+    for (int i = 0; i < 6; ++i) {
+      EXPECT_TRUE(all_close(fused[i], expected[i], 1e-4, 1e-4)) << i << (library ? " cuDNN" : " composed");
     }
   }
 }

@@ -201,6 +201,50 @@ TEST(NNGradcheck, BatchNormComposedPathMatchesFused) {
   }, {random_argument({3, 2, 3}, 44), random_argument({2}, 45), random_argument({2}, 46)}, "batch_norm composed path");
 }
 
+// A layer with its ReLU fused (one node, the ReLU in the layer's pass) against finite differences, and against
+// the layer followed by relu() to float64 rounding.
+TEST(NNGradcheck, FusedActivations) {
+  using F::Activation;
+  check_everywhere([](const std::vector<Tensor>& a) { return F::linear(a[0], a[1], a[2], Activation::ReLU); },
+                   {random_argument({4, 5}, 51), random_argument({6, 5}, 52), random_argument({6}, 53)}, "linear relu");
+  check_everywhere([](const std::vector<Tensor>& a) { return F::linear(a[0], a[1], Tensor(), Activation::ReLU); },
+                   {random_argument({2, 3, 4}, 54), random_argument({3, 4}, 55)}, "linear relu, 3-d input, no bias");
+  check_everywhere(
+      [](const std::vector<Tensor>& a) {
+        return F::batch_norm(a[0], Tensor(), Tensor(), a[1], a[2], true, 0.1, 1e-5, Tensor(), Activation::ReLU);
+      },
+      {random_argument({4, 3, 2, 3}, 56), random_argument({3}, 57), random_argument({3}, 58)}, "batch_norm relu");
+  check_everywhere(
+      [](const std::vector<Tensor>& a) {
+        F::set_fused_host_kernels(false);
+        Tensor out = F::batch_norm(a[0], Tensor(), Tensor(), a[1], a[2], true, 0.1, 1e-5, Tensor(), Activation::ReLU);
+        F::set_fused_host_kernels(true);
+        return out;
+      },
+      {random_argument({3, 2, 5}, 59), random_argument({2}, 60), random_argument({2}, 61)},
+      "batch_norm relu, composed path");
+  check_everywhere(
+      [](const std::vector<Tensor>& a) {
+        const Tensor running_mean = ferry::from_vector<double>({0.1, -0.2, 0.3}).to(a[0].device());
+        const Tensor running_var = ferry::from_vector<double>({0.5, 1.5, 2.0}).to(a[0].device());
+        return F::batch_norm(a[0], running_mean, running_var, a[1], a[2], false, 0.1, 1e-5, Tensor(), Activation::ReLU);
+      },
+      {random_argument({2, 3, 2, 2}, 62), random_argument({3}, 63), random_argument({3}, 64)}, "batch_norm relu eval");
+
+  // Fused against unfused, values and gradients.
+  const std::vector<Argument> args = {random_argument({7, 5}, 65), random_argument({4, 5}, 66), random_argument({4}, 67)};
+  auto run = [&](bool fused) {
+    std::vector<Tensor> in;
+    for (const Argument& a : args) in.push_back(materialise(a, ferry::kCPU, true));
+    Tensor out = fused ? F::linear(in[0], in[1], in[2], Activation::ReLU) : F::relu(F::linear(in[0], in[1], in[2]));
+    ferry::sum(ferry::mul(out, out)).backward();
+    return std::vector<std::vector<double>>{out.to_vector<double>(), in[0].grad().to_vector<double>(),
+                                            in[1].grad().to_vector<double>(), in[2].grad().to_vector<double>()};
+  };
+  const auto fused = run(true), unfused = run(false);
+  for (std::size_t k = 0; k < fused.size(); ++k) expect_near(fused[k], unfused[k], "fused linear relu " + std::to_string(k));
+}
+
 TEST(NNGradcheck, Conv2dPortablePath) {
   // The path every non-host device takes (chunked im2col + batched GEMM through the backend), checked
   // on sim with the host kernels off; the default (host) path is what the other tests check on cpu and sim.

@@ -293,3 +293,40 @@ TEST(NNModule, LayersCheckTheirInputs) {
   EXPECT_THROW(ferry::nn::functional::cross_entropy(ferry::ones({3, 4}), ferry::from_vector<std::int64_t>({0, 4, 1})),
                ferry::InvalidArgument);
 }
+
+// Sequential runs a Linear or BatchNorm followed by a ReLU as one fused layer (one autograd node, no tensor for
+// the layer's output before the ReLU); switched off, it runs them one by one. Same values and gradients, same
+// state_dict, in training and in eval.
+TEST(NNModule, SequentialFusesTheReluAfterALayerWithTheSameResults) {
+  auto run = [](bool fused, bool training) {
+    ferry::manual_seed(21);
+    nn::Sequential model(nn::Conv2d(2, 4, 3, {.padding = 1}), nn::BatchNorm2d(4), nn::ReLU(), nn::Flatten(),
+                         nn::Linear(4 * 5 * 5, 16), nn::ReLU(), nn::Linear(16, 3), nn::ReLU());
+    model.to(DType::Float64);
+    if (!training) model.eval();
+    nn::functional::set_fused_activations(fused);
+    const Tensor x = ferry::randn({6, 2, 5, 5}, {.dtype = DType::Float64});
+    Tensor out = model(x);
+    nn::functional::set_fused_activations(true);
+    const std::string last_node = out.impl()->grad_fn ? out.impl()->grad_fn->name : "";
+    ferry::sum(ferry::mul(out, out)).backward();
+    std::vector<std::vector<double>> values = {out.to_vector<double>()};
+    for (const Tensor& p : model.parameters()) values.push_back(p.grad().to_vector<double>());
+    for (const Tensor& b : model.buffers()) values.push_back(b.to(DType::Float64).to_vector<double>());
+    return std::pair{values, last_node};
+  };
+  for (const bool training : {true, false}) {
+    const auto [fused, fused_node] = run(true, training);
+    const auto [unfused, unfused_node] = run(false, training);
+    EXPECT_EQ(fused_node, "linear_relu");
+    EXPECT_EQ(unfused_node, "relu");
+    ASSERT_EQ(fused.size(), unfused.size());
+    for (std::size_t k = 0; k < fused.size(); ++k) {
+      ASSERT_EQ(fused[k].size(), unfused[k].size()) << k;
+      for (std::size_t i = 0; i < fused[k].size(); ++i) {
+        EXPECT_NEAR(fused[k][i], unfused[k][i], 1e-12 * (1 + std::abs(unfused[k][i])))
+            << (training ? "training" : "eval") << " tensor " << k << " element " << i;
+      }
+    }
+  }
+}

@@ -76,6 +76,7 @@ enum class BinaryOp : std::uint8_t {
   Eq, Ne, Lt, Le, Gt, Ge,  // write bool
   ReluBackward,            // out = a * (b > 0): grad, relu input
   ThresholdMask,           // out = (a > 0) ? b : 0  (same as ReluBackward, mask first)
+  AddRelu,                 // out = relu(a + b): a layer's bias and its ReLU in one pass (floating point)
 };
 enum class ReduceOp : std::uint8_t { Sum, Mean, Max, Min, ArgMax, ArgMin };
 enum class RandomKind : std::uint8_t { Uniform, Normal, Integer };

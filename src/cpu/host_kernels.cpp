@@ -93,6 +93,10 @@ auto apply_binary(BinaryOp op, T a, T b) {
       case BinaryOp::Ge: return static_cast<F>(a >= b);
       case BinaryOp::ReluBackward: return static_cast<F>(b > 0 ? a : T(0));
       case BinaryOp::ThresholdMask: return static_cast<F>(a > 0 ? b : T(0));
+      case BinaryOp::AddRelu: {
+        const F r = static_cast<F>(a + b);
+        return r < 0 ? F(0) : r;  // NaN stays NaN, as relu does
+      }
     }
     return static_cast<F>(a);
   }
@@ -144,6 +148,12 @@ bool binary_fast(BinaryOp op, const KernelTensor& out, const KernelTensor& a, co
     case BinaryOp::Mul: binary_runs<T>(out, a, b, [](T x, T y) { return x * y; }); return true;
     case BinaryOp::Div: binary_runs<T>(out, a, b, [](T x, T y) { return x / y; }); return true;
     case BinaryOp::ReluBackward: binary_runs<T>(out, a, b, [](T g, T x) { return x > 0 ? g : T(0); }); return true;
+    case BinaryOp::AddRelu:
+      binary_runs<T>(out, a, b, [](T x, T y) {
+        const T r = x + y;
+        return r < 0 ? T(0) : r;
+      });
+      return true;
     default: return false;
   }
 }

@@ -53,6 +53,10 @@ __device__ __forceinline__ O binary_value(BinaryOp op, T a, T b) {
       case BinaryOp::Ge: return cast_to<O>(a >= b);
       case BinaryOp::ReluBackward: return cast_to<O>(b > 0 ? a : T(0));
       case BinaryOp::ThresholdMask: return cast_to<O>(a > 0 ? b : T(0));
+      case BinaryOp::AddRelu: {
+        const T r = a + b;
+        return cast_to<O>(r < 0 ? T(0) : r);  // NaN stays NaN, as relu does
+      }
     }
     return cast_to<O>(a);
   } else {
@@ -74,6 +78,10 @@ __device__ __forceinline__ O binary_value(BinaryOp op, T a, T b) {
       case BinaryOp::Ge: return cast_to<O>(a >= b);
       case BinaryOp::ReluBackward: return cast_to<O>(b > 0 ? a : T(0));
       case BinaryOp::ThresholdMask: return cast_to<O>(a > 0 ? b : T(0));
+      case BinaryOp::AddRelu: {
+        const T r = static_cast<T>(static_cast<U>(a) + static_cast<U>(b));
+        return cast_to<O>(r < 0 ? T(0) : r);
+      }
     }
     return cast_to<O>(a);
   }
@@ -162,6 +170,7 @@ void run_binary(BinaryOp op, const KernelTensor& out, Operand<T> a, Operand<T> b
       FERRY_BINARY_CASE(Minimum, true)
       FERRY_BINARY_CASE(ReluBackward, true)
       FERRY_BINARY_CASE(ThresholdMask, true)
+      FERRY_BINARY_CASE(AddRelu, true)
       FERRY_BINARY_CASE(Eq, false)
       FERRY_BINARY_CASE(Ne, false)
       FERRY_BINARY_CASE(Lt, false)

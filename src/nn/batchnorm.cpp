@@ -24,7 +24,10 @@ BatchNorm::BatchNorm(std::int64_t num_features, const BatchNormOptions& bn, cons
   }
 }
 
-Tensor BatchNorm::forward(const Tensor& input) {
+Tensor BatchNorm::forward(const Tensor& input) { return run(input, false); }
+Tensor BatchNorm::forward_relu(const Tensor& input) { return run(input, true); }
+
+Tensor BatchNorm::run(const Tensor& input, bool relu) {
   check_input(input);
   FERRY_CHECK(input.size(1) == num_features, ShapeMismatch, type_name(), ": expected ", num_features,
               " channels in dim 1, got input of shape ", shape_str(input.shape()));
@@ -37,7 +40,8 @@ Tensor BatchNorm::forward(const Tensor& input) {
   const bool use_batch_statistics = is_training() || !tracking;
   return functional::batch_norm(input, tracking ? running_mean : Tensor(), tracking ? running_var : Tensor(), weight,
                                 bias, use_batch_statistics, options.momentum, options.eps,
-                                tracking ? num_batches_tracked : Tensor());
+                                tracking ? num_batches_tracked : Tensor(),
+                                relu ? functional::Activation::ReLU : functional::Activation::None);
 }
 
 std::string BatchNorm::extra_repr() const {

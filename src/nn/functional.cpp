@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdlib>
 #include <cmath>
 
 #include "../core/internal.h"
@@ -80,6 +81,23 @@ void run_gemm(const Gemm& g) {
 }
 
 // out (shape) = broadcast of `vector` (C) along dim 1 of `shape` (N, C, rest...) — for bias init.
+// grad * (out > 0): the gradient through a ReLU whose output is `out` (contiguous, as many elements), shaped as
+// `grad`. When the gradient autograd hands the node is held by nothing else (no other tensor or view shares its
+// memory), it is masked in place: the incoming and the masked gradient then never live side by side, which
+// keeps a fused layer's backward peak at the unfused one's.
+Tensor relu_backward(const Tensor& grad, const Tensor& out) {
+  const Tensor mask = out.view(grad.shape());
+  const bool alone = grad.is_contiguous() && grad.impl_ptr().use_count() == 1 && grad.impl()->storage.use_count() == 1;
+  const Tensor g = alone ? grad : empty(grad.shape(), {.device = grad.device(), .dtype = grad.dtype()});
+  backend(grad.device()).binary(BinaryOp::ReluBackward, kernel(g), kernel(grad), kernel(mask), stream_of(grad.device()));
+  return g;
+}
+
+// relu(t) in place on a tensor the caller has just made (no autograd: the caller's node covers it).
+void relu_in_place(const Tensor& t) {
+  if (t.numel() > 0) backend(t.device()).unary(UnaryOp::Relu, kernel(t), kernel(t), stream_of(t.device()));
+}
+
 void fill_with_channel_vector(const Tensor& out, const Tensor& vector) {
   Shape per_channel(out.dim(), 1);
   per_channel[1] = vector.numel();
@@ -99,7 +117,7 @@ Tensor reduce_sum(const Tensor& in, std::int64_t outer, std::int64_t reduce, std
 
 // --- linear -------------------------------------------------------------------------------------
 
-Tensor linear(const Tensor& input, const Tensor& weight, const Tensor& bias) {
+Tensor linear(const Tensor& input, const Tensor& weight, const Tensor& bias, Activation activation) {
   check_same_device("linear", {&input, &weight, &bias});
   check_floating("linear", input, "input");
   check_same_dtype("linear", input, {{&weight, "weight"}, {&bias, "bias"}});
@@ -117,25 +135,39 @@ Tensor linear(const Tensor& input, const Tensor& weight, const Tensor& bias) {
   const Tensor x = input.detach().contiguous().reshape({rows, in_features});  // (rows, in)
   const Tensor w = weight.detach().contiguous();                               // (out, in)
   Tensor out = empty({rows, out_features}, {.device = input.device(), .dtype = input.dtype()});  // (rows, out)
-  if (bias.defined() && out.numel() > 0) fill_with_channel_vector(out, bias.detach());  // then GEMM, beta = 1
+  const bool relu = activation == Activation::ReLU;
+  // With a fused ReLU the bias is added after the GEMM, in the ReLU's pass; else before it (GEMM with beta = 1).
+  const bool bias_after = relu && bias.defined() && in_features > 0;
+  if (bias.defined() && out.numel() > 0 && !bias_after) fill_with_channel_vector(out, bias.detach());
   if (out.numel() > 0) {
     if (in_features == 0) {
       if (!bias.defined()) out.fill_(0);
     } else {
       run_gemm({.trans_a = false, .trans_b = true, .m = rows, .n = out_features, .k = in_features,
                 .a = &x, .lda = in_features, .b = &w, .ldb = in_features, .c = &out, .ldc = out_features,
-                .beta = bias.defined() ? 1.0f : 0.0f});
+                .beta = bias.defined() && !bias_after ? 1.0f : 0.0f});
+    }
+    if (bias_after) {  // out = relu(out + bias), in place
+      backend(out.device()).binary(BinaryOp::AddRelu, kernel(out), kernel(out),
+                                   ferry::detail::kernel_broadcast(bias.detach().reshape({1, out_features}), out.shape()),
+                                   stream_of(out.device()));
+    } else if (relu) {
+      backend(out.device()).unary(UnaryOp::Relu, kernel(out), kernel(out), stream_of(out.device()));
     }
   }
+  const Tensor relu_out = relu ? out.detach() : Tensor();  // (rows, out): the backward's mask
   Shape out_shape = input.shape();
   out_shape.back() = out_features;
   out = out.view(out_shape);
 
   if (needs_grad({&input, &weight, &bias})) {
     const bool want_x = input.requires_grad(), want_w = weight.requires_grad(), want_b = bias.requires_grad();
-    record("linear", {input, weight, bias}, out,
-           [x, w, rows, in_features, out_features, want_x, want_w, want_b, in_shape = input.shape()](const Tensor& grad) {
-             const Tensor g = grad.contiguous().reshape({rows, out_features});  // (rows, out)
+    record(relu ? "linear_relu" : "linear", {input, weight, bias}, out,
+           [x, w, rows, in_features, out_features, want_x, want_w, want_b, in_shape = input.shape(),
+            relu_out](const Tensor& grad) {
+             // (rows, out); through the fused ReLU first (before anything else holds `grad`)
+             const Tensor through = relu_out.defined() ? relu_backward(grad, relu_out) : grad;
+             const Tensor g = through.contiguous().reshape({rows, out_features});
              Tensor gx, gw, gb;
              if (want_x) {  // (rows, in) = g (rows, out) @ w (out, in)
                gx = empty({rows, in_features}, {.device = g.device(), .dtype = g.dtype()});
@@ -348,7 +380,7 @@ std::atomic<bool> g_library_layers{true};
 // contiguous input (N, C, *); running statistics (when defined) are updated in place with `factor`.
 Tensor batch_norm_library(const Tensor& input, const Tensor& x, const Backend::BatchNormShape& shape,
                           const Tensor& running_mean, const Tensor& running_var, const Tensor& weight,
-                          const Tensor& bias, double factor) {
+                          const Tensor& bias, double factor, bool relu) {
   const TensorOptions like{.device = x.device(), .dtype = x.dtype()};
   const std::int64_t C = shape.channels;
   const Tensor w = weight.defined() ? weight.detach().contiguous() : ones({C}, like);   // (C)
@@ -359,12 +391,14 @@ Tensor batch_norm_library(const Tensor& input, const Tensor& x, const Backend::B
                                          running_mean.defined() ? kernel(running_mean) : KernelTensor{},
                                          running_var.defined() ? kernel(running_var) : KernelTensor{},
                                          kernel(save_mean), kernel(save_invstd), shape, factor, stream_of(x.device()));
+  if (relu) relu_in_place(out);
+  const Tensor relu_out = relu ? out.detach() : Tensor();
   out = out.reshape(input.shape());
   if (needs_grad({&input, &weight, &bias})) {
     const bool want_x = input.requires_grad(), want_w = weight.requires_grad(), want_b = bias.requires_grad();
-    record("batch_norm", {input, weight, bias}, out,
-           [x, w, save_mean, save_invstd, shape, want_x, want_w, want_b](const Tensor& grad) {
-             const Tensor g = grad.contiguous().reshape(x.shape());
+    record(relu ? "batch_norm_relu" : "batch_norm", {input, weight, bias}, out,
+           [x, w, save_mean, save_invstd, shape, want_x, want_w, want_b, relu_out](const Tensor& grad) {
+             const Tensor g = (relu_out.defined() ? relu_backward(grad, relu_out) : grad).contiguous().reshape(x.shape());
              const TensorOptions like{.device = g.device(), .dtype = g.dtype()};
              Tensor gx = empty(x.shape(), like), gw = empty({shape.channels}, like), gb = empty({shape.channels}, like);
              backend(g.device()).batch_norm_backward(kernel(gx), kernel(gw), kernel(gb), kernel(g), kernel(x), kernel(w),
@@ -377,12 +411,21 @@ Tensor batch_norm_library(const Tensor& input, const Tensor& x, const Backend::B
 }
 }  // namespace
 
+// FERRY_FUSED_ACTIVATIONS=0 switches the fusion off for a whole run (to measure what it buys).
+std::atomic<bool> g_fused_activations{[] {
+  const char* value = std::getenv("FERRY_FUSED_ACTIVATIONS");
+  return value == nullptr || std::string(value) != "0";
+}()};
+void set_fused_activations(bool enabled) { g_fused_activations = enabled; }
+bool fused_activations() { return g_fused_activations; }
+
 void set_library_layers(bool enabled) { g_library_layers = enabled; }
 bool library_layers() { return g_library_layers; }
 
 Tensor batch_norm(const Tensor& input, const Tensor& running_mean, const Tensor& running_var, const Tensor& weight,
                   const Tensor& bias, bool training, std::optional<double> momentum, double eps,
-                  const Tensor& num_batches_tracked) {
+                  const Tensor& num_batches_tracked, Activation activation) {
+  const bool relu = activation == Activation::ReLU;
   check_same_device("batch_norm", {&input, &running_mean, &running_var, &weight, &bias, &num_batches_tracked});
   check_floating("batch_norm", input, "input");
   check_same_dtype("batch_norm", input, {{&weight, "weight"}, {&bias, "bias"}});
@@ -424,7 +467,7 @@ Tensor batch_norm(const Tensor& input, const Tensor& running_mean, const Tensor&
       backend(x.device()).batch_norm_library(library_shape, x.dtype(), x.device().index)) {
     const double factor = running_mean.defined() ? update_factor() : 0.0;
     try {
-      return batch_norm_library(input, x, library_shape, running_mean, running_var, weight, bias, factor);
+      return batch_norm_library(input, x, library_shape, running_mean, running_var, weight, bias, factor, relu);
     } catch (const BackendError&) {
       // The library refused the call before running it and now says so for this shape (cuDNN without its
       // sub-libraries, say): composed below. Any other failure is the caller's to see.
@@ -457,13 +500,16 @@ Tensor batch_norm(const Tensor& input, const Tensor& running_mean, const Tensor&
     shift = neg(mul(mean, scale));
     if (bias.defined()) shift = add(shift, bias.detach());
   }
-  Tensor out = detail::channel_affine(x, view, scale, shift).reshape(input.shape());
+  Tensor out = detail::channel_affine(x, view, scale, shift);
+  if (relu) relu_in_place(out);
+  const Tensor relu_out = relu ? out.detach() : Tensor();
+  out = out.reshape(input.shape());
 
   if (needs_grad({&input, &weight, &bias})) {
     const bool want_x = input.requires_grad(), want_w = weight.requires_grad(), want_b = bias.requires_grad();
-    record("batch_norm", {input, weight, bias}, out,
-           [x, view, mean, invstd, scale, training, want_x, want_w, want_b](const Tensor& grad) {
-             const Tensor g = grad.contiguous();
+    record(relu ? "batch_norm_relu" : "batch_norm", {input, weight, bias}, out,
+           [x, view, mean, invstd, scale, training, want_x, want_w, want_b, relu_out](const Tensor& grad) {
+             const Tensor g = (relu_out.defined() ? relu_backward(grad, relu_out) : grad).contiguous();
              Tensor gx, gw, gb, sum_dy, sum_dy_xmu;
              if (want_w || want_b || (want_x && training)) {
                detail::channel_backward_sums(g, x, mean, view, sum_dy, sum_dy_xmu);

@@ -12,6 +12,7 @@ std::string size_str(Size2 s) { return s.h == s.w ? ferry::detail::concat(s.h) :
 }  // namespace
 
 Tensor ReLU::forward(const Tensor& input) { return functional::relu(input); }
+Tensor Module::forward_relu(const Tensor& input) { return functional::relu(forward(input)); }
 
 Tensor Flatten::forward(const Tensor& input) { return input.flatten(start_dim, end_dim); }
 std::string Flatten::extra_repr() const { return ferry::detail::concat("start_dim=", start_dim, ", end_dim=", end_dim); }
@@ -39,7 +40,18 @@ void Sequential::push_back(std::shared_ptr<Module> module) {
 
 Tensor Sequential::forward(const Tensor& input) {
   Tensor x = input;
-  for (const auto& [name, child] : named_children()) x = child->forward(x);
+  const auto& children = named_children();
+  const bool fuse = functional::fused_activations();
+  for (std::size_t i = 0; i < children.size(); ++i) {
+    Module& child = *children[i].second;
+    if (fuse && i + 1 < children.size() && child.fuses_relu() &&
+        dynamic_cast<const ReLU*>(children[i + 1].second.get()) != nullptr) {
+      x = child.forward_relu(x);  // the layer and the ReLU after it as one
+      ++i;
+    } else {
+      x = child.forward(x);
+    }
+  }
   return x;
 }
 

@@ -25,6 +25,9 @@ Linear::Linear(std::int64_t in_features, std::int64_t out_features, bool bias, c
 }
 
 Tensor Linear::forward(const Tensor& input) { return functional::linear(input, weight, bias); }
+Tensor Linear::forward_relu(const Tensor& input) {
+  return functional::linear(input, weight, bias, functional::Activation::ReLU);
+}
 
 std::string Linear::extra_repr() const {
   return ferry::detail::concat("in_features=", in_features, ", out_features=", out_features,

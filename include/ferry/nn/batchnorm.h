@@ -20,6 +20,8 @@ struct BatchNormOptions {
 class BatchNorm : public Module {
  public:
   Tensor forward(const Tensor& input) override;
+  bool fuses_relu() const override { return true; }
+  Tensor forward_relu(const Tensor& input) override;  // relu(forward(input)), the ReLU in place
   std::string extra_repr() const override;
 
   std::int64_t num_features;
@@ -30,6 +32,9 @@ class BatchNorm : public Module {
  protected:
   BatchNorm(std::int64_t num_features, const BatchNormOptions& bn, const TensorOptions& options);
   virtual void check_input(const Tensor& input) const = 0;
+
+ private:
+  Tensor run(const Tensor& input, bool relu);
 };
 
 class BatchNorm1d : public BatchNorm {

@@ -23,9 +23,15 @@ struct Size2 {
 
 namespace ferry::nn::functional {
 
+// An activation a layer applies to its own output (fused): the values of the layer followed by relu(), from one
+// autograd node, with no second tensor. Linear adds its bias and applies the ReLU in one pass after the GEMM
+// (one kernel fewer than bias, GEMM and ReLU); BatchNorm applies the ReLU in place on its output.
+enum class Activation : std::uint8_t { None, ReLU };
+
 // (*, in) x weight (out, in) + bias (out) -> (*, out). One GEMM forward; backward: two GEMMs and a sum,
 // each only when its input requires grad.
-Tensor linear(const Tensor& input, const Tensor& weight, const Tensor& bias = Tensor());
+Tensor linear(const Tensor& input, const Tensor& weight, const Tensor& bias = Tensor(),
+              Activation activation = Activation::None);
 
 // input (N, C, H, W), weight (O, C, kh, kw), bias (O) or undefined -> (N, O, oh, ow). im2col + GEMM in
 // chunks of samples (the columns of a chunk are built by one im2col call and multiplied by one batched
@@ -40,7 +46,7 @@ Tensor conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias = Te
 // be undefined (affine=False).
 Tensor batch_norm(const Tensor& input, const Tensor& running_mean, const Tensor& running_var, const Tensor& weight,
                   const Tensor& bias, bool training, std::optional<double> momentum = 0.1, double eps = 1e-5,
-                  const Tensor& num_batches_tracked = Tensor());
+                  const Tensor& num_batches_tracked = Tensor(), Activation activation = Activation::None);
 
 // input (N, C, H, W) -> (N, C, oh, ow); stride 0 = the kernel size; padding <= kernel / 2. Max pooling
 // pads with -inf (padding never wins); average pooling counts the padding (PyTorch's defaults).
@@ -64,5 +70,11 @@ bool fused_host_kernels();
 // turns cuDNN off for a whole run.
 void set_library_layers(bool enabled);
 bool library_layers();
+
+// Whether nn::Sequential runs a Linear or BatchNorm followed by a ReLU as one fused layer (Activation::ReLU);
+// on by default. The state_dict and the values are the same either way (up to the last bit: the bias is added
+// after the GEMM instead of before it); tests switch it off to compare, and FERRY_FUSED_ACTIVATIONS=0 for a run.
+void set_fused_activations(bool enabled);
+bool fused_activations();
 
 }  // namespace ferry::nn::functional

@@ -13,6 +13,8 @@ class Linear : public Module {
   Linear(std::int64_t in_features, std::int64_t out_features, bool bias = true, const TensorOptions& options = {});
 
   Tensor forward(const Tensor& input) override;  // (*, in) -> (*, out)
+  bool fuses_relu() const override { return true; }
+  Tensor forward_relu(const Tensor& input) override;  // relu(forward(input)), bias and ReLU in one pass
   std::string type_name() const override { return "Linear"; }
   std::string extra_repr() const override;
 

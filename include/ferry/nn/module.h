@@ -57,6 +57,10 @@ class Module {
 
   virtual Tensor forward(const Tensor& input) = 0;
   Tensor operator()(const Tensor& input) { return forward(input); }
+  // relu(forward(input)); layers that can apply the ReLU themselves (Linear, BatchNorm) say so and do it in
+  // the same pass (nn::Sequential uses it for a layer followed by a ReLU).
+  virtual bool fuses_relu() const { return false; }
+  virtual Tensor forward_relu(const Tensor& input);
   // One line about this module alone, as PyTorch prints it: "Linear(in_features=4, out_features=3, bias=True)".
   virtual std::string extra_repr() const { return ""; }
   virtual std::string type_name() const = 0;  // "Linear"
