@@ -105,6 +105,10 @@ struct ConvPlan {
   cudnnConvolutionBwdDataAlgo_t backward_input{};
   cudnnConvolutionBwdFilterAlgo_t backward_weight{};
   std::size_t forward_bytes = 0, backward_input_bytes = 0, backward_weight_bytes = 0;  // workspaces
+  // The math each chosen algorithm was timed with (FMA for fp32; with TF32 allowed it may be tensor-op math):
+  // set on `conv` before each call, since the workspace size and the algorithm hold for that math only.
+  cudnnMathType_t forward_math = CUDNN_FMA_MATH, backward_input_math = CUDNN_FMA_MATH,
+                  backward_weight_math = CUDNN_FMA_MATH;
 };
 
 ConvKey key_of(const Backend::Conv2dShape& s, bool tf32) {
@@ -116,14 +120,15 @@ ConvKey key_of(const Backend::Conv2dShape& s, bool tf32) {
 // The fastest algorithm that succeeded, keeps the requested precision and fits the workspace cap. When
 // none does, says why on stderr (the layer then runs on ferry's own kernels).
 template <typename Perf, typename Algo>
-bool choose(const Perf* results, int count, bool tf32, Algo* algo, std::size_t* bytes, const char* direction,
-            const Backend::Conv2dShape& s) {
+bool choose(const Perf* results, int count, bool tf32, Algo* algo, std::size_t* bytes, cudnnMathType_t* math,
+            const char* direction, const Backend::Conv2dShape& s) {
   for (int i = 0; i < count; ++i) {  // cuDNN sorts them fastest first
     const Perf& r = results[i];
     if (r.status != CUDNN_STATUS_SUCCESS || r.memory > kMaxWorkspaceBytes) continue;
     if (!tf32 && r.mathType != CUDNN_FMA_MATH) continue;  // fp32 means fp32 (no TF32 tensor cores)
     *algo = r.algo;
     *bytes = r.memory;
+    *math = r.mathType;
     return true;
   }
   std::string offers;
@@ -167,20 +172,21 @@ std::unique_ptr<ConvPlan> make_plan(cudnnHandle_t handle, const Backend::Conv2dS
   std::array<cudnnConvolutionFwdAlgoPerf_t, kRequested> forward{};
   FERRY_CUDNN_CHECK(cudnnFindConvolutionForwardAlgorithm(handle, plan->x.get(), plan->w.get(), plan->conv.get(),
                                                          plan->y.get(), kRequested, &returned, forward.data()));
-  if (!choose(forward.data(), returned, tf32, &plan->forward, &plan->forward_bytes, "forward", s)) return plan;
+  if (!choose(forward.data(), returned, tf32, &plan->forward, &plan->forward_bytes, &plan->forward_math, "forward", s))
+    return plan;
   std::array<cudnnConvolutionBwdDataAlgoPerf_t, kRequested> backward_input{};
   FERRY_CUDNN_CHECK(cudnnFindConvolutionBackwardDataAlgorithm(handle, plan->w.get(), plan->y.get(), plan->conv.get(),
                                                               plan->x.get(), kRequested, &returned,
                                                               backward_input.data()));
   if (!choose(backward_input.data(), returned, tf32, &plan->backward_input, &plan->backward_input_bytes,
-              "backward-data", s))
+              &plan->backward_input_math, "backward-data", s))
     return plan;
   std::array<cudnnConvolutionBwdFilterAlgoPerf_t, kRequested> backward_weight{};
   FERRY_CUDNN_CHECK(cudnnFindConvolutionBackwardFilterAlgorithm(handle, plan->x.get(), plan->y.get(), plan->conv.get(),
                                                                 plan->w.get(), kRequested, &returned,
                                                                 backward_weight.data()));
   if (!choose(backward_weight.data(), returned, tf32, &plan->backward_weight, &plan->backward_weight_bytes,
-              "backward-filter", s))
+              &plan->backward_weight_math, "backward-filter", s))
     return plan;
   plan->usable = true;
   return plan;
@@ -243,6 +249,7 @@ void cudnn_conv2d_forward(const KernelTensor& out, const KernelTensor& input, co
   ScratchBuffer workspace(plan.forward_bytes, stream);
   const float alpha = 1.0f;
   FERRY_CUDNN_CHECK(cudnnSetStream(st.handle, stream));
+  FERRY_CUDNN_CHECK(cudnnSetConvolutionMathType(plan.conv.get(), plan.forward_math));
   FERRY_CUDNN_CHECK(cudnnConvolutionForward(st.handle, &alpha, plan.x.get(), input.data, plan.w.get(), weight.data,
                                             plan.conv.get(), plan.forward, workspace.data(), plan.forward_bytes, &beta,
                                             plan.y.get(), out.data));
@@ -257,6 +264,7 @@ void cudnn_conv2d_backward_input(const KernelTensor& grad_input, const KernelTen
   ScratchBuffer workspace(plan.backward_input_bytes, stream);
   const float alpha = 1.0f, beta = 0.0f;
   FERRY_CUDNN_CHECK(cudnnSetStream(st.handle, stream));
+  FERRY_CUDNN_CHECK(cudnnSetConvolutionMathType(plan.conv.get(), plan.backward_input_math));
   FERRY_CUDNN_CHECK(cudnnConvolutionBackwardData(st.handle, &alpha, plan.w.get(), weight.data, plan.y.get(),
                                                  grad_out.data, plan.conv.get(), plan.backward_input, workspace.data(),
                                                  plan.backward_input_bytes, &beta, plan.x.get(), grad_input.data));
@@ -271,6 +279,7 @@ void cudnn_conv2d_backward_weight(const KernelTensor& grad_weight, const KernelT
   ScratchBuffer workspace(plan.backward_weight_bytes, stream);
   const float alpha = 1.0f, beta = 0.0f;
   FERRY_CUDNN_CHECK(cudnnSetStream(st.handle, stream));
+  FERRY_CUDNN_CHECK(cudnnSetConvolutionMathType(plan.conv.get(), plan.backward_weight_math));
   FERRY_CUDNN_CHECK(cudnnConvolutionBackwardFilter(st.handle, &alpha, plan.x.get(), input.data, plan.y.get(),
                                                    grad_out.data, plan.conv.get(), plan.backward_weight,
                                                    workspace.data(), plan.backward_weight_bytes, &beta, plan.w.get(),
