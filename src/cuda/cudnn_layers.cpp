@@ -17,6 +17,7 @@
 #include "cuda_backend.h"
 #include "device_state.h"
 #include "ferry/error.h"
+#include "ferry/ledger.h"
 
 namespace ferry::cuda {
 
@@ -193,17 +194,25 @@ std::unique_ptr<ConvPlan> make_plan(cudnnHandle_t handle, const Backend::Conv2dS
 }
 
 // The cached plan of a shape; null when the shape cannot run on cuDNN. Called with the mutex held.
-ConvPlan* plan_for(CudnnState& st, const Backend::Conv2dShape& s, cudaStream_t stream) {
+ConvPlan* plan_for(CudnnState& st, const Backend::Conv2dShape& s, int device, cudaStream_t stream) {
   const bool tf32 = allow_tf32();
   const ConvKey key = key_of(s, tf32);
   if (auto found = st.plans.find(key); found != st.plans.end()) return found->second.get();
+  // The search times every algorithm and waits for the device: a host sync, in the ledger with its reason.
+  Ledger& ledger = Ledger::global();
+  const double start = ledger.now_ms();
   std::unique_ptr<ConvPlan> plan = make_plan(st.handle, s, tf32, stream);
+  ledger.record_sync({.device = Device(DeviceType::CUDA, device),
+                      .reason = detail::concat("cuDNN algorithm search, conv2d ", s.in_channels, "->", s.out_channels,
+                                               " on ", s.batch, "x", s.height, "x", s.width, " (once per shape)"),
+                      .start_ms = start,
+                      .duration_ms = ledger.now_ms() - start});
   if (!plan->usable) plan.reset();
   return st.plans.emplace(key, std::move(plan)).first->second.get();
 }
 
-ConvPlan& plan_or_throw(CudnnState& st, const Backend::Conv2dShape& s, cudaStream_t stream) {
-  ConvPlan* plan = plan_for(st, s, stream);
+ConvPlan& plan_or_throw(CudnnState& st, const Backend::Conv2dShape& s, int device, cudaStream_t stream) {
+  ConvPlan* plan = plan_for(st, s, device, stream);
   FERRY_CHECK(plan != nullptr, NotSupported, "cuDNN has no algorithm for this convolution (ask cudnn_conv2d_supported first)");
   return *plan;
 }
@@ -231,7 +240,7 @@ bool cudnn_conv2d_supported(const Backend::Conv2dShape& s, DType dtype, int devi
     if (!st.plans.count(key_of(s, allow_tf32())) && cudaStreamIsCapturing(stream, &capture) == cudaSuccess &&
         capture != cudaStreamCaptureStatusNone)
       return false;
-    return plan_for(st, s, stream) != nullptr;
+    return plan_for(st, s, device, stream) != nullptr;
   } catch (const std::exception& e) {  // a cuDNN that fails here is not used for this shape
     std::fprintf(stderr, "ferry: cuDNN cannot run a convolution on cuda:%d (%s); using ferry's own kernels\n", device,
                  e.what());
@@ -245,7 +254,7 @@ void cudnn_conv2d_forward(const KernelTensor& out, const KernelTensor& input, co
                           const Backend::Conv2dShape& s, float beta, int device, cudaStream_t stream) {
   CudnnState& st = state(device);
   std::lock_guard lock(st.mutex);
-  ConvPlan& plan = plan_or_throw(st, s, stream);
+  ConvPlan& plan = plan_or_throw(st, s, device, stream);
   ScratchBuffer workspace(plan.forward_bytes, stream);
   const float alpha = 1.0f;
   FERRY_CUDNN_CHECK(cudnnSetStream(st.handle, stream));
@@ -260,7 +269,7 @@ void cudnn_conv2d_backward_input(const KernelTensor& grad_input, const KernelTen
                                  cudaStream_t stream) {
   CudnnState& st = state(device);
   std::lock_guard lock(st.mutex);
-  ConvPlan& plan = plan_or_throw(st, s, stream);
+  ConvPlan& plan = plan_or_throw(st, s, device, stream);
   ScratchBuffer workspace(plan.backward_input_bytes, stream);
   const float alpha = 1.0f, beta = 0.0f;
   FERRY_CUDNN_CHECK(cudnnSetStream(st.handle, stream));
@@ -275,7 +284,7 @@ void cudnn_conv2d_backward_weight(const KernelTensor& grad_weight, const KernelT
                                   cudaStream_t stream) {
   CudnnState& st = state(device);
   std::lock_guard lock(st.mutex);
-  ConvPlan& plan = plan_or_throw(st, s, stream);
+  ConvPlan& plan = plan_or_throw(st, s, device, stream);
   ScratchBuffer workspace(plan.backward_weight_bytes, stream);
   const float alpha = 1.0f, beta = 0.0f;
   FERRY_CUDNN_CHECK(cudnnSetStream(st.handle, stream));
