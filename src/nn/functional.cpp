@@ -89,7 +89,8 @@ Tensor relu_backward(const Tensor& grad, const Tensor& out) {
   const Tensor mask = out.view(grad.shape());
   const bool alone = grad.is_contiguous() && grad.impl_ptr().use_count() == 1 && grad.impl()->storage.use_count() == 1;
   const Tensor g = alone ? grad : empty(grad.shape(), {.device = grad.device(), .dtype = grad.dtype()});
-  backend(grad.device()).binary(BinaryOp::ReluBackward, kernel(g), kernel(grad), kernel(mask), stream_of(grad.device()));
+  backend(grad.device()).binary(BinaryOp::ReluBackward, kernel(g), kernel(grad), kernel(mask),
+                                stream_of(grad.device()));
   return g;
 }
 
@@ -148,9 +149,9 @@ Tensor linear(const Tensor& input, const Tensor& weight, const Tensor& bias, Act
                 .beta = bias.defined() && !bias_after ? 1.0f : 0.0f});
     }
     if (bias_after) {  // out = relu(out + bias), in place
-      backend(out.device()).binary(BinaryOp::AddRelu, kernel(out), kernel(out),
-                                   ferry::detail::kernel_broadcast(bias.detach().reshape({1, out_features}), out.shape()),
-                                   stream_of(out.device()));
+      const KernelTensor rows_of_bias =  // (rows, out), stride 0 over the rows
+          ferry::detail::kernel_broadcast(bias.detach().reshape({1, out_features}), out.shape());
+      backend(out.device()).binary(BinaryOp::AddRelu, kernel(out), kernel(out), rows_of_bias, stream_of(out.device()));
     } else if (relu) {
       backend(out.device()).unary(UnaryOp::Relu, kernel(out), kernel(out), stream_of(out.device()));
     }
@@ -398,7 +399,8 @@ Tensor batch_norm_library(const Tensor& input, const Tensor& x, const Backend::B
     const bool want_x = input.requires_grad(), want_w = weight.requires_grad(), want_b = bias.requires_grad();
     record(relu ? "batch_norm_relu" : "batch_norm", {input, weight, bias}, out,
            [x, w, save_mean, save_invstd, shape, want_x, want_w, want_b, relu_out](const Tensor& grad) {
-             const Tensor g = (relu_out.defined() ? relu_backward(grad, relu_out) : grad).contiguous().reshape(x.shape());
+             const Tensor through = relu_out.defined() ? relu_backward(grad, relu_out) : grad;
+             const Tensor g = through.contiguous().reshape(x.shape());
              const TensorOptions like{.device = g.device(), .dtype = g.dtype()};
              Tensor gx = empty(x.shape(), like), gw = empty({shape.channels}, like), gb = empty({shape.channels}, like);
              backend(g.device()).batch_norm_backward(kernel(gx), kernel(gw), kernel(gb), kernel(g), kernel(x), kernel(w),

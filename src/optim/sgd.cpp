@@ -18,11 +18,12 @@ SGD::SGD(std::vector<Tensor> parameters, const SGDOptions& sgd) : Optimizer(std:
   FERRY_CHECK(!options.nesterov || (options.momentum > 0 && options.dampening == 0), InvalidArgument,
               "SGD: nesterov momentum requires a momentum and zero dampening (got momentum ", options.momentum,
               ", dampening ", options.dampening, ")");
-  if (options.lr_on_device && !parameters_.empty()) device_lr(parameters_[0].device());  // made here, not in a capture
+  if (options.lr_on_device && !parameters_.empty()) device_lr(parameters_[0].device());  // not in a capture
 }
 
 namespace {
-constexpr const char* kWritingLr = "writing SGD's learning rate to the device (set it before the capture and before each replay)";
+constexpr const char* kWritingLr =
+    "writing SGD's learning rate to the device (set it before the capture and before each replay)";
 }  // namespace
 
 void SGD::set_learning_rate(double lr) {
@@ -108,8 +109,9 @@ void SGD::step() {
   autograd::NoGradGuard no_grad;
   // With the learning rate in the kernels' arguments, a replay would repeat the captured one.
   if (!options.lr_on_device) {
-    ferry::detail::check_not_capturing("SGD.step with the learning rate in its kernel's arguments (SGDOptions.lr_on_device "
-                                       "puts it on the device, where a replay reads the current one)");
+    ferry::detail::check_not_capturing(
+        "SGD.step with the learning rate in its kernel's arguments (SGDOptions.lr_on_device puts it on the "
+        "device, where a replay reads the current one)");
   }
   if (options.fused && step_fused()) return;
   ferry::detail::check_not_capturing("SGD.step op by op (the learning rate on the device needs the fused step)");

@@ -108,7 +108,8 @@ void register_train_command(CLI::App& app) {
       ->capture_default_str()->check(CLI::PositiveNumber);
   cmd->add_option("--placement", a.placement, "resident | prefetch | per-step")->capture_default_str();
   cmd->add_option("--graphs", o.graphs,
-                  "Capture the step (forward, loss, backward) as one graph after two eager steps and replay it:\n"
+                  "Capture the step (forward, loss, backward, SGD update) as one graph after two eager steps and\n"
+                  "replay it (the learning rate is read on the device, so the schedule goes on):\n"
                   "auto (on cuda: one launch instead of hundreds) | on (cuda or sim) | off")
       ->capture_default_str()
       ->check(CLI::IsMember({"auto", "on", "off"}));
@@ -190,7 +191,8 @@ void register_train_command(CLI::App& app) {
                                         {"collectives", r.collectives}, {"collective_bytes", r.collective_bytes},
                                         {"collective_s", r.collective_s}, {"t_comm_s", r.t_comm_s},
                                         {"replica_checks", r.replica_checks},
-                                        {"graph_replays", r.graph_replays}, {"graph_operations", r.graph_operations}}
+                                        {"graph_replays", r.graph_replays}, {"graph_operations", r.graph_operations},
+                                        {"graph", r.graph}}
                              .dump());
     } else {
       fmt::print("\nfinal test accuracy {:.2f} %, {:.1f} s per epoch on {}\n", 100 * r.test_accuracy,
