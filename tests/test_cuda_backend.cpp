@@ -689,7 +689,7 @@ TEST_F(CudaBackend, FusedActivationsMatchCpu) {
   for (const std::int64_t width : {1024, 37}) {
     const Tensor x = randn({129, 64}), w = mul(randn({width, 64}), 0.1), b = randn({width});
     expect_matches_cpu("linear relu " + std::to_string(width), {x, w, b},
-                       [](V v) { return nn::functional::linear(v[0], v[1], v[2], Activation::ReLU); });
+                       [](V v) { return nn::functional::linear(v[0], v[1], v[2], Activation::ReLU); }, 1e-4, 1e-4);
   }
   const Shape shape{16, 8, 7, 7};
   const Tensor x = add(mul(randn(shape), 3.0), 1.5), probe = randn(shape);
