@@ -1,6 +1,7 @@
 // internal.h — helpers shared by the op implementations; not part of the public API.
 #pragma once
 
+#include <functional>
 #include <string>
 
 #include "ferry/backend.h"
@@ -28,6 +29,9 @@ Tensor transfer(const Tensor& src, Device target, bool non_blocking, const char*
 void copy_between(const Tensor& dst, const Tensor& src, bool non_blocking, const char* label);
 // Host waits for `device`; recorded as a sync with `reason` (policy-checked first).
 void host_sync(Device device, const char* reason);
+// The one way a host wait is made: refused inside a capture, checked against the sync policy and budget, then
+// `wait()` timed and recorded in the ledger with `reason`. host_sync and PendingRead::wait go through it.
+void recorded_sync(Device device, const std::string& reason, const std::function<void()>& wait);
 // Whether this thread is capturing a graph (ferry/graph.h): a cheap test for hot paths.
 bool capture_active();
 // Throws GraphCaptureError when this thread is capturing a graph: `what` cannot be captured. Callers that

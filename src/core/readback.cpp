@@ -3,7 +3,6 @@
 
 #include <utility>
 
-#include "ferry/ledger.h"
 #include "internal.h"
 
 namespace ferry {
@@ -51,14 +50,7 @@ void PendingRead::release() noexcept {
 Tensor PendingRead::wait() {
   FERRY_CHECK(pending(), InvalidArgument, "PendingRead::wait(): nothing is pending (never started, or read already)");
   Tensor out = host_;
-  if (event_) {
-    if (detail::capture_active()) detail::check_not_capturing(detail::concat("Reading a value back (", label_, ")").c_str());
-    Ledger& ledger = Ledger::global();
-    ledger.check_sync_allowed(device_, label_);
-    const double start = ledger.now_ms();
-    backend(device_).event_synchronize(event_, device_.index);
-    ledger.record_sync({.device = device_, .reason = label_, .start_ms = start, .duration_ms = ledger.now_ms() - start});
-  }
+  if (event_) detail::recorded_sync(device_, label_, [&] { backend(device_).event_synchronize(event_, device_.index); });
   release();
   return out;
 }

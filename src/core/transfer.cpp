@@ -1,6 +1,8 @@
 // transfer.cpp — the one door (DESIGN.md invariant 5): every copy between devices and every host
 // sync passes here, is timed on the host clock and is written to the ledger.
 #include <cstring>
+#include <functional>
+#include <string>
 
 #include "ferry/ledger.h"
 #include "internal.h"
@@ -99,14 +101,18 @@ void copy_between(const Tensor& dst, const Tensor& src, bool non_blocking, const
              src.is_pinned() || dst.is_pinned(), non_blocking, label);
 }
 
-void host_sync(Device device, const char* reason) {
-  if (device.is_cpu()) return;
+void recorded_sync(Device device, const std::string& reason, const std::function<void()>& wait) {
   if (capture_active()) check_not_capturing(concat("A host sync (", reason, ")").c_str());
   Ledger& ledger = Ledger::global();
   ledger.check_sync_allowed(device, reason);
   const double start = ledger.now_ms();
-  backend(device).synchronize_device(device.index);
+  wait();
   ledger.record_sync({.device = device, .reason = reason, .start_ms = start, .duration_ms = ledger.now_ms() - start});
+}
+
+void host_sync(Device device, const char* reason) {
+  if (device.is_cpu()) return;
+  recorded_sync(device, reason, [&] { backend(device).synchronize_device(device.index); });
 }
 
 }  // namespace ferry::detail
