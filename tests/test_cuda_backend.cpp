@@ -645,12 +645,14 @@ std::vector<Tensor> batch_norm_pass(const Tensor& x_in, const Tensor& probe, boo
                                     nn::functional::Activation activation = nn::functional::Activation::None) {
   Tensor x = x_in.to(kCuda).requires_grad_();
   const std::int64_t C = x_in.size(1);
+  const DType dtype = x_in.dtype();
   Tensor weight, bias;
   if (affine) {
-    weight = linspace_like(C).to(kCuda).requires_grad_();
-    bias = mul(linspace_like(C), -0.5).to(kCuda).requires_grad_();
+    weight = linspace_like(C).to(dtype).to(kCuda).requires_grad_();
+    bias = mul(linspace_like(C), -0.5).to(dtype).to(kCuda).requires_grad_();
   }
-  Tensor running_mean = full({C}, 0.25, {.device = kCuda}), running_var = full({C}, 2.0, {.device = kCuda});
+  Tensor running_mean = full({C}, 0.25, {.device = kCuda, .dtype = dtype});
+  Tensor running_var = full({C}, 2.0, {.device = kCuda, .dtype = dtype});
   const Tensor batches = full({}, 3, {.device = kCuda, .dtype = DType::Int64});
   const Tensor out =
       nn::functional::batch_norm(x, running_mean, running_var, weight, bias, true, momentum, 1e-5, batches, activation);
@@ -691,22 +693,43 @@ TEST_F(CudaBackend, FusedActivationsMatchCpu) {
     expect_matches_cpu("linear relu " + std::to_string(width), {x, w, b},
                        [](V v) { return nn::functional::linear(v[0], v[1], v[2], Activation::ReLU); }, 1e-4, 1e-4);
   }
-  const Shape shape{16, 8, 7, 7};
-  const Tensor x = add(mul(randn(shape), 3.0), 1.5), probe = randn(shape);
-  for (const bool library : {true, false}) {
-    nn::functional::set_library_layers(library);
-    const std::vector<Tensor> fused = batch_norm_pass(x, probe, true, 0.1, Activation::ReLU);
-    nn::functional::set_library_layers(true);
-    // Unfused reference on the cpu: relu(batch_norm(x)).
-    Tensor xc = x.clone().requires_grad_();
-    Tensor weight = linspace_like(8).requires_grad_(), bias = mul(linspace_like(8), -0.5).requires_grad_();
-    Tensor running_mean = full({8}, 0.25), running_var = full({8}, 2.0);
-    const Tensor out = relu(nn::functional::batch_norm(xc, running_mean, running_var, weight, bias, true, 0.1, 1e-5,
-                                                       full({}, 3, {.dtype = DType::Int64})));
-    sum(mul(out, probe)).backward();
-    const std::vector<Tensor> expected = {out.detach(), xc.grad(), weight.grad(), bias.grad(), running_mean, running_var};
-    for (int i = 0; i < 6; ++i) {
-      EXPECT_TRUE(all_close(fused[i], expected[i], 1e-4, 1e-4)) << i << (library ? " cuDNN" : " composed");
+  // BatchNorm + ReLU: ferry's fused kernels (batch_norm.cu; library layers on) and the composed layer (off),
+  // on shapes that take one slice per channel and many (the fmnist model's first layer), features (inner 1),
+  // and a mean 1000 times the spread (the shifted sums); float32 and float64.
+  struct Case {
+    Shape shape;
+    double scale, offset;
+  };
+  for (const DType dtype : {DType::Float32, DType::Float64}) {
+    for (const Case& c : {Case{{16, 8, 7, 7}, 3.0, 1.5}, Case{{128, 32, 28, 28}, 1.0, 0.5}, Case{{64, 10}, 2.0, -1.0},
+                          Case{{5, 3, 11}, 1.0, 0.0}, Case{{4, 2, 300}, 1.0, 1000.0}}) {
+      const std::int64_t C = c.shape[1];
+      const Tensor x = add(mul(randn(c.shape, {.dtype = dtype}), c.scale), c.offset);
+      const Tensor probe = randn(c.shape, {.dtype = dtype});
+      for (const bool library : {true, false}) {
+        nn::functional::set_library_layers(library);
+        const std::vector<Tensor> fused = batch_norm_pass(x, probe, true, 0.1, Activation::ReLU);
+        nn::functional::set_library_layers(true);
+        // Unfused reference on the cpu: relu(batch_norm(x)), composed.
+        nn::functional::set_library_layers(false);
+        Tensor xc = x.clone().requires_grad_();
+        Tensor weight = linspace_like(C).to(dtype).requires_grad_();
+        Tensor bias = mul(linspace_like(C), -0.5).to(dtype).requires_grad_();
+        Tensor running_mean = full({C}, 0.25, {.dtype = dtype}), running_var = full({C}, 2.0, {.dtype = dtype});
+        const Tensor out = relu(nn::functional::batch_norm(xc, running_mean, running_var, weight, bias, true, 0.1,
+                                                           1e-5, full({}, 3, {.dtype = DType::Int64})));
+        nn::functional::set_library_layers(true);
+        sum(mul(out, probe)).backward();
+        const std::vector<Tensor> expected = {out.detach(), xc.grad(), weight.grad(), bias.grad(), running_mean,
+                                              running_var};
+        const double tol = dtype == DType::Float32 ? 1e-4 : 1e-9;
+        for (int i = 0; i < 6; ++i) {
+          // Gradients sum over up to 100352 elements a channel: compared relative to their largest entry.
+          const double largest = max(abs(expected[i].to(DType::Float64))).item<double>();
+          EXPECT_TRUE(all_close(fused[i], expected[i], tol, tol * (1 + largest)))
+              << i << (library ? " fused kernels " : " composed ") << shape_str(c.shape) << " " << dtype_name(dtype);
+        }
+      }
     }
   }
 }

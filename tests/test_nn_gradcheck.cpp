@@ -217,7 +217,9 @@ TEST(NNGradcheck, FusedActivations) {
   check_everywhere(
       [](const std::vector<Tensor>& a) {
         F::set_fused_host_kernels(false);
+        F::set_library_layers(false);  // not the fused BatchNorm + ReLU kernels either
         Tensor out = F::batch_norm(a[0], Tensor(), Tensor(), a[1], a[2], true, 0.1, 1e-5, Tensor(), Activation::ReLU);
+        F::set_library_layers(true);
         F::set_fused_host_kernels(true);
         return out;
       },
@@ -243,6 +245,60 @@ TEST(NNGradcheck, FusedActivations) {
   };
   const auto fused = run(true), unfused = run(false);
   for (std::size_t k = 0; k < fused.size(); ++k) expect_near(fused[k], unfused[k], "fused linear relu " + std::to_string(k));
+}
+
+// BatchNorm + ReLU as one call each way (src/cpu/batch_norm.cpp on cpu and sim, the arithmetic of cuda's
+// kernels) against the same layer composed from per-channel passes and a ReLU: outputs, the three gradients,
+// the saved statistics' effect on the running ones, in float32 and float64, for images, sequences and
+// features (inner 1), and for a channel whose mean is 1000 times its spread (the shifted sums keep the
+// variance; sum(x^2) / n - mean^2 in float would lose it).
+TEST(NNGradcheck, FusedBatchNormReluMatchesTheComposedLayer) {
+  struct Case {
+    Shape shape;
+    double offset;
+  };
+  for (const DType dtype : {DType::Float32, DType::Float64}) {
+    for (const Case& c : {Case{{16, 8, 7, 7}, 1.5}, Case{{5, 3, 11}, -2.0}, Case{{64, 10}, 0.5},
+                          Case{{4, 2, 300}, 1000.0}}) {
+      for (const char* device : {"cpu", "sim:0"}) {
+        const std::int64_t C = c.shape[1];
+        ferry::manual_seed(71);
+        const Tensor x = ferry::add(ferry::randn(c.shape, {.dtype = dtype}), c.offset);
+        const Tensor probe = ferry::randn(c.shape, {.dtype = dtype});
+        const Tensor w0 = ferry::add(ferry::mul(ferry::randn({C}, {.dtype = dtype}), 0.5), 1.0);
+        const Tensor b0 = ferry::mul(ferry::randn({C}, {.dtype = dtype}), 0.5);
+        auto run = [&](bool fused) {
+          const Device d = Device::parse(device);
+          F::set_library_layers(fused);
+          Tensor in = x.to(d).requires_grad_();
+          Tensor weight = w0.to(d).requires_grad_(), bias = b0.to(d).requires_grad_();
+          Tensor running_mean = ferry::full({C}, 0.25, {.device = d, .dtype = dtype});
+          Tensor running_var = ferry::full({C}, 2.0, {.device = d, .dtype = dtype});
+          Tensor out = F::batch_norm(in, running_mean, running_var, weight, bias, true, 0.1, 1e-5, Tensor(),
+                                     F::Activation::ReLU);
+          F::set_library_layers(true);
+          ferry::sum(ferry::mul(out, probe.to(d))).backward();
+          return std::vector<Tensor>{out.detach().cpu(), in.grad().cpu(), weight.grad().cpu(), bias.grad().cpu(),
+                                     running_mean.cpu(), running_var.cpu()};
+        };
+        const std::vector<Tensor> fused = run(true), composed = run(false);
+        const double tol = dtype == DType::Float32 ? 2e-4 : 1e-9;
+        const char* names[] = {"out", "grad input", "grad weight", "grad bias", "running mean", "running var"};
+        for (int i = 0; i < 6; ++i) {
+          const std::vector<double> a = fused[i].to_vector<double>(), b = composed[i].to_vector<double>();
+          ASSERT_EQ(a.size(), b.size());
+          // The gradients scale with the number of elements summed; compare against their largest entry.
+          double largest = 0;
+          for (double v : b) largest = std::max(largest, std::abs(v));
+          for (std::size_t k = 0; k < a.size(); ++k) {
+            ASSERT_NEAR(a[k], b[k], tol * (1 + largest))
+                << names[i] << " element " << k << " of " << ferry::shape_str(c.shape) << " offset " << c.offset
+                << " " << ferry::dtype_name(dtype) << " on " << device;
+          }
+        }
+      }
+    }
+  }
 }
 
 TEST(NNGradcheck, Conv2dPortablePath) {

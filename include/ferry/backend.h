@@ -248,20 +248,25 @@ class Backend {
   struct BatchNormShape {
     std::int64_t batch = 0, channels = 0, inner = 0;
     double eps = 1e-5;
+    bool relu = false;  // a ReLU fused in: out = max(0, ...) forward; grad_out masked where out <= 0 backward
   };
+  // True when this device runs the layer as the calls below: a vendor library (cuDNN on cuda), or, for
+  // BatchNorm + ReLU, fused kernels of ferry's own (cuda, and sim, which mirrors cuda's op structure).
   virtual bool batch_norm_library(const BatchNormShape& /*shape*/, DType /*dtype*/, int /*index*/) { return false; }
   // out = (x - mean) * invstd * weight + bias with the batch's mean and invstd = 1/sqrt(var + eps) (C),
-  // written to save_mean and save_invstd. When running_mean.data is not null: running_mean =
-  // (1 - factor) running_mean + factor mean, running_var likewise with the unbiased variance.
+  // written to save_mean and save_invstd; then the ReLU when shape.relu. When running_mean.data is not
+  // null: running_mean = (1 - factor) running_mean + factor mean, running_var likewise with the unbiased
+  // variance.
   virtual void batch_norm_forward(const KernelTensor& out, const KernelTensor& x, const KernelTensor& weight,
                                   const KernelTensor& bias, const KernelTensor& running_mean,
                                   const KernelTensor& running_var, const KernelTensor& save_mean,
                                   const KernelTensor& save_invstd, const BatchNormShape& shape, double factor,
                                   const Stream& stream);
   // The training-mode gradients: grad_x (N, C, inner), grad_weight and grad_bias (C), all overwritten.
+  // `out` is the forward's output, read only when shape.relu (the ReLU's mask).
   virtual void batch_norm_backward(const KernelTensor& grad_x, const KernelTensor& grad_weight,
                                    const KernelTensor& grad_bias, const KernelTensor& grad_out, const KernelTensor& x,
-                                   const KernelTensor& weight, const KernelTensor& save_mean,
+                                   const KernelTensor& out, const KernelTensor& weight, const KernelTensor& save_mean,
                                    const KernelTensor& save_invstd, const BatchNormShape& shape,
                                    const Stream& stream);
 

@@ -39,7 +39,7 @@ void Backend::batch_norm_forward(const KernelTensor&, const KernelTensor&, const
 }
 void Backend::batch_norm_backward(const KernelTensor&, const KernelTensor&, const KernelTensor&, const KernelTensor&,
                                   const KernelTensor&, const KernelTensor&, const KernelTensor&, const KernelTensor&,
-                                  const BatchNormShape&, const Stream&) {
+                                  const KernelTensor&, const BatchNormShape&, const Stream&) {
   no_library("batch_norm");
 }
 

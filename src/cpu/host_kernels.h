@@ -43,6 +43,19 @@ class HostKernels : public Backend {
                   const Stream& stream) override;
   void avg_pool2d_backward(const KernelTensor& grad_in, const KernelTensor& grad_out, const Pool2dShape& shape,
                            const Stream& stream) override;
+  // BatchNorm + ReLU with cuda's fused arithmetic (batch_norm.cpp); BatchNorm alone is composed
+  // (nn/batch_norm_kernels.cpp), so cpu and sim answer yes only with a ReLU.
+  bool batch_norm_library(const BatchNormShape& shape, DType dtype, int /*index*/) override {
+    return shape.relu && (dtype == DType::Float32 || dtype == DType::Float64);
+  }
+  void batch_norm_forward(const KernelTensor& out, const KernelTensor& x, const KernelTensor& weight,
+                          const KernelTensor& bias, const KernelTensor& running_mean, const KernelTensor& running_var,
+                          const KernelTensor& save_mean, const KernelTensor& save_invstd, const BatchNormShape& shape,
+                          double factor, const Stream& stream) override;
+  void batch_norm_backward(const KernelTensor& grad_x, const KernelTensor& grad_weight, const KernelTensor& grad_bias,
+                           const KernelTensor& grad_out, const KernelTensor& x, const KernelTensor& out,
+                           const KernelTensor& weight, const KernelTensor& save_mean, const KernelTensor& save_invstd,
+                           const BatchNormShape& shape, const Stream& stream) override;
 };
 
 }  // namespace ferry::cpu

@@ -577,7 +577,10 @@ class CudaBackend final : public Backend {
     DeviceGuard guard(stream.device.index);
     cudnn_conv2d_backward_weight(grad_weight, grad_out, input, shape, stream.device.index, to_cuda(stream));
   }
+  // BatchNorm alone: cuDNN. BatchNorm + ReLU: ferry's fused kernels (batch_norm.cu), the ReLU applied in
+  // the normalising pass and its mask in the gradient's, with no pass of their own.
   bool batch_norm_library(const BatchNormShape& shape, DType dtype, int index) override {
+    if (shape.relu) return library_query(index, [&] { return batch_norm_kernels_supported(shape, dtype); });
     return library_query(index, [&] { return cudnn_batch_norm_supported(shape, dtype, index); });
   }
   void batch_norm_forward(const KernelTensor& out, const KernelTensor& x, const KernelTensor& weight,
@@ -585,14 +588,24 @@ class CudaBackend final : public Backend {
                           const KernelTensor& save_mean, const KernelTensor& save_invstd, const BatchNormShape& shape,
                           double factor, const Stream& stream) override {
     DeviceGuard guard(stream.device.index);
+    if (shape.relu) {
+      launch_batch_norm_forward(out, x, weight, bias, running_mean, running_var, save_mean, save_invstd, shape, factor,
+                                to_cuda(stream));
+      return;
+    }
     cudnn_batch_norm_forward(out, x, weight, bias, running_mean, running_var, save_mean, save_invstd, shape, factor,
                              stream.device.index, to_cuda(stream));
   }
   void batch_norm_backward(const KernelTensor& grad_x, const KernelTensor& grad_weight, const KernelTensor& grad_bias,
-                           const KernelTensor& grad_out, const KernelTensor& x, const KernelTensor& weight,
-                           const KernelTensor& save_mean, const KernelTensor& save_invstd, const BatchNormShape& shape,
-                           const Stream& stream) override {
+                           const KernelTensor& grad_out, const KernelTensor& x, const KernelTensor& out,
+                           const KernelTensor& weight, const KernelTensor& save_mean, const KernelTensor& save_invstd,
+                           const BatchNormShape& shape, const Stream& stream) override {
     DeviceGuard guard(stream.device.index);
+    if (shape.relu) {
+      launch_batch_norm_backward(grad_x, grad_weight, grad_bias, grad_out, x, out, weight, save_mean, save_invstd,
+                                 shape, to_cuda(stream));
+      return;
+    }
     cudnn_batch_norm_backward(grad_x, grad_weight, grad_bias, grad_out, x, weight, save_mean, save_invstd, shape,
                               stream.device.index, to_cuda(stream));
   }

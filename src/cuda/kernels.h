@@ -66,6 +66,20 @@ void launch_avg_pool2d(const KernelTensor& out, const KernelTensor& in, const Ba
 void launch_avg_pool2d_backward(const KernelTensor& grad_in, const KernelTensor& grad_out,
                                 const Backend::Pool2dShape& shape, cudaStream_t stream);
 
+// --- batch_norm.cu: training-mode BatchNorm + ReLU, two launches each way (rule: src/nn/batch_norm_rule.h) ----
+// The Backend::batch_norm_forward / _backward contract (ferry/backend.h), for float32 and float64.
+bool batch_norm_kernels_supported(const Backend::BatchNormShape& shape, DType dtype);
+void launch_batch_norm_forward(const KernelTensor& out, const KernelTensor& x, const KernelTensor& weight,
+                               const KernelTensor& bias, const KernelTensor& running_mean,
+                               const KernelTensor& running_var, const KernelTensor& save_mean,
+                               const KernelTensor& save_invstd, const Backend::BatchNormShape& shape, double factor,
+                               cudaStream_t stream);
+void launch_batch_norm_backward(const KernelTensor& grad_x, const KernelTensor& grad_weight,
+                                const KernelTensor& grad_bias, const KernelTensor& grad_out, const KernelTensor& x,
+                                const KernelTensor& out, const KernelTensor& weight, const KernelTensor& save_mean,
+                                const KernelTensor& save_invstd, const Backend::BatchNormShape& shape,
+                                cudaStream_t stream);
+
 // --- gemm.cpp: cuBLAS, row-major via the swap of operands ---------------------------------------------------
 void gemm(const Backend::GemmArgs& args, int device, cudaStream_t stream);
 // Makes device `device`'s cuBLAS handle and workspace now if no GEMM has (before a graph capture).

@@ -375,13 +375,18 @@ Tensor conv2d(const Tensor& input_in, const Tensor& weight, const Tensor& bias, 
 // --- batch_norm ---------------------------------------------------------------------------------
 
 namespace {
-std::atomic<bool> g_library_layers{true};
+// FERRY_LIBRARY_LAYERS=0 composes convolution and BatchNorm from ferry's kernels for a whole run.
+std::atomic<bool> g_library_layers{[] {
+  const char* value = std::getenv("FERRY_LIBRARY_LAYERS");
+  return value == nullptr || std::string(value) != "0";
+}()};
 
-// Training-mode BatchNorm as one library call forward and one backward (cuDNN on cuda). x is the
-// contiguous input (N, C, *); running statistics (when defined) are updated in place with `factor`.
+// Training-mode BatchNorm as one library call forward and one backward (cuDNN on cuda), or, with a ReLU
+// (shape.relu), as ferry's fused BatchNorm + ReLU kernels (cuda and sim). x is the contiguous input (N, C, *);
+// running statistics (when defined) are updated in place with `factor`.
 Tensor batch_norm_library(const Tensor& input, const Tensor& x, const Backend::BatchNormShape& shape,
                           const Tensor& running_mean, const Tensor& running_var, const Tensor& weight,
-                          const Tensor& bias, double factor, bool relu) {
+                          const Tensor& bias, double factor) {
   const TensorOptions like{.device = x.device(), .dtype = x.dtype()};
   const std::int64_t C = shape.channels;
   const Tensor w = weight.defined() ? weight.detach().contiguous() : ones({C}, like);   // (C)
@@ -392,19 +397,18 @@ Tensor batch_norm_library(const Tensor& input, const Tensor& x, const Backend::B
                                          running_mean.defined() ? kernel(running_mean) : KernelTensor{},
                                          running_var.defined() ? kernel(running_var) : KernelTensor{},
                                          kernel(save_mean), kernel(save_invstd), shape, factor, stream_of(x.device()));
-  if (relu) relu_in_place(out);
-  const Tensor relu_out = relu ? out.detach() : Tensor();
+  const Tensor relu_out = shape.relu ? out.detach() : Tensor();  // (N, C, *): the backward's ReLU mask
   out = out.reshape(input.shape());
   if (needs_grad({&input, &weight, &bias})) {
     const bool want_x = input.requires_grad(), want_w = weight.requires_grad(), want_b = bias.requires_grad();
-    record(relu ? "batch_norm_relu" : "batch_norm", {input, weight, bias}, out,
+    record(shape.relu ? "batch_norm_relu" : "batch_norm", {input, weight, bias}, out,
            [x, w, save_mean, save_invstd, shape, want_x, want_w, want_b, relu_out](const Tensor& grad) {
-             const Tensor through = relu_out.defined() ? relu_backward(grad, relu_out) : grad;
-             const Tensor g = through.contiguous().reshape(x.shape());
+             const Tensor g = grad.contiguous().reshape(x.shape());
              const TensorOptions like{.device = g.device(), .dtype = g.dtype()};
              Tensor gx = empty(x.shape(), like), gw = empty({shape.channels}, like), gb = empty({shape.channels}, like);
-             backend(g.device()).batch_norm_backward(kernel(gx), kernel(gw), kernel(gb), kernel(g), kernel(x), kernel(w),
-                                                     kernel(save_mean), kernel(save_invstd), shape,
+             backend(g.device()).batch_norm_backward(kernel(gx), kernel(gw), kernel(gb), kernel(g), kernel(x),
+                                                     relu_out.defined() ? kernel(relu_out) : KernelTensor{},
+                                                     kernel(w), kernel(save_mean), kernel(save_invstd), shape,
                                                      stream_of(g.device()));
              return Grads{want_x ? gx : Tensor(), want_w ? gw : Tensor(), want_b ? gb : Tensor()};
            });
@@ -461,7 +465,7 @@ Tensor batch_norm(const Tensor& input, const Tensor& running_mean, const Tensor&
     return 1.0 / num_batches_tracked.item<double>();  // a host sync, as in PyTorch
   };
   const Backend::BatchNormShape library_shape{.batch = view.batch, .channels = view.channels, .inner = view.inner,
-                                              .eps = eps};
+                                              .eps = eps, .relu = relu};
   const auto library_dtype_ok = [&](const Tensor& t) {
     return !t.defined() || (t.dtype() == x.dtype() && t.is_contiguous());
   };
@@ -469,7 +473,7 @@ Tensor batch_norm(const Tensor& input, const Tensor& running_mean, const Tensor&
       backend(x.device()).batch_norm_library(library_shape, x.dtype(), x.device().index)) {
     const double factor = running_mean.defined() ? update_factor() : 0.0;
     try {
-      return batch_norm_library(input, x, library_shape, running_mean, running_var, weight, bias, factor, relu);
+      return batch_norm_library(input, x, library_shape, running_mean, running_var, weight, bias, factor);
     } catch (const BackendError&) {
       // The library refused the call before running it and now says so for this shape (cuDNN without its
       // sub-libraries, say): composed below. Any other failure is the caller's to see.

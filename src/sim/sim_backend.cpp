@@ -245,6 +245,27 @@ class SimBackend final : public cpu::HostKernels {
     run_or_record(stream, [=, this] { HostKernels::avg_pool2d_backward(grad_in, grad_out, shape, stream); });
   }
 
+  // --- BatchNorm + ReLU: cuda runs it as fused kernels of ferry's own (src/cuda/batch_norm.cu); sim, like
+  // the cpu, runs the same arithmetic on the host (src/cpu/batch_norm.cpp): one call each way here too.
+  void batch_norm_forward(const KernelTensor& out, const KernelTensor& x, const KernelTensor& weight,
+                          const KernelTensor& bias, const KernelTensor& running_mean, const KernelTensor& running_var,
+                          const KernelTensor& save_mean, const KernelTensor& save_invstd, const BatchNormShape& shape,
+                          double factor, const Stream& stream) override {
+    run_or_record(stream, [=, this] {
+      HostKernels::batch_norm_forward(out, x, weight, bias, running_mean, running_var, save_mean, save_invstd, shape,
+                                      factor, stream);
+    });
+  }
+  void batch_norm_backward(const KernelTensor& grad_x, const KernelTensor& grad_weight, const KernelTensor& grad_bias,
+                           const KernelTensor& grad_out, const KernelTensor& x, const KernelTensor& out,
+                           const KernelTensor& weight, const KernelTensor& save_mean, const KernelTensor& save_invstd,
+                           const BatchNormShape& shape, const Stream& stream) override {
+    run_or_record(stream, [=, this] {
+      HostKernels::batch_norm_backward(grad_x, grad_weight, grad_bias, grad_out, x, out, weight, save_mean, save_invstd,
+                                       shape, stream);
+    });
+  }
+
   // --- graphs --------------------------------------------------------------------------------------
   bool graph_supported(int index) override { return index >= 0 && index < device_count(); }
   void begin_capture(int index) override {

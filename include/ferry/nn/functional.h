@@ -65,9 +65,10 @@ void set_fused_host_kernels(bool enabled);
 bool fused_host_kernels();
 
 // Library layers: convolution and training-mode BatchNorm through the device's vendor library (cuDNN
-// on cuda) when the backend has one for the shape; on by default. Off, every device composes them
-// from ferry's kernels (im2col + GEMM, per-channel passes): tests compare the two, and FERRY_CUDNN=0
-// turns cuDNN off for a whole run.
+// on cuda) when the backend has one for the shape, and BatchNorm + ReLU through ferry's fused kernels
+// (cuda and sim); on by default. Off, every device composes them from ferry's kernels (im2col + GEMM,
+// per-channel passes): tests compare the two. FERRY_LIBRARY_LAYERS=0 sets it off for a whole run;
+// FERRY_CUDNN=0 turns only cuDNN off.
 void set_library_layers(bool enabled);
 bool library_layers();
 
