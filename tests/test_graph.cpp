@@ -143,6 +143,46 @@ void expect_step_graph_matches_eager(Device device, double tolerance, bool updat
 
 TEST(StepGraph, ReplayedStepsEqualEagerStepsBitForBitOnSim) { expect_step_graph_matches_eager(kSim0, 0, false); }
 
+// A batch written into the graph's own inputs (index_select_out, as DataLoader::next_into does) is replayed on
+// without another copy, with the eager step's result.
+TEST(StepGraph, ABatchWrittenIntoTheInputsIsNotCopiedAgain) {
+  manual_seed(6);
+  const Tensor data = randn({32, 5}).to(kSim0), targets = randint(0, 3, {32}).to(kSim0);
+  const Tensor weight = mul(randn({3, 5}), 0.1).to(kSim0).requires_grad_();
+  StepGraph step({weight}, [&](const Tensor& x, const Tensor& y) {
+    Tensor loss = nn::cross_entropy(matmul(x, weight.t()), y);
+    loss.backward();
+    return loss.detach();
+  });
+  const Tensor first = arange(0, 8, 1, {.dtype = DType::Int64}).to(kSim0);
+  EXPECT_FALSE(step.inputs().first.defined());
+  for (int i = 0; i < 3; ++i) step.run(index_select(data, 0, first), index_select(targets, 0, first));  // capture
+  ASSERT_TRUE(step.captured()) << step.describe();
+  auto [images, labels] = step.inputs();
+  ASSERT_EQ(images.shape(), (Shape{8, 5}));
+  const Tensor rows = arange(8, 16, 1, {.dtype = DType::Int64}).to(kSim0);
+  index_select_out(images, data, 0, rows);
+  index_select_out(labels, targets, 0, rows);
+  const std::uint64_t version = images.impl()->version, label_version = labels.impl()->version;
+  const float replayed = step.run(images, labels).item<float>();
+  EXPECT_EQ(images.impl()->version, version);  // no copy into it
+  EXPECT_EQ(labels.impl()->version, label_version);
+  EXPECT_EQ(step.replays(), 2);
+  const float eager = nn::cross_entropy(matmul(index_select(data, 0, rows), weight.detach().t()),
+                                        index_select(targets, 0, rows)).item<float>();
+  EXPECT_EQ(replayed, eager);
+  // Another batch is copied in as before.
+  const float copied = step.run(index_select(data, 0, first), index_select(targets, 0, first)).item<float>();
+  EXPECT_GT(images.impl()->version, version);
+  EXPECT_EQ(copied, nn::cross_entropy(matmul(index_select(data, 0, first), weight.detach().t()),
+                                      index_select(targets, 0, first)).item<float>());
+  // index_select_out checks what it writes into.
+  Tensor wrong = empty({7, 5}, {.device = kSim0});
+  EXPECT_THROW(index_select_out(wrong, data, 0, rows), ShapeMismatch);
+  EXPECT_THROW(index_select_out(images, weight, 0, arange(0, 3, 1, {.dtype = DType::Int64}).to(kSim0)),
+               InvalidArgument);  // needs a gradient
+}
+
 TEST(StepGraph, AnUpdateInsideTheGraphFollowsTheLearningRateBitForBitOnSim) {
   expect_step_graph_matches_eager(kSim0, 0, true);
 }

@@ -88,6 +88,39 @@ TEST(DataLoader, PlacementsGiveTheSameBatchesWithDifferentCrossings) {
   }
 }
 
+// next_into: the resident batches gathered straight into the given tensors (a step graph's inputs), the same
+// values as next(); the shorter last batch, and other placements, come as from next().
+TEST(DataLoader, NextIntoGathersAResidentBatchStraightIntoTheGivenTensors) {
+  Dataset d = quadrant_dataset(40, 4);  // batches of 16, 16, 8
+  const Tensor images = empty({16, 1, 28, 28}, {.device = kSim0}), labels = empty({16}, {.device = kSim0, .dtype = DType::Int64});
+  for (Placement placement : {Placement::Resident, Placement::PerStep}) {
+    DataLoader plain(d, {.batch_size = 16, .seed = 5, .placement = placement, .device = kSim0});
+    DataLoader into(d, {.batch_size = 16, .seed = 5, .placement = placement, .device = kSim0});
+    plain.start_epoch(1);
+    into.start_epoch(1);
+    Batch a, b;
+    int batches = 0;
+    while (plain.next(a)) {
+      ASSERT_TRUE(into.next_into(b, images, labels));
+      EXPECT_EQ(b.index, a.index);
+      const bool straight = placement == Placement::Resident && a.labels.numel() == 16;
+      EXPECT_EQ(b.images.data_ptr() == images.data_ptr(), straight) << placement_name(placement) << " " << a.index;
+      EXPECT_EQ(b.labels.data_ptr() == labels.data_ptr(), straight);
+      EXPECT_EQ(b.images.cpu().to_vector<float>(), a.images.cpu().to_vector<float>());
+      EXPECT_EQ(b.labels.cpu().to_vector<std::int64_t>(), a.labels.cpu().to_vector<std::int64_t>());
+      ++batches;
+    }
+    EXPECT_EQ(batches, 3);
+    EXPECT_FALSE(into.next_into(b, images, labels));
+  }
+  // The gather into a tensor of the wrong dtype is an error naming both.
+  DataLoader loader(d, {.batch_size = 16, .seed = 5, .placement = Placement::Resident, .device = kSim0});
+  loader.start_epoch(0);
+  Batch b;
+  const Tensor wrong = empty({16}, {.device = kSim0, .dtype = DType::Int32});
+  EXPECT_THROW(loader.next_into(b, images, wrong), ShapeMismatch);
+}
+
 TEST(Checkpoint, RoundTripsModelOptimizerAndProgress) {
   manual_seed(4);
   auto model = make_fmnist_model();

@@ -45,6 +45,10 @@ class DataLoader {
   void start_epoch(std::int64_t epoch, std::int64_t first_batch = 0);
   // The next batch of the epoch; false when the epoch is done.
   bool next(Batch& batch);
+  // The same, gathered straight into `images` and `labels` (a step graph's inputs, ferry/step_graph.h) when the
+  // dataset is resident on their device and the batch has their shape: batch.images and batch.labels are then
+  // those tensors, and no copy follows. Otherwise (another placement, the shorter last batch) as next().
+  bool next_into(Batch& batch, const Tensor& images, const Tensor& labels);
 
  private:
   Batch gather(std::int64_t batch_index, bool non_blocking);

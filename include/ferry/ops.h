@@ -72,6 +72,9 @@ Tensor bmm(const Tensor& a, const Tensor& b);  // (B, n, k) @ (B, k, m)
 
 // --- indexing and joining -------------------------------------------------------------------------
 Tensor index_select(const Tensor& a, int dim, const Tensor& index);  // index: int64 1-d
+// The same gather into `out` (contiguous, of the result's shape, dtype and device), e.g. a step graph's input
+// (ferry/step_graph.h). Not recorded by autograd: `a` must not need a gradient.
+Tensor& index_select_out(Tensor& out, const Tensor& a, int dim, const Tensor& index);
 Tensor cat(const std::vector<Tensor>& tensors, int dim = 0);
 Tensor stack(const std::vector<Tensor>& tensors, int dim = 0);
 

@@ -8,6 +8,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "ferry/graph.h"
@@ -38,6 +39,11 @@ class StepGraph {
   // steps of it is captured; later batches of that shape replay it, others run eagerly. Returns the loss:
   // when replayed, the graph's own tensor, overwritten by the next replay.
   Tensor run(const Tensor& images, const Tensor& labels);
+
+  // The graph's own input tensors (images, labels; undefined until captured). run() copies each batch into
+  // them; a batch written there already (index_select_out, DataLoader::next_into) is not copied again, so a
+  // replay is the graph's launch alone.
+  std::pair<Tensor, Tensor> inputs() const { return {static_images_, static_labels_}; }
 
   bool captured() const { return graph_ && graph_->captured(); }
   std::int64_t replays() const { return graph_ ? graph_->replays() : 0; }

@@ -611,24 +611,59 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
 
 // --- indexing and joining -----------------------------------------------------------------------
 
-Tensor index_select(const Tensor& a_in, int dim, const Tensor& index) {
-  check_same_device("index_select", {&a_in, &index});
+namespace {
+// index_select's checked operands: a contiguous, the index int64 contiguous, the result's shape and the
+// (outer, n_in, inner) view the kernels take.
+struct IndexSelect {
+  Tensor a, idx;
+  Shape shape;
+  std::int64_t outer = 1, n_in = 1, inner = 1;
+};
+
+IndexSelect prepare_index_select(const Tensor& a_in, int dim, const Tensor& index, const char* op) {
+  check_same_device(op, {&a_in, &index});
   FERRY_CHECK(index.dtype() == DType::Int64 || index.dtype() == DType::Int32, DTypeMismatch,
-              "index_select: expected an int64 index, got ", dtype_name(index.dtype()));
-  FERRY_CHECK(index.dim() <= 1, ShapeMismatch, "index_select: expected a 1-d index, got shape ",
-              shape_str(index.shape()));
-  const int d = normalize_dim(dim, a_in.dim(), "index_select");
-  const Tensor a = a_in.detach().contiguous();
-  const Tensor idx = index.to(DType::Int64).contiguous();
-  Shape shape = a.shape();
-  if (a.dim() > 0) shape[d] = idx.numel();
-  std::int64_t outer = 1, inner = 1;
-  for (int i = 0; i < d; ++i) outer *= a.shape()[i];
-  for (int i = d + 1; i < a.dim(); ++i) inner *= a.shape()[i];
-  const std::int64_t n_in = a.dim() > 0 ? a.shape()[d] : 1;
-  Tensor out = make_tensor(shape, {.device = a.device(), .dtype = a.dtype()});
-  backend(a.device()).index_select(detail::kernel_view(out), detail::kernel_view(a), detail::kernel_flat(idx), outer,
-                                   n_in, inner, detail::compute_stream(a.device()));
+              op, ": expected an int64 index, got ", dtype_name(index.dtype()));
+  FERRY_CHECK(index.dim() <= 1, ShapeMismatch, op, ": expected a 1-d index, got shape ", shape_str(index.shape()));
+  const int d = normalize_dim(dim, a_in.dim(), op);
+  IndexSelect s;
+  s.a = a_in.detach().contiguous();
+  s.idx = index.to(DType::Int64).contiguous();
+  s.shape = s.a.shape();
+  if (s.a.dim() > 0) s.shape[d] = s.idx.numel();
+  for (int i = 0; i < d; ++i) s.outer *= s.a.shape()[i];
+  for (int i = d + 1; i < s.a.dim(); ++i) s.inner *= s.a.shape()[i];
+  s.n_in = s.a.dim() > 0 ? s.a.shape()[d] : 1;
+  return s;
+}
+
+void run_index_select(const Tensor& out, const IndexSelect& s) {
+  backend(s.a.device()).index_select(detail::kernel_view(out), detail::kernel_view(s.a), detail::kernel_flat(s.idx),
+                                     s.outer, s.n_in, s.inner, detail::compute_stream(s.a.device()));
+}
+}  // namespace
+
+Tensor& index_select_out(Tensor& out, const Tensor& a_in, int dim, const Tensor& index) {
+  const IndexSelect s = prepare_index_select(a_in, dim, index, "index_select_out");
+  FERRY_CHECK(!needs_grad({&a_in}), InvalidArgument,
+              "index_select_out: autograd does not record it; its input must not need a gradient");
+  check_same_device("index_select_out", {&out, &a_in});
+  FERRY_CHECK(out.shape() == s.shape && out.dtype() == s.a.dtype() && out.is_contiguous(), ShapeMismatch,
+              "index_select_out: out must be a contiguous ", dtype_name(s.a.dtype()), " tensor of shape ",
+              shape_str(s.shape), ", got ", dtype_name(out.dtype()), " ", shape_str(out.shape()),
+              out.is_contiguous() ? "" : " (not contiguous)");
+  run_index_select(out, s);
+  out.impl()->version += 1;
+  return out;
+}
+
+Tensor index_select(const Tensor& a_in, int dim, const Tensor& index) {
+  const IndexSelect s = prepare_index_select(a_in, dim, index, "index_select");
+  const Tensor& a = s.a;
+  const Tensor& idx = s.idx;
+  const std::int64_t outer = s.outer, n_in = s.n_in, inner = s.inner;
+  Tensor out = make_tensor(s.shape, {.device = a.device(), .dtype = a.dtype()});
+  run_index_select(out, s);
   if (needs_grad({&a_in})) {
     record("index_select", {a_in}, out, [shape = a.shape(), idx, outer, n_in, inner](const Tensor& g_in) {
       Tensor g = g_in.contiguous();

@@ -109,4 +109,21 @@ bool DataLoader::next(Batch& batch) {
   return true;
 }
 
+bool DataLoader::next_into(Batch& batch, const Tensor& images, const Tensor& labels) {
+  FERRY_CHECK(order_.defined(), InvalidArgument, "DataLoader::next_into() before start_epoch()");
+  if (next_batch_ >= batches_per_epoch()) return false;
+  const std::int64_t length = batch_length(next_batch_);
+  const bool into = device_dataset_.images.defined() && images.defined() && labels.defined() &&
+                    images.device() == options_.device && labels.device() == options_.device &&
+                    images.dim() > 0 && images.size(0) == length && labels.dim() == 1 && labels.size(0) == length;
+  if (!into) return next(batch);
+  const Tensor indices = device_order_.narrow(0, next_batch_ * options_.batch_size, length);
+  batch.index = next_batch_++;
+  batch.images = images;
+  batch.labels = labels;
+  index_select_out(batch.images, device_dataset_.images, 0, indices);  // checks shape and dtype
+  index_select_out(batch.labels, device_dataset_.labels, 0, indices);
+  return true;
+}
+
 }  // namespace ferry

@@ -58,8 +58,13 @@ Tensor StepGraph::run(const Tensor& images, const Tensor& labels) {
   }
   if (images.shape() != images_shape_ || labels.shape() != labels_shape_ || images.device() != graph_->device())
     return run_eagerly(images, labels);  // e.g. the shorter last batch of an epoch
-  static_images_.copy_(images);
-  static_labels_.copy_(labels);
+  // A batch written into the graph's inputs already (the same storage, shape and dtype) is not copied again.
+  const auto is_input = [](const Tensor& batch, const Tensor& input) {
+    return batch.data_ptr() == input.data_ptr() && batch.shape() == input.shape() && batch.dtype() == input.dtype() &&
+           batch.is_contiguous();
+  };
+  if (!is_input(images, static_images_)) static_images_.copy_(images);
+  if (!is_input(labels, static_labels_)) static_labels_.copy_(labels);
   for (std::size_t i = 0; i < parameters_.size(); ++i) parameters_[i].set_grad(static_grads_[i]);
   graph_->replay();
   return static_loss_;

@@ -292,7 +292,10 @@ TrainResult train(nn::Module& model, const Dataset& train_set, const Dataset& te
       ledger.begin_step(result.steps);
       auto phase_start = Clock::now();
       Batch batch;
-      const bool more = train_loader.next(batch);
+      // Once the step is a graph, a resident batch is gathered straight into the graph's inputs (no copy).
+      const auto [graph_images, graph_labels] = step_graph.inputs();
+      const bool more = graph_images.defined() ? train_loader.next_into(batch, graph_images, graph_labels)
+                                               : train_loader.next(batch);
       transfer_s += seconds_since(phase_start);
       if (!more) {
         ledger.end_step();
