@@ -723,10 +723,18 @@ TEST_F(CudaBackend, FusedActivationsMatchCpu) {
         const std::vector<Tensor> expected = {out.detach(), xc.grad(), weight.grad(), bias.grad(), running_mean,
                                               running_var};
         const double tol = dtype == DType::Float32 ? 1e-4 : 1e-9;
+        // An output within rounding of 0 may take the other side of the ReLU on the two devices (their scale
+        // and shift round differently), which flips that element's input gradient: left out of that comparison.
+        const Tensor near_zero = lt(abs(expected[0]), 1e-4);
         for (int i = 0; i < 6; ++i) {
+          Tensor got = fused[i], want = expected[i];
+          if (i == 1) {
+            got = where(near_zero, zeros_like(got), got);
+            want = where(near_zero, zeros_like(want), want);
+          }
           // Gradients sum over up to 100352 elements a channel: compared relative to their largest entry.
-          const double largest = max(abs(expected[i].to(DType::Float64))).item<double>();
-          EXPECT_TRUE(all_close(fused[i], expected[i], tol, tol * (1 + largest)))
+          const double largest = max(abs(want.to(DType::Float64))).item<double>();
+          EXPECT_TRUE(all_close(got, want, tol, tol * (1 + largest)))
               << i << (library ? " fused kernels " : " composed ") << shape_str(c.shape) << " " << dtype_name(dtype);
         }
       }
