@@ -80,7 +80,8 @@ __device__ __forceinline__ O binary_value(BinaryOp op, T a, T b) {
       case BinaryOp::ThresholdMask: return cast_to<O>(a > 0 ? b : T(0));
       case BinaryOp::AddRelu: {
         const T r = static_cast<T>(static_cast<U>(a) + static_cast<U>(b));
-        return cast_to<O>(r < 0 ? T(0) : r);
+        if constexpr (std::is_unsigned_v<T>) return cast_to<O>(r);  // never below 0
+        else return cast_to<O>(r < 0 ? T(0) : r);
       }
     }
     return cast_to<O>(a);

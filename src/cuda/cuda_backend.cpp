@@ -250,11 +250,19 @@ ScratchBuffer::ScratchBuffer(std::size_t bytes, cudaStream_t stream) : stream_(s
   if (bytes == 0) return;
   int device = 0;
   FERRY_CUDA_CHECK(cudaGetDevice(&device));
-  data_ = allocate_in_stream_order(device_state(device), bytes, stream);
+  DeviceState& s = device_state(device);
+  data_ = allocate_in_stream_order(s, bytes, stream);
+  state_ = &s;
+  bytes_ = static_cast<std::int64_t>(bytes);
+  const std::int64_t now = s.allocated.fetch_add(bytes_) + bytes_;
+  std::int64_t peak = s.peak.load();
+  while (now > peak && !s.peak.compare_exchange_weak(peak, now)) {}
 }
 
 ScratchBuffer::~ScratchBuffer() {
-  if (data_ && cudaFreeAsync(data_, stream_) != cudaSuccess) cudaGetLastError();
+  if (!data_) return;
+  state_->allocated.fetch_sub(bytes_);
+  if (cudaFreeAsync(data_, stream_) != cudaSuccess) cudaGetLastError();
 }
 
 // --- the backend ----------------------------------------------------------------------------------

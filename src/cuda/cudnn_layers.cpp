@@ -118,18 +118,33 @@ ConvKey key_of(const Backend::Conv2dShape& s, bool tf32) {
           s.pad_w,      s.dilation_h,  s.dilation_w, tf32 ? 1 : 0, 0};
 }
 
-// The fastest algorithm that succeeded, keeps the requested precision and fits the workspace cap. When
-// none does, says why on stderr (the layer then runs on ferry's own kernels).
+// An algorithm that much slower than the fastest usable one may still be chosen for a smaller workspace.
+constexpr double kWorkspaceTimeSlack = 1.05;
+
+// Among the algorithms that succeeded, keep the requested precision and fit the workspace cap: the one with
+// the smallest workspace within 5 % of the fastest's time (a step's peak memory counts the workspace, as
+// PyTorch's does, and a few percent of one convolution are not worth hundreds of megabytes). When none is
+// usable, says why on stderr (the layer then runs on ferry's own kernels).
 template <typename Perf, typename Algo>
 bool choose(const Perf* results, int count, bool tf32, Algo* algo, std::size_t* bytes, cudnnMathType_t* math,
             const char* direction, const Backend::Conv2dShape& s) {
+  const Perf* best = nullptr;
+  double time_limit = 0;
   for (int i = 0; i < count; ++i) {  // cuDNN sorts them fastest first
     const Perf& r = results[i];
     if (r.status != CUDNN_STATUS_SUCCESS || r.memory > kMaxWorkspaceBytes) continue;
     if (!tf32 && r.mathType != CUDNN_FMA_MATH) continue;  // fp32 means fp32 (no TF32 tensor cores)
-    *algo = r.algo;
-    *bytes = r.memory;
-    *math = r.mathType;
+    if (best == nullptr) {
+      best = &r;
+      time_limit = static_cast<double>(r.time) * kWorkspaceTimeSlack;
+    } else if (static_cast<double>(r.time) <= time_limit && r.memory < best->memory) {
+      best = &r;
+    }
+  }
+  if (best != nullptr) {
+    *algo = best->algo;
+    *bytes = best->memory;
+    *math = best->mathType;
     return true;
   }
   std::string offers;

@@ -96,9 +96,10 @@ void stream_wait(cudaStream_t waiter, int waiter_device, cudaStream_t producer, 
 // Throws InvalidArgument when a kernel of device `index` reported a bad index since the last check.
 void raise_kernel_errors(int index);
 
-// Temporary device memory for one launcher (dtype conversions, partial reductions): taken from the
-// current device's pool in the order of `stream`, given back in the same order when it goes out of
-// scope. Not counted as `allocated` (no tensor owns it), but part of `reserved`.
+// Temporary device memory for one launcher (dtype conversions, partial reductions, cuDNN's workspace):
+// taken from the current device's pool in the order of `stream`, given back in the same order when it
+// goes out of scope. Counted in `allocated` (and so in `peak`) while it lives, as PyTorch's allocator
+// counts cuDNN's workspace, so the two libraries' peaks compare like with like.
 class ScratchBuffer {
  public:
   ScratchBuffer(std::size_t bytes, cudaStream_t stream);
@@ -111,6 +112,8 @@ class ScratchBuffer {
  private:
   void* data_ = nullptr;
   cudaStream_t stream_ = nullptr;
+  DeviceState* state_ = nullptr;  // whose `allocated` counts it
+  std::int64_t bytes_ = 0;
 };
 
 }  // namespace ferry::cuda
