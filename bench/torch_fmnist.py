@@ -6,6 +6,7 @@ ferry / PyTorch for one epoch on the same machine in the same run. Not here: fer
 Same as ferry train: images (x / 255 - 0.2860) / 0.3530 resident on the device; batch 128, shuffled every epoch,
 last short batch kept; SGD lr 0.05 (cosine over all steps, set before each step), momentum 0.9, weight decay
 5e-4; the loss read back every 100 steps only; seconds per epoch count the training loop, not the test pass.
+On cuda: fp32 with TF32 off and cudnn.benchmark on, the settings ../shared/ANCHORS.md measured with.
 Prints one JSON object: device, threads, epochs, seconds_per_epoch, history (per epoch), test_accuracy.
 """
 import argparse
@@ -62,6 +63,10 @@ def main():
         torch.set_num_threads(a.threads)
     torch.manual_seed(a.seed)
     device = torch.device(a.device)
+    if device.type == "cuda":  # as ../shared/ANCHORS.md measured: fp32 (ferry's default), cuDNN's algorithm search on
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+        torch.backends.cudnn.benchmark = True
     train_x, train_y = load(a.data, "train", device)
     test_x, test_y = load(a.data, "test", device)
     model = fmnist_model().to(device)
