@@ -24,6 +24,9 @@ void refuse_in_capture(Device source, Device target, const char* label) {
     check_not_capturing(concat("A copy from ", source.str(), " to ", target.str(), " (", label, ")").c_str());
 }
 
+// Blocking device->host copies up to this size run on the compute stream (copy_bytes below).
+constexpr std::size_t kSmallReadBytes = std::size_t{64} << 10;
+
 // Copy contiguous bytes between two devices. Accelerators of different types meet in host memory.
 // fresh_destination (host->device only): dst was allocated for this copy in the copy stream's order
 // (make_tensor_for_copy), so nothing queued on the compute stream can touch it and the copy need not wait.
@@ -49,12 +52,16 @@ void copy_bytes(void* dst, Device target, const void* src, Device source, std::s
   const Device accelerator = source.is_cpu() ? target : source;
   Backend& be = backend(accelerator);
   const double start = ledger.now_ms();
-  const Stream stream = be.copy_stream(accelerator.index);
+  // A small blocking read back to the host (item(), a logged value) goes on the compute stream itself: the
+  // host waits for that stream's queued work either way, and the copy stream would add an event record and
+  // a stream wait (two driver calls, a few microseconds on every loss.item()).
+  const bool small_read = is_sync && bytes <= kSmallReadBytes;
+  const Stream stream = small_read ? be.compute_stream(accelerator.index) : be.copy_stream(accelerator.index);
   // The copy stream first waits for work queued on the compute stream (the data may still be being
   // computed, or the destination still read by queued kernels, or allocated in the compute stream's
   // order): an event, not a host wait. A host->device copy into a fresh destination waits for nothing,
   // so it runs beside the step that is computing (prefetch) instead of after it.
-  if (!fresh_destination) be.stream_wait(stream, be.compute_stream(accelerator.index));
+  if (!fresh_destination && !small_read) be.stream_wait(stream, be.compute_stream(accelerator.index));
   be.copy(dst, target, src, source, bytes, stream, pinned, non_blocking);
   // A non-blocking copy: later compute work waits for it (on the device), so it sees the data (to a device), and
   // nothing it queues frees or overwrites the source before the copy has read it (from a device).
