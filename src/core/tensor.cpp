@@ -439,8 +439,24 @@ template <typename T>
 T Tensor::item() const {
   FERRY_CHECK(numel() == 1, InvalidArgument, "item(): a Tensor with ", numel(),
               " elements cannot be converted to a scalar (shape ", shape_str(shape()), ")");
-  Tensor host = host_copy(*this, "item()").to(dtype_of<T>());
-  return *host.data<T>();
+  const Tensor host = host_copy(*this, "item()");
+  const bool floating_source = host.dtype() == DType::Float32 || host.dtype() == DType::Float64;
+  if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
+    if (floating_source) {  // the conversion op's rules for NaN and out-of-range values
+      const Tensor converted = host.to(dtype_of<T>());
+      return *converted.data<T>();
+    }
+  }
+  const void* p = host.data_ptr();  // one element in host memory: converted here, with no tensor op
+  switch (host.dtype()) {
+    case DType::Float32: return static_cast<T>(*static_cast<const float*>(p));
+    case DType::Float64: return static_cast<T>(*static_cast<const double*>(p));
+    case DType::Int32: return static_cast<T>(*static_cast<const std::int32_t*>(p));
+    case DType::Int64: return static_cast<T>(*static_cast<const std::int64_t*>(p));
+    case DType::UInt8: return static_cast<T>(*static_cast<const std::uint8_t*>(p));
+    case DType::Bool: return static_cast<T>(*static_cast<const bool*>(p));
+  }
+  throw InternalError("item(): unknown dtype");
 }
 
 template <typename T>
