@@ -46,7 +46,10 @@ struct Stream {
 };
 
 struct MemoryStats {
-  std::int64_t allocated = 0;  // bytes held by live tensors
+  // bytes held by live tensors, by a call's temporary memory while it runs (cuda: cuDNN's workspace, partial
+  // sums) and by the vendor libraries' workspaces kept for the process (`library`), as PyTorch counts them
+  std::int64_t allocated = 0;
+  std::int64_t library = 0;    // of `allocated`: the libraries' workspaces (cuda: cuBLAS's, 32 MiB per device)
   std::int64_t reserved = 0;   // bytes the allocator holds from the device (>= allocated)
   std::int64_t peak = 0;       // highest `allocated` since the last reset_peak_memory_stats
   std::int64_t free = 0;       // bytes the device reports free (0 when it cannot say)

@@ -254,14 +254,12 @@ ScratchBuffer::ScratchBuffer(std::size_t bytes, cudaStream_t stream) : stream_(s
   data_ = allocate_in_stream_order(s, bytes, stream);
   state_ = &s;
   bytes_ = static_cast<std::int64_t>(bytes);
-  const std::int64_t now = s.allocated.fetch_add(bytes_) + bytes_;
-  std::int64_t peak = s.peak.load();
-  while (now > peak && !s.peak.compare_exchange_weak(peak, now)) {}
+  s.count_allocated(bytes_);
 }
 
 ScratchBuffer::~ScratchBuffer() {
   if (!data_) return;
-  state_->allocated.fetch_sub(bytes_);
+  state_->count_allocated(-bytes_);
   if (cudaFreeAsync(data_, stream_) != cudaSuccess) cudaGetLastError();
 }
 
@@ -330,9 +328,7 @@ class CudaBackend final : public Backend {
       }
       if (s.dead_blocks.erase(ptr) > 0) s.has_dead_blocks = !s.dead_blocks.empty();  // the address is live again
     }
-    const std::int64_t now = s.allocated.fetch_add(static_cast<std::int64_t>(bytes)) + static_cast<std::int64_t>(bytes);
-    std::int64_t peak = s.peak.load();
-    while (now > peak && !s.peak.compare_exchange_weak(peak, now)) {}
+    s.count_allocated(static_cast<std::int64_t>(bytes));
     s.allocations.fetch_add(1);
     return ptr;
   }
@@ -372,9 +368,10 @@ class CudaBackend final : public Backend {
     DeviceGuard guard(index);
     MemoryStats stats;
     stats.allocated = s.allocated.load();
+    stats.library = s.library.load();
     stats.peak = s.peak.load();
     stats.allocations = s.allocations.load();
-    stats.reserved = static_cast<std::int64_t>(pool_reserved(s));
+    stats.reserved = static_cast<std::int64_t>(pool_reserved(s)) + stats.library;  // the workspaces are outside the pool
     std::size_t free = 0, total = 0;
     FERRY_CUDA_CHECK(cudaMemGetInfo(&free, &total));
     stats.free = static_cast<std::int64_t>(free);

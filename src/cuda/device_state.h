@@ -45,8 +45,16 @@ struct DeviceState {
   cudaEvent_t compute_marker = nullptr;
   cudaEvent_t copy_marker = nullptr;
 
-  // bytes held by live ferry tensors, their peak, and the number of allocate calls
-  std::atomic<std::int64_t> allocated{0}, peak{0}, allocations{0};
+  // bytes held by live ferry tensors, scratch buffers and library workspaces (MemoryStats::allocated), their
+  // peak, the number of allocate calls, and the workspaces' share (outside the pool: cudaMalloc'd once)
+  std::atomic<std::int64_t> allocated{0}, peak{0}, allocations{0}, library{0};
+
+  // allocated += bytes (negative: a release), raising peak to it.
+  void count_allocated(std::int64_t bytes) {
+    const std::int64_t now = allocated.fetch_add(bytes) + bytes;
+    std::int64_t highest = peak.load();
+    while (now > highest && !peak.compare_exchange_weak(highest, now)) {}
+  }
 
   DeviceErrorReport* report_host = nullptr;    // mapped pinned memory ...
   DeviceErrorReport* report_device = nullptr;  // ... and the same bytes as the device sees them

@@ -45,6 +45,9 @@ CublasState& cublas_state(int device) {
     FERRY_CUBLAS_CHECK(cublasCreate(&state->handle));
     FERRY_CUBLAS_CHECK(cublasSetMathMode(state->handle, CUBLAS_DEFAULT_MATH));  // no TF32 for fp32
     FERRY_CUDA_CHECK(cudaMalloc(&state->workspace, kWorkspaceBytes));  // once per device, at first GEMM
+    DeviceState& s = device_state(device);  // counted as PyTorch counts its cuBLAS workspace
+    s.library.fetch_add(static_cast<std::int64_t>(kWorkspaceBytes));
+    s.count_allocated(static_cast<std::int64_t>(kWorkspaceBytes));
     g_handles[static_cast<std::size_t>(device)].store(state.release());  // kept for the process
   });
   return *g_handles[static_cast<std::size_t>(device)].load();
