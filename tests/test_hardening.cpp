@@ -388,5 +388,17 @@ TEST(HardeningMessages, EmptyTensorWhoseSizesOverflowIsRefusedNotComputed) {
   EXPECT_THROW(read_tensors(folder.file("w.safetensors")), InvalidArgument);
 }
 
+TEST(HardeningMessages, AnEmptyTensorIsContiguousWhateverItsOtherSizes) {
+  // Found by fuzz/fuzz_safetensors.cpp (corpus: empty-zero-huge-zero): shape [0, 2^62 + 1, 0] makes a tensor
+  // (strides [2^62 + 1, 1, 1]) that is_contiguous() refused, so code that wants a contiguous tensor would copy.
+  const std::int64_t huge = (std::int64_t{1} << 62) + 1;
+  for (const Shape& shape : {Shape{0, huge, 0}, Shape{0, 3, 0}, Shape{2, 0, 5}, Shape{0}}) {
+    const Tensor t = empty(shape);
+    EXPECT_EQ(t.numel(), 0) << shape_str(shape);
+    EXPECT_TRUE(t.is_contiguous()) << shape_str(shape);
+    EXPECT_TRUE(t.contiguous().is_contiguous()) << shape_str(shape);
+  }
+}
+
 }  // namespace
 }  // namespace ferry

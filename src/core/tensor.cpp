@@ -136,6 +136,9 @@ void* Tensor::data_ptr() const {
 }
 
 bool Tensor::is_contiguous() const {
+  // No element to place: contiguous whatever the strides (as in PyTorch). contiguous_strides() gives an empty
+  // tensor's other dims strides as if its zero sizes were 1, which the loop below would not accept.
+  if (numel() == 0) return true;
   const Shape& s = shape();
   std::int64_t expected = 1;
   for (int d = dim() - 1; d >= 0; --d) {
