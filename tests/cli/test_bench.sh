@@ -155,8 +155,13 @@ golden_ok='all(j["seconds_per_step"][k] > 0 for k in ("cpu", "resident", "copy",
  and abs(j["s_real_measured"] - j["seconds_per_step"]["cpu"] / j["seconds_per_step"]["per_step_copy"]) < 1e-9 * j["s_real_measured"]
  and abs(j["s_real_golden_rule"] - j["speedup"] / (1 + j["seconds_per_step"]["copy"] / j["seconds_per_step"]["resident"])) < 1e-9 * j["speedup"]
  and abs(j["golden_rule_error_percent"] - 100 * (j["s_real_golden_rule"] - j["s_real_measured"]) / j["s_real_measured"]) < 1e-6'
-check_json "$golden_ok and j['workload'] == 'mlp'" bench golden --workload mlp --device sim:0 --batch 16 --steps 2 --warmup 1 --json
-check_json "$golden_ok and j['workload'] == 'cnn'" bench golden --workload cnn --device sim:0 --batch 16 --steps 2 --warmup 1 --json
+# flops_per_step, by hand for batch 16: mlp 784-1024-1024-10: forward 2 * 1861632 per sample, weight gradients as
+# much, input gradients of the last two layers 2 * 1058816; cnn: convolutions 1769472 + 9437184 + 9437184 and
+# the linear layer 40960 per sample forward, the input gradients all but the first convolution's.
+check_json "$golden_ok and j['workload'] == 'mlp' and j['flops_per_step'] == 16 * (4 * 1861632 + 2 * 1058816)" \
+  bench golden --workload mlp --device sim:0 --batch 16 --steps 2 --warmup 1 --json
+check_json "$golden_ok and j['workload'] == 'cnn' and j['flops_per_step'] == 16 * (2 * 20684800 + 20684800 - 1769472)" \
+  bench golden --workload cnn --device sim:0 --batch 16 --steps 2 --warmup 1 --json
 expect_status 2 "cuda[:N] or sim[:N]" bench golden --device cpu --steps 1
 expect_status 2 "mlp or cnn" bench golden --workload resnet --steps 1
 expect_status 2 "--steps" bench golden --workload mlp --batch 4 --steps 0

@@ -19,6 +19,8 @@
 #include "commands.h"
 #include "ferry/cost_model.h"
 #include "ferry/ferry.h"
+#include "ferry/nn/conv.h"
+#include "ferry/nn/linear.h"
 #include "ferry/nn/loss.h"
 #include "ferry/nn/sequential.h"
 #include "ferry/optim.h"
@@ -51,6 +53,34 @@ Workload make_workload(const std::string& name, std::int64_t batch) {
   if (name == "mlp") return {ferry::make_mlp_model(), {batch > 0 ? batch : 512, 784}};
   if (name == "cnn") return {ferry::make_cnn_model(3, 32), {batch > 0 ? batch : 256, 3, 32, 32}};
   throw ferry::InvalidArgument(fmt::format("--workload must be mlp or cnn, got '{}'", name));
+}
+
+// FLOPs of one SGD step of the workload at `batch`, two per multiply-add: every Conv2d and Linear forward, as
+// many again for their weight gradients, and again for the input gradients of each such layer after the first
+// (the first layer's input needs none). The layers' sizes come from one sample passed through them on the cpu.
+// What the step's floor on a device is made of, with the FLOP rate its GEMMs reach (scripts/gpu-check).
+double step_flops(const std::string& workload, std::int64_t batch) {
+  const Workload w = make_workload(workload, 1);
+  ferry::autograd::NoGradGuard no_grad;
+  w.model->eval();
+  ferry::Tensor x = ferry::zeros(w.input);
+  double forward = 0, input_gradients = 0;
+  bool first = true;
+  for (std::size_t i = 0; i < w.model->size(); ++i) {
+    ferry::nn::Module& layer = (*w.model)[i];
+    const ferry::Tensor y = layer(x);
+    double flops = 0;  // per sample
+    if (const auto* conv = dynamic_cast<const ferry::nn::Conv2d*>(&layer)) {
+      flops = 2.0 * static_cast<double>(y.numel()) * static_cast<double>(conv->weight.numel() / conv->weight.size(0));
+    } else if (const auto* linear = dynamic_cast<const ferry::nn::Linear*>(&layer)) {
+      flops = 2.0 * static_cast<double>(y.numel()) * static_cast<double>(linear->weight.size(1));
+    }
+    forward += flops;
+    if (!first) input_gradients += flops;
+    if (flops > 0) first = false;
+    x = y;
+  }
+  return static_cast<double>(batch) * (2 * forward + input_gradients);
 }
 
 // One training step's parts on one device: the model there, its optimizer, the step; with `graph`, forward,
@@ -258,7 +288,8 @@ void run_golden(const GoldenOptions& o) {
               {"s_real_overlap_model", s_real_overlap},
               {"overlap_model_error_percent", error_overlap},
               {"item_cost_s", sync_cost},
-              {"peak_device_bytes", peak_bytes}};
+              {"peak_device_bytes", peak_bytes},
+              {"flops_per_step", step_flops(o.workload, shape.input[0])}};
   if (!graph_line.empty()) {
     object["graph"] = graph_line;
     object["peak_device_bytes_graph"] = graph_peak_bytes;
@@ -289,6 +320,8 @@ void run_golden(const GoldenOptions& o) {
   }
   text += fmt::format("loss.item() every step costs {} per step ({:.1f} % of a resident step)\n",
                       ferry::format_seconds(sync_cost), 100 * sync_cost / t_compute);
+  text += fmt::format("work per step: {:.3g} GFLOP (forward, weight and input gradients of the convolutions and linear "
+                      "layers; 2 per multiply-add)\n", object["flops_per_step"].get<double>() / 1e9);
   text += fmt::format("peak {} memory of the resident loop: {}\n", device.str(),
                       ferry::format_bytes(static_cast<double>(peak_bytes)));
   if (!graph_line.empty()) {
