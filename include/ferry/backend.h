@@ -254,7 +254,7 @@ class Backend {
     bool relu = false;  // a ReLU fused in: out = max(0, ...) forward; grad_out masked where out <= 0 backward
   };
   // True when this device runs the layer as the calls below: a vendor library (cuDNN on cuda), or, for
-  // BatchNorm + ReLU, fused kernels of ferry's own (cuda, and sim, which mirrors cuda's op structure).
+  // BatchNorm + ReLU, fused kernels of ferry's own (cuda; cpu and sim run the same arithmetic as host loops).
   virtual bool batch_norm_library(const BatchNormShape& /*shape*/, DType /*dtype*/, int /*index*/) { return false; }
   // out = (x - mean) * invstd * weight + bias with the batch's mean and invstd = 1/sqrt(var + eps) (C),
   // written to save_mean and save_invstd; then the ReLU when shape.relu. When running_mean.data is not
