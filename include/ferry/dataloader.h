@@ -51,7 +51,9 @@ class DataLoader {
   bool next_into(Batch& batch, const Tensor& images, const Tensor& labels);
 
  private:
-  Batch gather(std::int64_t batch_index, bool non_blocking);
+  // The batch's images and labels; a resident batch goes into images_into / labels_into when they are given.
+  Batch gather(std::int64_t batch_index, bool non_blocking, const Tensor& images_into = {},
+               const Tensor& labels_into = {});
   std::int64_t batch_length(std::int64_t batch_index) const;
 
   Dataset dataset_;          // on the host

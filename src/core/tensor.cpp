@@ -443,9 +443,8 @@ T Tensor::item() const {
   FERRY_CHECK(numel() == 1, InvalidArgument, "item(): a Tensor with ", numel(),
               " elements cannot be converted to a scalar (shape ", shape_str(shape()), ")");
   const Tensor host = host_copy(*this, "item()");
-  const bool floating_source = host.dtype() == DType::Float32 || host.dtype() == DType::Float64;
   if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
-    if (floating_source) {  // the conversion op's rules for NaN and out-of-range values
+    if (host.dtype() == DType::Float32 || host.dtype() == DType::Float64) {  // the conversion op's NaN and range rules
       const Tensor converted = host.to(dtype_of<T>());
       return *converted.data<T>();
     }

@@ -71,14 +71,22 @@ void DataLoader::start_epoch(std::int64_t epoch, std::int64_t first_batch) {
   has_prefetched_ = false;
 }
 
-Batch DataLoader::gather(std::int64_t batch_index, bool non_blocking) {
+Batch DataLoader::gather(std::int64_t batch_index, bool non_blocking, const Tensor& images_into,
+                         const Tensor& labels_into) {
   const std::int64_t start = batch_index * options_.batch_size, length = batch_length(batch_index);
   Batch batch;
   batch.index = batch_index;
   if (device_dataset_.images.defined()) {  // resident: gather on the device, nothing crosses
     const Tensor indices = device_order_.narrow(0, start, length);
-    batch.images = index_select(device_dataset_.images, 0, indices);
-    batch.labels = index_select(device_dataset_.labels, 0, indices);
+    if (images_into.defined()) {  // index_select_out checks their shape and dtype
+      batch.images = images_into;
+      batch.labels = labels_into;
+      index_select_out(batch.images, device_dataset_.images, 0, indices);
+      index_select_out(batch.labels, device_dataset_.labels, 0, indices);
+    } else {
+      batch.images = index_select(device_dataset_.images, 0, indices);
+      batch.labels = index_select(device_dataset_.labels, 0, indices);
+    }
     return batch;
   }
   const Tensor indices = order_.narrow(0, start, length);
@@ -117,12 +125,7 @@ bool DataLoader::next_into(Batch& batch, const Tensor& images, const Tensor& lab
                     images.device() == options_.device && labels.device() == options_.device &&
                     images.dim() > 0 && images.size(0) == length && labels.dim() == 1 && labels.size(0) == length;
   if (!into) return next(batch);
-  const Tensor indices = device_order_.narrow(0, next_batch_ * options_.batch_size, length);
-  batch.index = next_batch_++;
-  batch.images = images;
-  batch.labels = labels;
-  index_select_out(batch.images, device_dataset_.images, 0, indices);  // checks shape and dtype
-  index_select_out(batch.labels, device_dataset_.labels, 0, indices);
+  batch = gather(next_batch_++, false, images, labels);
   return true;
 }
 

@@ -7,6 +7,7 @@
 #include <atomic>
 
 #include "../cpu/strided.h"
+#include "batch_norm_rule.h"
 #include "ferry/autograd.h"
 #include "ferry/error.h"
 #include "ferry/factories.h"
@@ -78,9 +79,9 @@ void channel_statistics(const Tensor& x, const ChannelView& view, Tensor& mean, 
           ss += d * d;
         }
       }
-      const double mu = s / count;
-      m[c] = static_cast<T>(shift + mu);
-      v[c] = static_cast<T>(std::max(ss / count - mu * mu, 0.0));
+      const BatchNormStatistics st = batch_norm_statistics(shift, {s, ss}, count);
+      m[c] = static_cast<T>(st.mean);
+      v[c] = static_cast<T>(st.var);
     });
   });
 }

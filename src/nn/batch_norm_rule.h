@@ -32,14 +32,24 @@ struct BatchNormForward {
   double mean = 0, var = 0, invstd = 0, scale = 0, shift = 0;
 };
 
-// sums: over all `count` elements of the channel, shifted by `shift_by` (K above).
+// The batch mean and biased variance from the forward sums over all `count` elements of the channel, shifted
+// by `shift_by` (K above). Also what the composed layer's statistics pass uses (src/nn/batch_norm_kernels.cpp).
+struct BatchNormStatistics {
+  double mean = 0, var = 0;
+};
+FERRY_HOST_DEVICE inline BatchNormStatistics batch_norm_statistics(double shift_by, BatchNormSums sums, double count) {
+  const double d = sums.s1 / count;
+  double var = sums.s2 / count - d * d;
+  if (var < 0) var = 0;  // rounding can dip below 0 (NaN stays NaN)
+  return {shift_by + d, var};
+}
+
 FERRY_HOST_DEVICE inline BatchNormForward batch_norm_forward_numbers(double shift_by, BatchNormSums sums, double count,
                                                                     double eps, double weight, double bias) {
   BatchNormForward f;
-  const double d = sums.s1 / count;
-  f.var = sums.s2 / count - d * d;
-  if (f.var < 0) f.var = 0;  // rounding can dip below 0 (NaN stays NaN)
-  f.mean = shift_by + d;
+  const BatchNormStatistics st = batch_norm_statistics(shift_by, sums, count);
+  f.mean = st.mean;
+  f.var = st.var;
   f.invstd = 1.0 / sqrt(f.var + eps);
   f.scale = weight * f.invstd;
   f.shift = bias - f.mean * f.scale;
