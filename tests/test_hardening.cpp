@@ -388,6 +388,20 @@ TEST(HardeningMessages, EmptyTensorWhoseSizesOverflowIsRefusedNotComputed) {
   EXPECT_THROW(read_tensors(folder.file("w.safetensors")), InvalidArgument);
 }
 
+TEST(HardeningMessages, AnEmptyEntryWhoseOtherSizesOverflowInt64RoundTrips) {
+  // Found by fuzz/fuzz_safetensors.cpp (corpus: empty-product-over-int64): shape [30, 461686018424775808, 0] is
+  // valid (the parser multiplies in uint64, and the 0 makes it empty), but SafetensorsEntry::numel() multiplied in
+  // int64 first and threw InvalidArgument when the file was written back.
+  SafetensorsFile file;
+  file.entries.push_back({"v", DType::Float32, {30, 461686018424775808, 0}, {}});
+  EXPECT_EQ(file.entries[0].numel(), 0);
+  const std::vector<std::byte> bytes = serialize_safetensors(file);
+  const SafetensorsFile back = parse_safetensors(bytes.data(), bytes.size(), "round trip");
+  ASSERT_EQ(back.entries.size(), 1u);
+  EXPECT_EQ(back.entries[0].shape, file.entries[0].shape);
+  EXPECT_EQ(back.entries[0].numel(), 0);
+}
+
 TEST(HardeningMessages, AnEmptyTensorIsContiguousWhateverItsOtherSizes) {
   // Found by fuzz/fuzz_safetensors.cpp (corpus: empty-zero-huge-zero): shape [0, 2^62 + 1, 0] makes a tensor
   // (strides [2^62 + 1, 1, 1]) that is_contiguous() refused, so code that wants a contiguous tensor would copy.

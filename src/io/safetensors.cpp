@@ -352,10 +352,15 @@ class TemporaryFile {
 }  // namespace
 
 std::int64_t SafetensorsEntry::numel() const {
-  std::int64_t count = 1;
   for (const std::int64_t dim : shape) {
     FERRY_CHECK(dim >= 0, InvalidArgument, "safetensors tensor ", quoted_name(name),
                 " has a negative dimension in shape ", shape_string(shape));
+  }
+  // An empty entry, however large its other sizes (the parser accepts [30, 2^58, 0]: its byte count is 0).
+  for (const std::int64_t dim : shape)
+    if (dim == 0) return 0;
+  std::int64_t count = 1;
+  for (const std::int64_t dim : shape) {
     FERRY_CHECK(!__builtin_mul_overflow(count, dim, &count), InvalidArgument, "safetensors tensor ",
                 quoted_name(name), " has shape ", shape_string(shape),
                 " whose element count overflows 64 bits");
