@@ -4,7 +4,9 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdint>
 #include <functional>
+#include <limits>
 #include <tuple>
 #include <vector>
 #include <algorithm>
@@ -356,6 +358,57 @@ TEST(NNGradcheck, MaxPoolTiesAndNaNsFollowPyTorch) {
       EXPECT_TRUE(std::isnan(got[1]) && std::isnan(got[2]) && std::isnan(got[3]));
     }
   }
+}
+
+// The 2x2/2 loop (eight outputs at a time for float32, with a masked last block) against the window rule
+// written out here, at every row width from 2 to 40 (full blocks, partial blocks, odd widths whose last column
+// no window reads), with ties and, in some planes, NaNs: the values and where the gradient lands.
+template <typename T>
+void check_max_pool_2x2_rows() {
+  std::uint64_t state = 12345;
+  auto next = [&state] { return (state = state * 6364136223846793005ULL + 1442695040888963407ULL) >> 33; };
+  for (const std::int64_t height : {2, 3, 5}) {
+    for (std::int64_t width = 2; width <= 40; ++width) {
+      const std::int64_t planes = 3, oh = height / 2, ow = width / 2;
+      std::vector<T> values(planes * height * width);
+      for (std::size_t i = 0; i < values.size(); ++i) {
+        values[i] = static_cast<T>(static_cast<int>(next() % 7) - 3);  // seven values: many ties
+        if (i / (height * width) == 2 && next() % 9 == 0) values[i] = std::numeric_limits<T>::quiet_NaN();
+      }
+      std::vector<T> weights(planes * oh * ow);  // distinct: the gradient says which element each window chose
+      for (std::size_t i = 0; i < weights.size(); ++i) weights[i] = static_cast<T>(i + 1);
+      const Tensor x = ferry::from_vector(values, {1, planes, height, width}).requires_grad_(true);
+      const Tensor out = F::max_pool2d(x, 2, 2);
+      ferry::sum(out * ferry::from_vector(weights, {1, planes, oh, ow})).backward();
+      const std::vector<T> got = out.to_vector<T>(), grad = x.grad().to_vector<T>();
+      std::vector<T> want_grad(values.size(), T(0));
+      for (std::int64_t p = 0; p < planes; ++p) {
+        for (std::int64_t y = 0; y < oh; ++y) {
+          for (std::int64_t xo = 0; xo < ow; ++xo) {
+            const std::int64_t first = p * height * width + 2 * y * width + 2 * xo;
+            std::int64_t best = first;  // window order; the first maximum, or the first NaN, wins
+            for (const std::int64_t i : {first + 1, first + width, first + width + 1}) {
+              const T v = values[i], b = values[best];
+              if (b == b && (v > b || v != v)) best = i;
+            }
+            const std::int64_t o = (p * oh + y) * ow + xo;
+            want_grad[best] = weights[o];
+            const T want = values[best];
+            ASSERT_TRUE(want != want ? got[o] != got[o] : got[o] == want)
+                << "height " << height << " width " << width << " output " << o << ": " << got[o] << ", want " << want;
+          }
+        }
+      }
+      for (std::size_t i = 0; i < grad.size(); ++i) {
+        ASSERT_EQ(grad[i], want_grad[i]) << "height " << height << " width " << width << " element " << i;
+      }
+    }
+  }
+}
+
+TEST(NNGradcheck, MaxPool2x2RowsMatchTheWindowRuleAtEveryWidth) {
+  check_max_pool_2x2_rows<float>();
+  check_max_pool_2x2_rows<double>();
 }
 
 TEST(NNGradcheck, ActivationsAndDropout) {

@@ -16,6 +16,7 @@
 #include "../core/philox.h"
 #include "blas_threads.h"
 #include "dispatch.h"
+#include "max_pool_2x2.h"
 #include "strided.h"
 
 namespace ferry::cpu {
@@ -654,10 +655,8 @@ void HostKernels::max_pool2d(const KernelTensor& out, const KernelTensor& argmax
     // PyTorch's rule: the first maximum in window order wins; the first NaN wins over everything after it.
     auto better = [](T v, T best) { return (best == best) & ((v > best) | (v != v)); };
     if (s.kernel_h == 2 && s.kernel_w == 2 && s.stride_h == 2 && s.stride_w == 2 && s.pad_h == 0 && s.pad_w == 0) {
-      // The CNNs' 2x2/2 pooling. Per output, the winner of (a, b) and of (c, d), then of the two, with strict
-      // comparisons, is the first maximum in window order; written as selects over a whole row, with no
-      // data-dependent branch (on activations which element wins is a coin toss: branches mispredict half the
-      // time). A row holding a NaN is redone in window order, where the first NaN wins.
+      // The CNNs' 2x2/2 pooling, a row at a time (max_pool_2x2.h). A row holding a NaN is redone in window
+      // order, where the first NaN wins.
       parallel_for(s.planes, oh * ow * 4, [&](std::int64_t p) {
         const std::int64_t width = s.width;
         const T* plane = x + p * s.height * width;
@@ -665,22 +664,10 @@ void HostKernels::max_pool2d(const KernelTensor& out, const KernelTensor& argmax
         std::int64_t* ap = arg + p * oh * ow;
         for (std::int64_t y = 0; y < oh; ++y) {
           const T* top = plane + 2 * y * width;
-          const T* bottom = top + width;
           T* out_row = op + y * ow;
           std::int64_t* arg_row = ap + y * ow;
           const std::int64_t base = 2 * y * width;
-          bool nan = false;
-          for (std::int64_t xo = 0; xo < ow; ++xo) {
-            const T a = top[2 * xo], b = top[2 * xo + 1], c = bottom[2 * xo], d = bottom[2 * xo + 1];
-            nan |= (a != a) | (b != b) | (c != c) | (d != d);
-            const bool right_top = b > a, right_bottom = d > c;
-            const T upper = right_top ? b : a, lower = right_bottom ? d : c;
-            const std::int64_t upper_index = base + 2 * xo + right_top;
-            const std::int64_t lower_index = base + width + 2 * xo + right_bottom;
-            const bool take_lower = lower > upper;
-            out_row[xo] = take_lower ? lower : upper;
-            arg_row[xo] = take_lower ? lower_index : upper_index;
-          }
+          const bool nan = max_pool_2x2_row(top, top + width, out_row, arg_row, ow, base, width);
           if (!nan) continue;
           for (std::int64_t xo = 0; xo < ow; ++xo) {
             const std::int64_t i0 = base + 2 * xo;
