@@ -4,6 +4,7 @@
 // Not here: the op-by-op parity suite over every device (test_core_ops.cpp, which includes cuda:0).
 // Without a CUDA device every test that needs one skips, saying why.
 #include <cmath>
+#include <limits>
 #include <cstdlib>
 #include <optional>
 #include <cstring>
@@ -362,6 +363,17 @@ TEST_F(CudaBackend, ElementwiseMatchesCpuForEveryDtype) {
                          [target](V v) { return v[0].to(target).to(DType::Float64); }, 0, 0);
       expect_matches_cpu(name + " strided to " + std::string(dtype_name(target)), {n},
                          [target](V v) { return v[0].reshape({17, 241}).t().to(target).to(DType::Float64); }, 0, 0);
+    }
+  }
+  // Floating values no integer holds: NaN, infinities, beyond int64, negatives into uint8. The GPU's own
+  // conversion would give 0 for NaN and clamp the rest; ferry's gives the cpu's numbers.
+  const double inf = std::numeric_limits<double>::infinity();
+  const std::vector<double> special = {std::nan(""), inf, -inf, 1e30, -1e30, -1.5, 300.7, 2.5, -0.0, 65535.9};
+  for (DType from : {DType::Float32, DType::Float64}) {
+    const Tensor x = from_vector(special).to(from);
+    for (DType target : {DType::Int64, DType::Int32, DType::UInt8, DType::Bool}) {
+      expect_matches_cpu(std::string(dtype_name(from)) + " special values to " + std::string(dtype_name(target)), {x},
+                         [target](V v) { return v[0].to(target).to(DType::Float64); }, 0, 0);
     }
   }
 }

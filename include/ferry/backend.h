@@ -66,6 +66,7 @@ struct DeviceProperties {
   std::int64_t memory_bytes = 0;
   double link_bytes_per_second = 0;  // host link (PCIe rate, or the sim link setting); 0 for cpu
   std::string link;              // "PCIe Gen5 x16", "simulated", ""
+  std::string bus_id;            // cuda: PCI bus id ("0000:65:00.0"), one physical GPU whatever its ordinal; else ""
   double memory_bytes_per_second = 0;  // device memory bandwidth where known
   std::string libraries;         // vendor libraries in use, e.g. "cuBLAS 13.0.0, cuDNN 9.19.0 (conv2d, batch_norm)"
 };

@@ -62,7 +62,16 @@ void copy_bytes(void* dst, Device target, const void* src, Device source, std::s
   // order): an event, not a host wait. A host->device copy into a fresh destination waits for nothing,
   // so it runs beside the step that is computing (prefetch) instead of after it.
   if (!fresh_destination && !small_read) be.stream_wait(stream, be.compute_stream(accelerator.index));
-  be.copy(dst, target, src, source, bytes, stream, pinned, non_blocking);
+  try {
+    be.copy(dst, target, src, source, bytes, stream, pinned, non_blocking);
+  } catch (...) {
+    // Part of the copy may be queued: let it finish before the caller frees the buffers it reads and writes.
+    try {
+      be.synchronize(stream);
+    } catch (...) {
+    }
+    throw;
+  }
   // A non-blocking copy: later compute work waits for it (on the device), so it sees the data (to a device), and
   // nothing it queues frees or overwrites the source before the copy has read it (from a device).
   if (!non_blocking) {

@@ -97,13 +97,14 @@ void staged_host_to_device(char* dst, const char* src, std::size_t bytes, cudaSt
   const int first = ring.next;
   auto slot_of = [&](std::size_t c) { return static_cast<std::size_t>((static_cast<std::size_t>(first) + c) % kSlots); };
   cudaError_t status = cudaEventSynchronize(ring.done[slot_of(0)]);
+  check_staged(status, "cudaEventSynchronize (staging buffer)");
   const int threads = static_cast<int>(std::min<std::size_t>(static_cast<std::size_t>(staging_threads()), chunk / 65536 + 1));
 #pragma omp parallel num_threads(threads)
   {
     const int t = omp_get_thread_num(), nt = omp_get_num_threads();
     for (std::size_t c = 0; c < chunks; ++c) {
       const std::size_t begin = c * chunk, length = std::min(chunk, bytes - begin);
-      if (t == 0 && c + 1 < chunks && status == cudaSuccess) status = cudaEventSynchronize(ring.done[slot_of(c + 1)]);
+      if (t == 0 && c + 1 < chunks) status = cudaEventSynchronize(ring.done[slot_of(c + 1)]);
       const std::size_t lo = slice_start(length, t, nt), hi = slice_start(length, t + 1, nt);
       std::memcpy(ring.buffers[slot_of(c)] + lo, src + begin + lo, hi - lo);
 #pragma omp barrier
@@ -111,6 +112,10 @@ void staged_host_to_device(char* dst, const char* src, std::size_t bytes, cudaSt
         status = cudaMemcpyAsync(dst + begin, ring.buffers[slot_of(c)], length, cudaMemcpyHostToDevice, stream);
         if (status == cudaSuccess) status = cudaEventRecord(ring.done[slot_of(c)], stream);
       }
+      // Every thread stops at the same chunk once a call failed: a buffer whose wait failed may still be read
+      // by an earlier copy's DMA, and must not be written.
+#pragma omp barrier
+      if (status != cudaSuccess) break;
     }
   }
   ring.next = static_cast<int>(slot_of(chunks));

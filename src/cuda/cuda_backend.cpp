@@ -66,7 +66,8 @@ DeviceGuard::DeviceGuard(int index) : index_(index) {
 }
 
 DeviceGuard::~DeviceGuard() {
-  if (previous_ >= 0 && previous_ != index_) cudaSetDevice(previous_);
+  // A failure here (e.g. at process exit) is cleared, so that no later check reports it as its own.
+  if (previous_ >= 0 && previous_ != index_ && cudaSetDevice(previous_) != cudaSuccess) cudaGetLastError();
 }
 
 // --- per-device state -----------------------------------------------------------------------------
@@ -101,6 +102,11 @@ DeviceState* create_state(int index) {
   FERRY_CUDA_CHECK(cudaMemPoolCreate(&state->pool, &props));
   std::uint64_t keep_all = std::numeric_limits<std::uint64_t>::max();
   FERRY_CUDA_CHECK(cudaMemPoolSetAttribute(state->pool, cudaMemPoolAttrReleaseThreshold, &keep_all));
+  // A block freed on the compute stream is not handed to the copy stream with a hidden wait for that free
+  // (the driver's default): a prefetch into a fresh buffer would then queue behind the step it should run
+  // beside. The pool grows instead; reuse in a stream's own order, or after the free is done, still happens.
+  int no_hidden_waits = 0;
+  FERRY_CUDA_CHECK(cudaMemPoolSetAttribute(state->pool, cudaMemPoolReuseAllowInternalDependencies, &no_hidden_waits));
   // Peers that can reach this device's memory get access to the pool (device-to-device copies).
   for (int peer = 0; peer < cuda_device_count(); ++peer) {
     int can_access = 0;
@@ -164,7 +170,8 @@ void stream_wait(cudaStream_t waiter, int waiter_device, cudaStream_t producer, 
   }
   DeviceGuard guard(waiter_device);
   FERRY_CUDA_CHECK(cudaStreamWaitEvent(waiter, marker, 0));
-  if (temporary) cudaEventDestroy(marker);  // released by CUDA once the wait no longer needs it
+  // released by CUDA once the wait no longer needs it
+  if (temporary && cudaEventDestroy(marker) != cudaSuccess) cudaGetLastError();
 }
 
 void raise_kernel_errors(int index) {
@@ -232,9 +239,13 @@ void* allocate_in_stream_order(DeviceState& s, std::size_t bytes, cudaStream_t s
   }
   if (status == cudaErrorMemoryAllocation) {
     cudaGetLastError();
+    // What empty_cache() does: every stream done, every unused block of the pool and of past graph
+    // replays given back to the device.
     FERRY_CUDA_CHECK(cudaStreamSynchronize(stream));
     FERRY_CUDA_CHECK(cudaStreamSynchronize(s.compute_stream));  // blocks are freed in its order
+    FERRY_CUDA_CHECK(cudaStreamSynchronize(s.copy_stream));
     FERRY_CUDA_CHECK(cudaMemPoolTrimTo(s.pool, 0));
+    if (cudaDeviceGraphMemTrim(s.index) != cudaSuccess) cudaGetLastError();
     status = cudaMallocFromPoolAsync(&ptr, bytes, s.pool, stream);
   }
   if (status == cudaErrorMemoryAllocation) {
@@ -300,6 +311,7 @@ class CudaBackend final : public Backend {
     char bus_id[32] = {};
     if (cudaDeviceGetPCIBusId(bus_id, sizeof(bus_id), index) != cudaSuccess) cudaGetLastError();
     p.link = std::string("PCIe (bus ") + bus_id + ")";
+    p.bus_id = bus_id;
     p.link_bytes_per_second = 0;  // the runtime cannot say (NVML could); measured by `ferry bench`
     int cublas_major = 0, cublas_minor = 0, cublas_patch = 0;
     if (cublasGetProperty(MAJOR_VERSION, &cublas_major) == CUBLAS_STATUS_SUCCESS &&
@@ -340,7 +352,10 @@ class CudaBackend final : public Backend {
     if (!ptr || !state) return;
     DeviceState& s = *state;
     int previous = -1;
-    if (cudaGetDevice(&previous) != cudaSuccess) previous = -1;
+    if (cudaGetDevice(&previous) != cudaSuccess) {
+      cudaGetLastError();
+      previous = -1;
+    }
     s.allocated.fetch_sub(static_cast<std::int64_t>(bytes));
     if (s.capturing.load() || s.has_dead_blocks.load()) {
       std::lock_guard lock(s.capture_mutex);
@@ -358,9 +373,9 @@ class CudaBackend final : public Backend {
         return;
       }
     }
-    if (previous != index) cudaSetDevice(index);
+    if (previous != index && cudaSetDevice(index) != cudaSuccess) cudaGetLastError();
     if (cudaFreeAsync(ptr, s.compute_stream) != cudaSuccess) cudaGetLastError();  // e.g. at process exit
-    if (previous >= 0 && previous != index) cudaSetDevice(previous);
+    if (previous >= 0 && previous != index && cudaSetDevice(previous) != cudaSuccess) cudaGetLastError();
   }
 
   MemoryStats memory_stats(int index) const override {

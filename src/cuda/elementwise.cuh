@@ -59,13 +59,16 @@ void dispatch_float(DType dtype, const char* op, F&& body) {
 // --- conversions (host and device), as the cpu does them -------------------------------------------
 
 // To bool: != 0 (NaN is true). Floating to integer truncates through int64, so out-of-range values
-// wrap the way the cpu's conversions do on x86 instead of saturating.
+// wrap the way the cpu's conversions do on x86 instead of saturating; NaN and values beyond int64 give
+// int64's minimum, as on the cpu (the GPU's own conversion would give 0 for NaN and clamp the others).
 template <typename O, typename T>
 __host__ __device__ __forceinline__ O cast_to(T v) {
   if constexpr (std::is_same_v<O, bool>) {
     return v != T(0);
   } else if constexpr (std::is_integral_v<O> && std::is_floating_point_v<T>) {
-    return static_cast<O>(static_cast<long long>(v));
+    constexpr T kLimit = T(9223372036854775807.0);  // 2^63
+    const long long whole = (v > -kLimit && v < kLimit) ? static_cast<long long>(v) : (-9223372036854775807LL - 1);
+    return static_cast<O>(whole);
   } else {
     return static_cast<O>(v);
   }

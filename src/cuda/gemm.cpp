@@ -44,8 +44,24 @@ CublasState& cublas_state(int device) {
     auto state = std::make_unique<CublasState>();
     FERRY_CUBLAS_CHECK(cublasCreate(&state->handle));
     FERRY_CUBLAS_CHECK(cublasSetMathMode(state->handle, CUBLAS_DEFAULT_MATH));  // no TF32 for fp32
-    FERRY_CUDA_CHECK(cudaMalloc(&state->workspace, kWorkspaceBytes));  // once per device, at first GEMM
     DeviceState& s = device_state(device);  // counted as PyTorch counts its cuBLAS workspace
+    // Once per device, at the first GEMM, outside ferry's pool. The pool keeps freed blocks, so a full pool
+    // is given back to the device (as on a failed allocation in it) before the workspace is called missing.
+    cudaError_t status = cudaMalloc(&state->workspace, kWorkspaceBytes);
+    if (status == cudaErrorMemoryAllocation) {
+      cudaGetLastError();
+      FERRY_CUDA_CHECK(cudaStreamSynchronize(s.compute_stream));
+      FERRY_CUDA_CHECK(cudaStreamSynchronize(s.copy_stream));
+      FERRY_CUDA_CHECK(cudaMemPoolTrimTo(s.pool, 0));
+      status = cudaMalloc(&state->workspace, kWorkspaceBytes);
+    }
+    if (status == cudaErrorMemoryAllocation) {
+      cudaGetLastError();
+      throw OutOfMemory(detail::concat("CUDA out of memory on cuda:", device, ": cuBLAS's workspace (", kWorkspaceBytes,
+                                       " bytes) cannot be allocated; ferry has ", s.allocated.load(),
+                                       " bytes allocated. Free tensors that are no longer needed or use a smaller batch"));
+    }
+    if (status != cudaSuccess) throw_cuda_error(status, "cudaMalloc (cuBLAS workspace)", __FILE__, __LINE__);
     s.library.fetch_add(static_cast<std::int64_t>(kWorkspaceBytes));
     s.count_allocated(static_cast<std::int64_t>(kWorkspaceBytes));
     g_handles[static_cast<std::size_t>(device)].store(state.release());  // kept for the process

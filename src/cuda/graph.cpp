@@ -123,11 +123,14 @@ void destroy_graph(void* handle, int index) noexcept {
   auto* g = static_cast<CudaGraph*>(handle);
   if (!g) return;
   int previous = -1;
-  if (cudaGetDevice(&previous) != cudaSuccess) previous = -1;
-  if (previous != index) cudaSetDevice(index);
+  if (cudaGetDevice(&previous) != cudaSuccess) {
+    cudaGetLastError();
+    previous = -1;
+  }
+  if (previous != index && cudaSetDevice(index) != cudaSuccess) cudaGetLastError();
   if (g->exec && cudaGraphExecDestroy(g->exec) != cudaSuccess) cudaGetLastError();
   if (g->graph && cudaGraphDestroy(g->graph) != cudaSuccess) cudaGetLastError();
-  if (previous >= 0 && previous != index) cudaSetDevice(previous);
+  if (previous >= 0 && previous != index && cudaSetDevice(previous) != cudaSuccess) cudaGetLastError();
   if (!g->launched) {  // e.g. the body threw after the capture: its outputs never had memory
     if (DeviceState* s = device_state_if_created(index)) {
       try {

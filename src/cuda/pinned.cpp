@@ -45,9 +45,12 @@ std::size_t bucket_size(std::size_t bytes) {  // power of two, at least 4 KiB
 bool block_ready(const PinnedBlock& block) {
   for (cudaEvent_t event : block.events) {
     if (!event) continue;
-    const cudaError_t status = cudaEventQuery(event);
-    if (status == cudaErrorNotReady) return false;
-    if (status != cudaSuccess) cudaGetLastError();
+    // Only cudaSuccess says the copies are done. Any other answer (not ready, or an error such as a query
+    // inside a capture) keeps the block out of use, and is cleared so that no later check reports it.
+    if (cudaEventQuery(event) != cudaSuccess) {
+      cudaGetLastError();
+      return false;
+    }
   }
   return true;
 }

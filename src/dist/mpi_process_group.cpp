@@ -6,6 +6,7 @@
 #include <chrono>
 #include <climits>
 #include <exception>
+#include <cstdio>
 #include <cstring>
 #include <map>
 #include <thread>
@@ -13,6 +14,7 @@
 
 #include "../core/internal.h"
 #include "backends.h"
+#include "ferry/backend.h"
 #include "ferry/ledger.h"
 #include "operation.h"
 
@@ -417,25 +419,34 @@ LocalRanks local_ranks() {
   return ranks;
 }
 
+// Ranks on one host that use one physical GPU. GPUs are compared by PCI bus id, not by ordinal: with
+// CUDA_VISIBLE_DEVICES set per rank every rank's GPU is cuda:0, yet each is a different card.
 std::string ranks_sharing_a_device(Device device) {
   MPI_Comm local = MPI_COMM_NULL;
   FERRY_COMM_CHECK(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &local));
   int local_size = 1, world_rank = 0;
   FERRY_COMM_CHECK(MPI_Comm_size(local, &local_size));
   FERRY_COMM_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &world_rank));
-  int mine[2] = {device.index, world_rank};
-  std::vector<int> all(2 * static_cast<std::size_t>(local_size));
+  constexpr int kIdBytes = 64;  // a PCI bus id is 13 characters; a device name a few more
+  struct Identity {
+    int rank;
+    char id[kIdBytes];
+  };
+  Identity mine{world_rank, {}};
+  const std::string bus_id = ferry::backend(device).properties(device.index).bus_id;
+  std::snprintf(mine.id, sizeof(mine.id), "%s", bus_id.empty() ? device.str().c_str() : bus_id.c_str());
+  std::vector<Identity> all(static_cast<std::size_t>(local_size));
   MPI_Request request = MPI_REQUEST_NULL;
-  FERRY_COMM_CHECK(MPI_Iallgather(mine, 2, MPI_INT, all.data(), 2, MPI_INT, local, &request));
-  wait_mpi_request(request, "all_gather (device indices)", kDefaultTimeoutSeconds);
+  FERRY_COMM_CHECK(MPI_Iallgather(&mine, sizeof(Identity), MPI_BYTE, all.data(), sizeof(Identity), MPI_BYTE, local,
+                                  &request));
+  wait_mpi_request(request, "all_gather (device identities)", kDefaultTimeoutSeconds);
   MPI_Comm_free(&local);
-  std::map<int, int> first_rank_of;  // device index -> first world rank using it
-  for (int i = 0; i < local_size; ++i) {
-    const int index = all[2 * static_cast<std::size_t>(i)], rank = all[2 * static_cast<std::size_t>(i) + 1];
-    auto [it, inserted] = first_rank_of.emplace(index, rank);
+  std::map<std::string, int> first_rank_of;  // physical device -> first world rank using it
+  for (const Identity& other : all) {
+    const std::string id(other.id, strnlen(other.id, sizeof(other.id)));
+    auto [it, inserted] = first_rank_of.emplace(id, other.rank);
     if (!inserted) {
-      return fmt::format("ranks {} and {} on one host both use {}", it->second, rank,
-                         Device(device.type, index).str());
+      return fmt::format("ranks {} and {} on one host both use the GPU at {}", it->second, other.rank, id);
     }
   }
   return "";

@@ -181,8 +181,9 @@ class NcclProcessGroup final : public ProcessGroup {
     FERRY_COMM_CUDA_CHECK(cudaEventRecord(ready, compute));
     FERRY_COMM_CUDA_CHECK(cudaStreamWaitEvent(stream_, ready, 0));
     cudaEventDestroy(ready);
-    FERRY_COMM_CHECK(call());
+    // Made before the call: once NCCL has the buffers, nothing may throw before the engine holds them alive.
     FERRY_COMM_CUDA_CHECK(cudaEventCreateWithFlags(&op->done_event, cudaEventDisableTiming));
+    FERRY_COMM_CHECK(call());
     FERRY_COMM_CUDA_CHECK(cudaEventRecord(op->done_event, stream_));
     FERRY_COMM_CUDA_CHECK(cudaStreamWaitEvent(compute, op->done_event, 0));
     engine_->add(op);
