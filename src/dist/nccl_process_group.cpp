@@ -172,8 +172,10 @@ class NcclProcessGroup final : public ProcessGroup {
     op->comm = comm_;
     op->keep_alive[0] = a;
     op->keep_alive[1] = b;
-    // The comm stream starts after the work queued so far on the compute stream (the gradients), and
-    // the compute stream's later work (the optimizer step) starts after the collective: events, no host wait.
+    // The comm stream starts after the work queued so far on the compute stream (the gradients): an event,
+    // no host wait. The compute stream does not wait for the collective: the rest of backward runs beside
+    // it (DDP's overlap). What reads the result comes after wait(), which returns once the collective's
+    // event has passed, so it is ordered after it on any stream.
     Backend& be = ferry::backend(device());
     const auto compute = static_cast<cudaStream_t>(be.compute_stream(device().index).handle);
     cudaEvent_t ready = nullptr;
@@ -185,7 +187,6 @@ class NcclProcessGroup final : public ProcessGroup {
     FERRY_COMM_CUDA_CHECK(cudaEventCreateWithFlags(&op->done_event, cudaEventDisableTiming));
     FERRY_COMM_CHECK(call());
     FERRY_COMM_CUDA_CHECK(cudaEventRecord(op->done_event, stream_));
-    FERRY_COMM_CUDA_CHECK(cudaStreamWaitEvent(compute, op->done_event, 0));
     engine_->add(op);
     return Work(std::move(op));
   }
