@@ -1,6 +1,7 @@
 // test_core_ops.cpp — the op-by-op parity suite (every op on every device against cpu, like ggml's
 // test-backend-ops), the ops' values on cpu, and the checks every op makes before dispatch.
 #include <functional>
+#include <limits>
 
 #include "test_helpers.h"
 
@@ -187,6 +188,30 @@ TEST(CoreOps, FloatToIntegerConversionsAndNormalDrawsAreDefinedEverywhere) {
     EXPECT_NEAR(mean, 5.0, 0.1) << device.str();
     manual_seed(7);
     EXPECT_EQ(drawn, normal({1000}, 5.0, 0.5).to_vector<float>()) << device.str() << " differs from cpu";
+  }
+}
+
+// int64 arithmetic is exact beyond 2^53 (where a double rounds to even): on the cpu the integer ops once went
+// through double, so 2^53 + 1 came back as 2^53. Two's complement wrap on overflow, as in PyTorch.
+TEST(CoreOps, Int64ArithmeticIsExactBeyondTwoToThe53) {
+  constexpr std::int64_t big = (std::int64_t{1} << 53) + 1, top = std::numeric_limits<std::int64_t>::max();
+  for (const Device& device : available_devices()) {
+    if (device.index != 0) continue;
+    const Tensor a = from_vector<std::int64_t>({big, big, -big, top}).to(device);
+    const Tensor b = from_vector<std::int64_t>({0, 2, 1, 1}).to(device);
+    auto got = [](const Tensor& t) { return t.to_vector<std::int64_t>(); };
+    using V = std::vector<std::int64_t>;
+    EXPECT_EQ(got(add(a, b)), (V{big, big + 2, -big + 1, std::numeric_limits<std::int64_t>::min()})) << device.str();
+    EXPECT_EQ(got(sub(a, b)), (V{big, big - 2, -big - 1, top - 1})) << device.str();
+    EXPECT_EQ(got(mul(a, b)), (V{0, 2 * big, -big, top})) << device.str();
+    EXPECT_EQ(got(maximum(a, b)), (V{big, big, 1, top})) << device.str();
+    EXPECT_EQ(got(minimum(a, b)), (V{0, 2, -big, 1})) << device.str();
+    EXPECT_EQ(got(neg(a)), (V{-big, -big, big, -top})) << device.str();
+    EXPECT_EQ(got(abs(a)), (V{big, big, big, top})) << device.str();
+    EXPECT_EQ(got(add(a, 1.0)), (V{big + 1, big + 1, -big + 1, std::numeric_limits<std::int64_t>::min()}))
+        << device.str();
+    EXPECT_EQ(sum(a.narrow(0, 0, 3)).item<std::int64_t>(), big) << device.str();
+    EXPECT_EQ(got(sum(a.narrow(0, 0, 2).reshape({2, 1}), {0})), (V{2 * big})) << device.str();
   }
 }
 

@@ -38,6 +38,17 @@ T apply_unary(UnaryOp op, T x) {
       default: return x;
     }
   } else {
+    if constexpr (std::is_integral_v<T>) {  // exact in the integer type (two's complement wrap), as on cuda
+      using U = std::make_unsigned_t<T>;
+      switch (op) {
+        case UnaryOp::Neg: return static_cast<T>(U(0) - static_cast<U>(x));
+        case UnaryOp::Abs: return x < 0 ? static_cast<T>(U(0) - static_cast<U>(x)) : x;
+        case UnaryOp::Sign: return static_cast<T>((x > 0) - (x < 0));
+        case UnaryOp::Relu: return x < 0 ? T(0) : x;
+        case UnaryOp::Square: return static_cast<T>(static_cast<U>(x) * static_cast<U>(x));
+        default: break;
+      }
+    }
     using F = std::conditional_t<std::is_floating_point_v<T>, T, double>;
     const F v = static_cast<F>(x);
     switch (op) {
@@ -118,6 +129,33 @@ Out cast_to(T v) {
   } else {
     return static_cast<Out>(v);
   }
+}
+
+// One binary op's value in the output dtype. Integer inputs into an integer output stay integers where the
+// op's result is one (add, sub and mul wrapping as two's complement, max, min, the masks): exact beyond 2^53,
+// as on cuda; the rest (div, pow) goes through double.
+template <typename O, typename T>
+O binary_value(BinaryOp op, T a, T b) {
+  if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool> && std::is_integral_v<O> &&
+                !std::is_same_v<O, bool>) {
+    using U = std::make_unsigned_t<T>;
+    switch (op) {
+      case BinaryOp::Add: return static_cast<O>(static_cast<T>(static_cast<U>(a) + static_cast<U>(b)));
+      case BinaryOp::Sub: return static_cast<O>(static_cast<T>(static_cast<U>(a) - static_cast<U>(b)));
+      case BinaryOp::Mul: return static_cast<O>(static_cast<T>(static_cast<U>(a) * static_cast<U>(b)));
+      case BinaryOp::Maximum: return static_cast<O>(a > b ? a : b);
+      case BinaryOp::Minimum: return static_cast<O>(a < b ? a : b);
+      case BinaryOp::ReluBackward: return static_cast<O>(b > 0 ? a : T(0));
+      case BinaryOp::ThresholdMask: return static_cast<O>(a > 0 ? b : T(0));
+      case BinaryOp::AddRelu: {
+        const T r = static_cast<T>(static_cast<U>(a) + static_cast<U>(b));
+        if constexpr (std::is_signed_v<T>) return static_cast<O>(r < 0 ? T(0) : r);
+        else return static_cast<O>(r);
+      }
+      default: break;
+    }
+  }
+  return cast_to<O>(apply_binary(op, a, b));
 }
 
 // The common fast case: out = f(a, b) over contiguous float runs, op chosen outside the loop.
@@ -271,7 +309,7 @@ void HostKernels::binary(BinaryOp op, const KernelTensor& out, const KernelTenso
         O* o = at<O>(out, off[0]);
         const T* x = at<const T>(a, off[1]);
         const T* y = at<const T>(b, off[2]);
-        for (std::int64_t i = 0; i < n; ++i) o[i * st[0]] = cast_to<O>(apply_binary(op, x[i * st[1]], y[i * st[2]]));
+        for (std::int64_t i = 0; i < n; ++i) o[i * st[0]] = binary_value<O>(op, x[i * st[1]], y[i * st[2]]);
       });
     });
   });
@@ -303,9 +341,9 @@ void HostKernels::binary_scalar(BinaryOp op, const KernelTensor& out, const Kern
           }
         }
         if (scalar_first) {
-          for (std::int64_t i = 0; i < n; ++i) o[i * st[0]] = cast_to<O>(apply_binary(op, c, x[i * st[1]]));
+          for (std::int64_t i = 0; i < n; ++i) o[i * st[0]] = binary_value<O>(op, c, x[i * st[1]]);
         } else {
-          for (std::int64_t i = 0; i < n; ++i) o[i * st[0]] = cast_to<O>(apply_binary(op, x[i * st[1]], c));
+          for (std::int64_t i = 0; i < n; ++i) o[i * st[0]] = binary_value<O>(op, x[i * st[1]], c);
         }
       });
     });
@@ -339,6 +377,19 @@ void HostKernels::reduce(ReduceOp op, const KernelTensor& out, const KernelTenso
     using O = typename decltype(tag_O)::type;
         O* o = out.ptr<O>();
         const double scale = (op == ReduceOp::Mean && reduce > 0) ? 1.0 / static_cast<double>(reduce) : 1.0;
+        if constexpr (std::is_integral_v<T> && std::is_integral_v<O> && !std::is_same_v<O, bool>) {
+          if (op == ReduceOp::Sum) {  // integers summed as integers (int64, wrapping): exact beyond 2^53, as on cuda
+            parallel_for(outer * inner, reduce, [&](std::int64_t flat) {
+              const std::int64_t i = flat / inner, j = flat % inner;
+              std::uint64_t acc = 0;
+              for (std::int64_t r = 0; r < reduce; ++r) {
+                acc += static_cast<std::uint64_t>(static_cast<std::int64_t>(x[(i * reduce + r) * inner + j]));
+              }
+              o[flat] = static_cast<O>(static_cast<std::int64_t>(acc));
+            });
+            return;
+          }
+        }
         if (inner == 1) {
           parallel_for(outer, reduce, [&](std::int64_t i) {
             const T* row = x + i * reduce;
