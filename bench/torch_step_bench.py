@@ -59,11 +59,19 @@ def run(name, device, steps, warmup):
         if read:
             loss.item()
 
+    # The peak of a step in steady state: the warm-up steps (cuDNN's algorithm search under cudnn.benchmark,
+    # whose workspace PyTorch's allocator counts; ferry's search memory is cuDNN's own) are measured apart.
     torch.cuda.reset_peak_memory_stats(device)
-    resident = seconds_per_step(device, warmup, steps, step)
+    for i in range(warmup):
+        step(i)
+    torch.cuda.synchronize(device)
+    peak_warmup = torch.cuda.max_memory_allocated(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    resident = seconds_per_step(device, 0, steps, step)
     peak = torch.cuda.max_memory_allocated(device)
     item = seconds_per_step(device, warmup, steps, lambda i: step(i, read=True))
-    return {"batch": batch, "resident_s": resident, "item_every_step_s": item, "peak_device_bytes": peak}
+    return {"batch": batch, "resident_s": resident, "item_every_step_s": item, "peak_device_bytes": peak,
+            "peak_device_bytes_warmup": peak_warmup}
 
 
 def main():
