@@ -251,16 +251,20 @@ bool cudnn_conv2d_supported(const Backend::Conv2dShape& s, DType dtype, int devi
     // Timing algorithms synchronizes the device, which a graph capture (ferry/graph.h) cannot record: a shape
     // first met inside a capture is composed from ferry's kernels there (StepGraph's eager warm-up steps make
     // the plans before it captures, so this is the exception).
-    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-    if (!st.plans.count(key_of(s, allow_tf32())) && cudaStreamIsCapturing(stream, &capture) == cudaSuccess &&
-        capture != cudaStreamCaptureStatusNone)
-      return false;
+    if (!st.plans.count(key_of(s, allow_tf32()))) {
+      cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+      if (cudaStreamIsCapturing(stream, &capture) != cudaSuccess) {  // cannot tell: as if capturing
+        cudaGetLastError();
+        return false;
+      }
+      if (capture != cudaStreamCaptureStatusNone) return false;
+    }
     return plan_for(st, s, device, stream) != nullptr;
   } catch (const std::exception& e) {  // a cuDNN that fails here is not used for this shape
     std::fprintf(stderr, "ferry: cuDNN cannot run a convolution on cuda:%d (%s); using ferry's own kernels\n", device,
                  e.what());
     std::lock_guard lock(st.mutex);
-    st.plans[key_of(s, allow_tf32())] = nullptr;  // remembered as unusable
+    st.plans.try_emplace(key_of(s, allow_tf32()), nullptr);  // remembered as unusable (unless a plan was made meanwhile)
     return false;
   }
 }
