@@ -4,6 +4,8 @@
 
 #include <CLI/CLI.hpp>
 
+#include <string>
+
 void register_plan_command(CLI::App& app);
 void register_devices_command(CLI::App& app);
 void register_train_command(CLI::App& app);
@@ -12,3 +14,20 @@ void register_inspect_command(CLI::App& app);
 void register_bench_command(CLI::App& app);
 void register_bench_allreduce(CLI::App& bench);  // `ferry bench allreduce` (bench_allreduce.cpp)
 void register_bench_golden(CLI::App& bench);     // `ferry bench golden` (bench_golden.cpp)
+
+// A check for whole-number options: "--epochs: expected a whole number >= 1, got 0" (CLI::PositiveNumber's own
+// message prints its range up to the largest double).
+inline CLI::Validator whole_number_at_least(long long least) {
+  const std::string bound = std::to_string(least);
+  return CLI::Validator(
+      [least, bound](std::string& input) -> std::string {
+        try {
+          std::size_t used = 0;
+          const long long value = std::stoll(input, &used);
+          if (used == input.size() && value >= least) return "";
+        } catch (const std::exception&) {
+        }
+        return "expected a whole number >= " + bound + ", got " + input;
+      },
+      "");
+}

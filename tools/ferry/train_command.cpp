@@ -97,15 +97,15 @@ void register_train_command(CLI::App& app) {
       "Example: ferry train --device auto --epochs 5 --checkpoint fmnist.safetensors");
   auto& o = a.options;
   cmd->add_option("--device", a.device, "auto | cpu | cuda[:N] | sim[:N]")->capture_default_str();
-  cmd->add_option("--epochs", o.epochs, "Passes over the 60000 training images")->capture_default_str()->check(CLI::PositiveNumber);
-  cmd->add_option("--batch", o.batch_size, "Images per step")->capture_default_str()->check(CLI::PositiveNumber);
+  cmd->add_option("--epochs", o.epochs, "Passes over the 60000 training images")->capture_default_str()->check(whole_number_at_least(1));
+  cmd->add_option("--batch", o.batch_size, "Images per step")->capture_default_str()->check(whole_number_at_least(1));
   cmd->add_option("--lr", o.lr, "Peak learning rate (SGD)")->capture_default_str();
   cmd->add_option("--momentum", o.momentum, "SGD momentum")->capture_default_str();
   cmd->add_option("--weight-decay", o.weight_decay, "L2 weight decay")->capture_default_str();
   cmd->add_option("--schedule", o.schedule, "Learning rate schedule: cosine | constant")->capture_default_str();
   cmd->add_option("--seed", o.seed, "Seed for initialisation and shuffling")->capture_default_str();
   cmd->add_option("--log-every", o.log_every, "Steps between loss read-backs (each one is a host sync)")
-      ->capture_default_str()->check(CLI::PositiveNumber);
+      ->capture_default_str()->check(whole_number_at_least(1));
   cmd->add_option("--placement", a.placement, "resident | prefetch | per-step")->capture_default_str();
   cmd->add_option("--graphs", o.graphs,
                   "Capture the step (forward, loss, backward, SGD update) as one graph after two eager steps and\n"
