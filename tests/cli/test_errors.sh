@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# tests/cli/test_errors.sh — bad input to the ferry command line: one line on stderr, the right exit status; usage: test_errors.sh path/to/ferry
+# tests/cli/test_errors.sh — bad input to the ferry command line: one line on stderr, the right exit status (and
+# --version, which is not an error); usage: test_errors.sh path/to/ferry
 # Not here: what each error says in detail (the unit tests); this checks --device strings, `ferry inspect` on broken files, missing data.
 set -u
 
@@ -99,6 +100,13 @@ done
 expect_failure 1 "bad-trailing" eval --checkpoint "$corpus/bad-trailing" --device cpu
 expect_failure 1 "dataset-fashion-mnist|--data|$scratch/nonexistent" train --device cpu --data "$scratch/nonexistent"
 expect_failure 1 "dataset-fashion-mnist" train --device cpu --data /nonexistent
+
+# --- and the one flag that is not an error: --version, exit 0, the version and what the build holds.
+version_rc=0
+"$FERRY" --version >"$scratch/out" 2>"$scratch/err" || version_rc=$?
+if [[ $version_rc -ne 0 ]] || ! grep -q "^ferry [0-9]" "$scratch/out" || ! grep -q "built with: cpu (OpenBLAS" "$scratch/out"; then
+  fail "ferry --version exited $version_rc and printed: $(head -c 400 "$scratch/out") $(head -c 400 "$scratch/err")"
+fi
 
 if [[ $failures -ne 0 ]]; then
   echo "$failures check(s) failed" >&2

@@ -1,16 +1,51 @@
 // main.cpp — the ferry command line. The one place where errors become exit codes:
 // 0 success, 1 a runtime failure (file, device, numerics), 2 bad usage or bad input.
+#include <cblas.h>
+
 #include <cstdio>
 #include <exception>
+#include <string>
 
 #include "commands.h"
 #include "ferry/error.h"
+
+namespace {
+// `ferry --version`: the version and what this build holds (which backends and libraries were compiled in).
+std::string version_text() {
+  std::string text = "ferry " FERRY_VERSION "\nbuilt with: cpu (";
+  text += openblas_get_config();
+  text += ")";
+#ifdef FERRY_HAVE_CUDA
+  text += ", cuda";
+#ifdef FERRY_HAVE_CUDNN
+  text += " + cuDNN";
+#endif
+#ifdef FERRY_HAVE_NCCL
+  text += " + NCCL";
+#endif
+#else
+  text += ", no cuda (nvcc was not found, or FERRY_CUDA=OFF)";
+#endif
+#ifdef FERRY_HAVE_MPI
+  text += ", MPI";
+#else
+  text += ", no MPI";
+#endif
+#if defined(__clang__)
+  text += ", sim; compiler " __VERSION__;
+#else
+  text += ", sim; compiler g++ " __VERSION__;
+#endif
+  return text;
+}
+}  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{
       "ferry: train and run tensors on cpu and cuda, and see what every host<->device crossing costs.\n"
       "Try: ferry devices | ferry plan golden --speedup 250 --compute 0.1s --transfer 0.7s | ferry train",
       "ferry"};
+  app.set_version_flag("--version", version_text());
   app.require_subcommand(1);
   app.fallthrough(false);
   register_devices_command(app);
