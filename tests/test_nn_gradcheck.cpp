@@ -7,15 +7,23 @@
 #include <cstdint>
 #include <functional>
 #include <limits>
+#include <optional>
+#include <string>
 #include <tuple>
 #include <vector>
 #include <algorithm>
 
 #include "ferry/autograd.h"
 #include "ferry/factories.h"
+#include "ferry/nn/activation.h"
+#include "ferry/nn/batchnorm.h"
+#include "ferry/nn/conv.h"
 #include "ferry/nn/functional.h"
+#include "ferry/nn/pooling.h"
+#include "ferry/nn/sequential.h"
 #include "ferry/ops.h"
 #include "ferry/random.h"
+#include "test_helpers.h"
 
 namespace F = ferry::nn::functional;
 using ferry::Device;
@@ -272,8 +280,9 @@ TEST(NNGradcheck, FusedBatchNormReluMatchesTheComposedLayer) {
         auto run = [&](bool fused) {
           const Device d = Device::parse(device);
           F::set_library_layers(fused);
-          Tensor in = x.to(d).requires_grad_();
-          Tensor weight = w0.to(d).requires_grad_(), bias = b0.to(d).requires_grad_();
+          // Copies: on cpu, to() returns the tensor itself, and the two runs would share (and sum) their gradients.
+          Tensor in = x.to(d).clone().requires_grad_();
+          Tensor weight = w0.to(d).clone().requires_grad_(), bias = b0.to(d).clone().requires_grad_();
           Tensor running_mean = ferry::full({C}, 0.25, {.device = d, .dtype = dtype});
           Tensor running_var = ferry::full({C}, 2.0, {.device = d, .dtype = dtype});
           Tensor out = F::batch_norm(in, running_mean, running_var, weight, bias, true, 0.1, 1e-5, Tensor(),
@@ -301,6 +310,100 @@ TEST(NNGradcheck, FusedBatchNormReluMatchesTheComposedLayer) {
       }
     }
   }
+}
+
+// BatchNorm + ReLU + 2x2/2 max pooling as one host layer (cpu and sim) against the three composed: values,
+// the three gradients and the running statistics, at even and odd sizes (an odd last row and column are in the
+// statistics but in no window), with and without affine parameters and momentum, and with a mean of 1000.
+TEST(NNGradcheck, FusedBatchNormReluMaxPoolMatchesTheComposedLayers) {
+  struct Case {
+    Shape shape;
+    double offset;
+    bool affine;
+    std::optional<double> momentum;
+  };
+  for (const DType dtype : {DType::Float32, DType::Float64}) {
+    for (const Case& c : {Case{{16, 8, 14, 14}, 1.5, true, 0.1}, Case{{3, 2, 7, 5}, -0.5, true, 0.1},
+                          Case{{4, 3, 2, 2}, 0.0, false, std::nullopt}, Case{{2, 4, 9, 12}, 1000.0, true, 0.3},
+                          Case{{8, 32, 28, 28}, 0.2, true, 0.1}}) {
+      for (const char* device : {"cpu", "sim:0"}) {
+        const std::int64_t C = c.shape[1];
+        ferry::manual_seed(73);
+        const Tensor x = ferry::add(ferry::randn(c.shape, {.dtype = dtype}), c.offset);
+        const Shape pooled{c.shape[0], C, c.shape[2] / 2, c.shape[3] / 2};
+        const Tensor probe = ferry::randn(pooled, {.dtype = dtype});
+        const Tensor w0 = ferry::add(ferry::mul(ferry::randn({C}, {.dtype = dtype}), 0.5), 1.0);
+        const Tensor b0 = ferry::mul(ferry::randn({C}, {.dtype = dtype}), 0.5);
+        auto run = [&](bool fused) {
+          const Device d = Device::parse(device);
+          F::set_library_layers(fused);
+          // Copies: on cpu, to() returns the tensor itself, and the two runs would share (and sum) their gradients.
+          Tensor in = x.to(d).clone().requires_grad_();
+          Tensor weight = c.affine ? w0.to(d).clone().requires_grad_() : Tensor();
+          Tensor bias = c.affine ? b0.to(d).clone().requires_grad_() : Tensor();
+          Tensor running_mean = ferry::full({C}, 0.25, {.device = d, .dtype = dtype});
+          Tensor running_var = ferry::full({C}, 2.0, {.device = d, .dtype = dtype});
+          const Tensor batches = ferry::full({}, 3, {.device = d, .dtype = DType::Int64});
+          Tensor out = F::batch_norm_relu_max_pool2d(in, running_mean, running_var, weight, bias, true, c.momentum,
+                                                     1e-5, batches);
+          F::set_library_layers(true);
+          EXPECT_EQ(out.shape(), pooled);
+          ferry::sum(ferry::mul(out, probe.to(d))).backward();
+          return std::vector<Tensor>{out.detach().cpu(), in.grad().cpu(),
+                                     c.affine ? weight.grad().cpu() : ferry::zeros({C}, {.dtype = dtype}),
+                                     c.affine ? bias.grad().cpu() : ferry::zeros({C}, {.dtype = dtype}),
+                                     running_mean.cpu(), running_var.cpu()};
+        };
+        const std::vector<Tensor> fused = run(true), composed = run(false);
+        const double tol = dtype == DType::Float32 ? 2e-4 : 1e-9;
+        const char* names[] = {"out", "grad input", "grad weight", "grad bias", "running mean", "running var"};
+        for (int i = 0; i < 6; ++i) {
+          const std::vector<double> a = fused[i].to_vector<double>(), b = composed[i].to_vector<double>();
+          ASSERT_EQ(a.size(), b.size());
+          double largest = 0;  // the gradients scale with the number of elements summed
+          for (double v : b) largest = std::max(largest, std::abs(v));
+          for (std::size_t k = 0; k < a.size(); ++k) {
+            ASSERT_NEAR(a[k], b[k], tol * (1 + largest))
+                << names[i] << " element " << k << " of " << ferry::shape_str(c.shape) << " offset " << c.offset
+                << " " << ferry::dtype_name(dtype) << " on " << device;
+          }
+        }
+      }
+    }
+  }
+  // And against finite differences, on cpu and sim (float64, no running statistics).
+  check_everywhere(
+      [](const std::vector<Tensor>& a) {
+        return F::batch_norm_relu_max_pool2d(a[0], Tensor(), Tensor(), a[1], a[2], true);
+      },
+      {random_argument({3, 2, 5, 4}, 81), random_argument({2}, 82), random_argument({2}, 83)},
+      "batch_norm_relu_max_pool2d");
+}
+
+// nn::Sequential runs [BatchNorm2d, ReLU, MaxPool2d(2)] as the fused layer when the BatchNorm's input is
+// 8 MiB or more (where the fusion pays), and only that exact tail.
+TEST(NNGradcheck, SequentialFusesTheBatchNormReluMaxPoolTail) {
+  ferry::manual_seed(79);
+  ferry::nn::Sequential model;
+  model.push_back(ferry::nn::Conv2d(1, 4, 3, {.padding = 1}));
+  model.push_back(ferry::nn::BatchNorm2d(4));
+  model.push_back(ferry::nn::ReLU());
+  model.push_back(ferry::nn::MaxPool2d(2));
+  auto made_by = [](const Tensor& t) { return t.impl()->grad_fn ? t.impl()->grad_fn->name : std::string(); };
+  const Tensor x = ferry::randn({32, 1, 128, 128});  // the BatchNorm sees (32, 4, 128, 128): 8 MiB
+  const Tensor fused_out = model.forward(x);
+  EXPECT_EQ(made_by(fused_out), "batch_norm_relu_max_pool2d");
+  F::set_fused_activations(false);
+  const Tensor plain_out = model.forward(x);
+  F::set_fused_activations(true);
+  EXPECT_EQ(made_by(plain_out), "max_pool2d");
+  EXPECT_TRUE(ferry::testing::all_close(fused_out, plain_out, 1e-4, 1e-5));
+  EXPECT_EQ(made_by(model.forward(ferry::randn({6, 1, 8, 8}))), "max_pool2d");  // small: composed
+  ferry::nn::Sequential other;  // a ReLU and a 3x3 pooling after the BatchNorm: not the fused tail
+  other.push_back(ferry::nn::BatchNorm2d(4));
+  other.push_back(ferry::nn::ReLU());
+  other.push_back(ferry::nn::MaxPool2d(3));
+  EXPECT_EQ(made_by(other.forward(ferry::randn({32, 4, 129, 129}))), "max_pool2d");
 }
 
 TEST(NNGradcheck, Conv2dPortablePath) {

@@ -718,17 +718,8 @@ void HostKernels::max_pool2d(const KernelTensor& out, const KernelTensor& argmax
           T* out_row = op + y * ow;
           std::int64_t* arg_row = ap + y * ow;
           const std::int64_t base = 2 * y * width;
-          const bool nan = max_pool_2x2_row(top, top + width, out_row, arg_row, ow, base, width);
-          if (!nan) continue;
-          for (std::int64_t xo = 0; xo < ow; ++xo) {
-            const std::int64_t i0 = base + 2 * xo;
-            T best = plane[i0];
-            std::int64_t best_index = i0;
-            for (const std::int64_t i : {i0 + 1, i0 + width, i0 + width + 1}) {
-              if (better(plane[i], best)) best = plane[best_index = i];
-            }
-            out_row[xo] = best;
-            arg_row[xo] = best_index;
+          if (max_pool_2x2_row(top, top + width, out_row, arg_row, ow, base, width)) {
+            max_pool_2x2_row_in_window_order(top, top + width, out_row, arg_row, ow, base, width);
           }
         }
       });

@@ -1,7 +1,6 @@
 // max_pool_2x2.h — one output row of 2x2 stride-2 max pooling without padding (the CNNs' pooling) over host
-// memory: values and window-order argmax, float32 eight outputs at a time with AVX2. Not here: rows holding a
-// NaN (the caller redoes them in window order, where the first NaN wins) and other pooling shapes
-// (host_kernels.cpp).
+// memory: values and window-order argmax, float32 eight outputs at a time with AVX2; a row holding a NaN is
+// redone in window order (max_pool_2x2_row_in_window_order). Not here: other pooling shapes (host_kernels.cpp).
 #pragma once
 
 #include <cstdint>
@@ -40,6 +39,23 @@ template <typename T>
 bool max_pool_2x2_row(const T* top, const T* bottom, T* out, std::int64_t* arg, std::int64_t ow, std::int64_t base,
                       std::int64_t width) {
   return max_pool_2x2_row_scalar(top, bottom, out, arg, ow, base, width);
+}
+
+// The same row in window order, for a row whose windows hold a NaN: the first NaN wins over everything after it.
+template <typename T>
+void max_pool_2x2_row_in_window_order(const T* top, const T* bottom, T* out, std::int64_t* arg, std::int64_t ow,
+                                      std::int64_t base, std::int64_t width) {
+  auto better = [](T v, T best) { return (best == best) & ((v > best) | (v != v)); };
+  for (std::int64_t xo = 0; xo < ow; ++xo) {
+    const T window[4] = {top[2 * xo], top[2 * xo + 1], bottom[2 * xo], bottom[2 * xo + 1]};
+    const std::int64_t index[4] = {base + 2 * xo, base + 2 * xo + 1, base + width + 2 * xo, base + width + 2 * xo + 1};
+    int best = 0;
+    for (int i = 1; i < 4; ++i) {
+      if (better(window[i], window[best])) best = i;
+    }
+    out[xo] = window[best];
+    arg[xo] = index[best];
+  }
 }
 
 #if defined(__AVX2__)

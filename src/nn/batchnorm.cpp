@@ -24,10 +24,22 @@ BatchNorm::BatchNorm(std::int64_t num_features, const BatchNormOptions& bn, cons
   }
 }
 
-Tensor BatchNorm::forward(const Tensor& input) { return run(input, false); }
-Tensor BatchNorm::forward_relu(const Tensor& input) { return run(input, true); }
+Tensor BatchNorm::forward(const Tensor& input) { return run(input, Tail::None); }
+Tensor BatchNorm::forward_relu(const Tensor& input) { return run(input, Tail::ReLU); }
+// The fused tail saves passes over the full-size activation. Measured on a 2-core Zen 5 (32 MiB L3), forward +
+// backward per layer, fused against BatchNorm + ReLU then pooling: (256, 32, 32, 32) 9.8 ms against 14.6,
+// (256, 64, 16, 16) 4.5 against 5.9, (256, 128, 8, 8) 1.9 against 2.2; (128, 32, 28, 28) 3.6 against 4.4; but
+// (128, 64, 14, 14) 1.3 against 1.1 and (128, 128, 7, 7) 0.7 against 0.5: under ~8 MiB the passes it saves hit
+// the cache, and its per-row work costs more than they did. So the two are kept apart there.
+constexpr std::size_t kFusedTailMinBytes = std::size_t{8} << 20;
 
-Tensor BatchNorm::run(const Tensor& input, bool relu) {
+Tensor BatchNorm::forward_relu_max_pool(const Tensor& input) {
+  // Not 4-d: max_pool2d says what is wrong. Small: composed (above).
+  if (input.dim() != 4 || input.nbytes() < kFusedTailMinBytes) return Module::forward_relu_max_pool(input);
+  return run(input, Tail::ReLUMaxPool);
+}
+
+Tensor BatchNorm::run(const Tensor& input, Tail tail) {
   check_input(input);
   FERRY_CHECK(input.size(1) == num_features, ShapeMismatch, type_name(), ": expected ", num_features,
               " channels in dim 1, got input of shape ", shape_str(input.shape()));
@@ -38,10 +50,15 @@ Tensor BatchNorm::run(const Tensor& input, bool relu) {
   }
   // PyTorch: batch statistics in training, or always when no running statistics are kept.
   const bool use_batch_statistics = is_training() || !tracking;
+  if (tail == Tail::ReLUMaxPool) {
+    return functional::batch_norm_relu_max_pool2d(input, tracking ? running_mean : Tensor(),
+                                                  tracking ? running_var : Tensor(), weight, bias, use_batch_statistics,
+                                                  options.momentum, options.eps, tracking ? num_batches_tracked : Tensor());
+  }
   return functional::batch_norm(input, tracking ? running_mean : Tensor(), tracking ? running_var : Tensor(), weight,
                                 bias, use_batch_statistics, options.momentum, options.eps,
                                 tracking ? num_batches_tracked : Tensor(),
-                                relu ? functional::Activation::ReLU : functional::Activation::None);
+                                tail == Tail::ReLU ? functional::Activation::ReLU : functional::Activation::None);
 }
 
 std::string BatchNorm::extra_repr() const {

@@ -11,6 +11,7 @@
 
 #include "../core/internal.h"
 #include "batch_norm_kernels.h"
+#include "host_bn_relu_pool.h"
 #include "host_conv.h"
 #include "ferry/autograd.h"
 #include "ferry/backend.h"
@@ -428,10 +429,11 @@ bool fused_activations() { return g_fused_activations; }
 void set_library_layers(bool enabled) { g_library_layers = enabled; }
 bool library_layers() { return g_library_layers; }
 
-Tensor batch_norm(const Tensor& input, const Tensor& running_mean, const Tensor& running_var, const Tensor& weight,
-                  const Tensor& bias, bool training, std::optional<double> momentum, double eps,
-                  const Tensor& num_batches_tracked, Activation activation) {
-  const bool relu = activation == Activation::ReLU;
+namespace {
+// batch_norm's argument checks (shared with batch_norm_relu_max_pool2d); returns the input as (N, C, inner).
+detail::ChannelView checked_batch_norm_view(const Tensor& input, const Tensor& running_mean, const Tensor& running_var,
+                                            const Tensor& weight, const Tensor& bias, bool training,
+                                            const Tensor& num_batches_tracked) {
   check_same_device("batch_norm", {&input, &running_mean, &running_var, &weight, &bias, &num_batches_tracked});
   check_floating("batch_norm", input, "input");
   check_same_dtype("batch_norm", input, {{&weight, "weight"}, {&bias, "bias"}});
@@ -452,18 +454,30 @@ Tensor batch_norm(const Tensor& input, const Tensor& running_mean, const Tensor&
   FERRY_CHECK(training || running_mean.defined(), InvalidArgument,
               "batch_norm: evaluation mode needs running_mean and running_var (track_running_stats=False "
               "normalises with batch statistics always)");
+  FERRY_CHECK(!training || view.count() > 1, InvalidArgument,
+              "Expected more than 1 value per channel when training, got input size ", shape_str(input.shape()));
+  return view;
+}
+
+// The running statistics' update factor: momentum, or 1/batches for the cumulative average.
+double running_update_factor(std::optional<double> momentum, const Tensor& num_batches_tracked) {
+  if (momentum) return *momentum;
+  FERRY_CHECK(num_batches_tracked.defined(), InvalidArgument,
+              "batch_norm: momentum=None (cumulative average) needs num_batches_tracked");
+  return 1.0 / num_batches_tracked.item<double>();  // a host sync, as in PyTorch
+}
+}  // namespace
+
+Tensor batch_norm(const Tensor& input, const Tensor& running_mean, const Tensor& running_var, const Tensor& weight,
+                  const Tensor& bias, bool training, std::optional<double> momentum, double eps,
+                  const Tensor& num_batches_tracked, Activation activation) {
+  const bool relu = activation == Activation::ReLU;
+  const detail::ChannelView view =
+      checked_batch_norm_view(input, running_mean, running_var, weight, bias, training, num_batches_tracked);
   const std::int64_t count = view.count();
-  FERRY_CHECK(!training || count > 1, InvalidArgument, "Expected more than 1 value per channel when training, got input size ",
-              shape_str(input.shape()));
 
   const Tensor x = input.detach().contiguous();
-  // The running statistics' update factor: momentum, or 1/batches for the cumulative average.
-  auto update_factor = [&] {
-    if (momentum) return *momentum;
-    FERRY_CHECK(num_batches_tracked.defined(), InvalidArgument,
-                "batch_norm: momentum=None (cumulative average) needs num_batches_tracked");
-    return 1.0 / num_batches_tracked.item<double>();  // a host sync, as in PyTorch
-  };
+  auto update_factor = [&] { return running_update_factor(momentum, num_batches_tracked); };
   const Backend::BatchNormShape library_shape{.batch = view.batch, .channels = view.channels, .inner = view.inner,
                                               .eps = eps, .relu = relu};
   const auto library_dtype_ok = [&](const Tensor& t) {
@@ -536,6 +550,45 @@ Tensor batch_norm(const Tensor& input, const Tensor& running_mean, const Tensor&
                }
              }
              return Grads{gx, gw, gb};
+           });
+  }
+  return out;
+}
+
+Tensor batch_norm_relu_max_pool2d(const Tensor& input, const Tensor& running_mean, const Tensor& running_var,
+                                  const Tensor& weight, const Tensor& bias, bool training, std::optional<double> momentum,
+                                  double eps, const Tensor& num_batches_tracked) {
+  const auto same_dtype_contiguous = [&](const Tensor& t) {
+    return !t.defined() || (t.dtype() == input.dtype() && t.is_contiguous());
+  };
+  const bool fused = training && library_layers() && input.dim() == 4 &&
+                     detail::use_host_bn_relu_pool(input.device(), input.dtype(), input.size(2), input.size(3)) &&
+                     same_dtype_contiguous(running_mean) && same_dtype_contiguous(running_var) &&
+                     same_dtype_contiguous(weight) && same_dtype_contiguous(bias);
+  if (!fused) {
+    return max_pool2d(batch_norm(input, running_mean, running_var, weight, bias, training, momentum, eps,
+                                 num_batches_tracked, Activation::ReLU),
+                      2, 2);
+  }
+  checked_batch_norm_view(input, running_mean, running_var, weight, bias, training, num_batches_tracked);
+  const double factor = running_mean.defined() ? running_update_factor(momentum, num_batches_tracked) : 0.0;
+  const Tensor x = input.detach().contiguous();  // (N, C, H, W)
+  const std::int64_t N = x.size(0), C = x.size(1), oh = x.size(2) / 2, ow = x.size(3) / 2;
+  const TensorOptions like{.device = x.device(), .dtype = x.dtype()};
+  const Tensor w = weight.defined() ? weight.detach() : Tensor(), b = bias.defined() ? bias.detach() : Tensor();
+  Tensor out = empty({N, C, oh, ow}, like);
+  const Tensor argmax = empty({N, C, oh, ow}, {.device = x.device(), .dtype = DType::Int64});
+  const Tensor save_mean = empty({C}, like), save_invstd = empty({C}, like);
+  detail::host_bn_relu_pool_forward(x, w, b, running_mean, running_var, factor, eps, out, argmax, save_mean, save_invstd);
+  if (needs_grad({&input, &weight, &bias})) {
+    const bool want_x = input.requires_grad(), want_w = weight.requires_grad(), want_b = bias.requires_grad();
+    record("batch_norm_relu_max_pool2d", {input, weight, bias}, out,
+           [x, w, pooled = out.detach(), argmax, save_mean, save_invstd, want_x, want_w, want_b](const Tensor& grad) {
+             const TensorOptions like{.device = x.device(), .dtype = x.dtype()};
+             Tensor gx = empty(x.shape(), like), gw = empty({x.size(1)}, like), gb = empty({x.size(1)}, like);
+             detail::host_bn_relu_pool_backward(grad.contiguous(), pooled, argmax, x, w, save_mean, save_invstd, gx, gw,
+                                                gb);
+             return Grads{want_x ? gx : Tensor(), want_w ? gw : Tensor(), want_b ? gb : Tensor()};
            });
   }
   return out;

@@ -13,6 +13,7 @@ std::string size_str(Size2 s) { return s.h == s.w ? ferry::detail::concat(s.h) :
 
 Tensor ReLU::forward(const Tensor& input) { return functional::relu(input); }
 Tensor Module::forward_relu(const Tensor& input) { return functional::relu(forward(input)); }
+Tensor Module::forward_relu_max_pool(const Tensor& input) { return functional::max_pool2d(forward_relu(input), 2, 2); }
 
 Tensor Flatten::forward(const Tensor& input) { return input.flatten(start_dim, end_dim); }
 std::string Flatten::extra_repr() const { return ferry::detail::concat("start_dim=", start_dim, ", end_dim=", end_dim); }
@@ -44,6 +45,15 @@ Tensor Sequential::forward(const Tensor& input) {
   const bool fuse = functional::fused_activations();
   for (std::size_t i = 0; i < children.size(); ++i) {
     Module& child = *children[i].second;
+    if (fuse && i + 2 < children.size() && child.fuses_relu_max_pool() &&
+        dynamic_cast<const ReLU*>(children[i + 1].second.get()) != nullptr) {
+      const auto* pool = dynamic_cast<const MaxPool2d*>(children[i + 2].second.get());
+      if (pool != nullptr && pool->kernel_size == Size2(2) && pool->stride == Size2(2) && pool->padding == Size2(0)) {
+        x = child.forward_relu_max_pool(x);  // the layer, the ReLU and the 2x2 pooling after it as one
+        i += 2;
+        continue;
+      }
+    }
     if (fuse && i + 1 < children.size() && child.fuses_relu() &&
         dynamic_cast<const ReLU*>(children[i + 1].second.get()) != nullptr) {
       x = child.forward_relu(x);  // the layer and the ReLU after it as one

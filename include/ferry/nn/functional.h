@@ -48,6 +48,14 @@ Tensor batch_norm(const Tensor& input, const Tensor& running_mean, const Tensor&
                   const Tensor& bias, bool training, std::optional<double> momentum = 0.1, double eps = 1e-5,
                   const Tensor& num_batches_tracked = Tensor(), Activation activation = Activation::None);
 
+// max_pool2d(relu(batch_norm(input, ...)), 2, 2) for an input (N, C, H, W) -> (N, C, H/2, W/2): in training on
+// the cpu and sim, one host layer that never stores the full-size activation between the three (the CNN block's
+// tail; nn::Sequential uses it); elsewhere, and with set_library_layers(false), the three layers composed.
+Tensor batch_norm_relu_max_pool2d(const Tensor& input, const Tensor& running_mean, const Tensor& running_var,
+                                  const Tensor& weight, const Tensor& bias, bool training,
+                                  std::optional<double> momentum = 0.1, double eps = 1e-5,
+                                  const Tensor& num_batches_tracked = Tensor());
+
 // input (N, C, H, W) -> (N, C, oh, ow); stride 0 = the kernel size; padding <= kernel / 2. Max pooling
 // pads with -inf (padding never wins); average pooling counts the padding (PyTorch's defaults).
 Tensor max_pool2d(const Tensor& input, Size2 kernel_size, Size2 stride = 0, Size2 padding = 0);

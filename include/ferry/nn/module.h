@@ -61,6 +61,10 @@ class Module {
   // the same pass (nn::Sequential uses it for a layer followed by a ReLU).
   virtual bool fuses_relu() const { return false; }
   virtual Tensor forward_relu(const Tensor& input);
+  // max_pool2d(relu(forward(input)), 2, 2); BatchNorm2d runs the three as one layer where it can (the CNNs'
+  // block tail; nn::Sequential uses it for a layer followed by a ReLU and a MaxPool2d(2)).
+  virtual bool fuses_relu_max_pool() const { return false; }
+  virtual Tensor forward_relu_max_pool(const Tensor& input);
   // One line about this module alone, as PyTorch prints it: "Linear(in_features=4, out_features=3, bias=True)".
   virtual std::string extra_repr() const { return ""; }
   virtual std::string type_name() const = 0;  // "Linear"

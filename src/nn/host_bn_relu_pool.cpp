@@ -1,0 +1,159 @@
+// host_bn_relu_pool.cpp — BatchNorm + ReLU + 2x2/2 max pooling in one layer over host memory (see the header).
+// Per channel, one OpenMP task:
+//   forward:  sums of x (one pass); then per pair of input rows, relu(x * scale + shift) into a two-row buffer
+//             and the pooled row from it (one pass over x; only the pooled output and argmax are written);
+//   backward: the sums over the pooled gradient at the argmax positions (a quarter of the elements); then
+//             grad_x = x * a + b over the plane and g * k + x * a + b at each argmax (one pass).
+// Against BatchNorm + ReLU (3 passes forward, 7 backward) then pooling (1 + a zeroing pass and a scatter):
+// the full-size tensor between them is neither written nor read, and the backward's dy is never materialised.
+#include "host_bn_relu_pool.h"
+
+#include <algorithm>
+#include <vector>
+
+#include "../core/internal.h"
+#include "../cpu/max_pool_2x2.h"
+#include "../cpu/strided.h"
+#include "batch_norm_kernels.h"
+#include "batch_norm_rule.h"
+#include "ferry/error.h"
+
+namespace ferry::nn::detail {
+
+bool use_host_bn_relu_pool(Device device, DType dtype, std::int64_t height, std::int64_t width) {
+  return use_fused_host_kernels(device) && (dtype == DType::Float32 || dtype == DType::Float64) && height >= 2 &&
+         width >= 2;
+}
+
+namespace {
+
+template <typename F>
+void dispatch_float(DType dtype, F&& body) {
+  if (dtype == DType::Float32) body(float{});
+  else if (dtype == DType::Float64) body(double{});
+  else throw DTypeMismatch(ferry::detail::concat("batch_norm: expected float32 or float64, got ", dtype_name(dtype)));
+}
+
+template <typename T>
+const T* data_or_null(const Tensor& t) {
+  return t.defined() ? t.data<T>() : nullptr;
+}
+
+}  // namespace
+
+void host_bn_relu_pool_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& running_mean,
+                               const Tensor& running_var, double factor, double eps, const Tensor& out,
+                               const Tensor& argmax, const Tensor& save_mean, const Tensor& save_invstd) {
+  const std::int64_t N = x.size(0), C = x.size(1), H = x.size(2), W = x.size(3);
+  const std::int64_t inner = H * W, oh = H / 2, ow = W / 2;
+  const double count = static_cast<double>(N * inner);
+  dispatch_float(x.dtype(), [&](auto zero) {
+    using T = decltype(zero);
+    const T* in = x.data<T>();
+    const T* w = data_or_null<T>(weight);
+    const T* b = data_or_null<T>(bias);
+    T* rm = running_mean.defined() ? running_mean.data<T>() : nullptr;
+    T* rv = running_var.defined() ? running_var.data<T>() : nullptr;
+    T* o = out.data<T>();
+    std::int64_t* arg = argmax.data<std::int64_t>();
+    T* mean_out = save_mean.data<T>();
+    T* invstd_out = save_invstd.data<T>();
+    cpu::parallel_for(C, N * inner * 2, [&](std::int64_t c) {
+      // The channel's sums, shifted by its first element (batch_norm_rule.h).
+      const double shift_by = static_cast<double>(in[c * inner]);
+      BatchNormSums sums;
+      for (std::int64_t n = 0; n < N; ++n) {
+        const T* row = in + (n * C + c) * inner;
+        double s1 = 0, s2 = 0;
+#pragma omp simd reduction(+ : s1, s2)
+        for (std::int64_t i = 0; i < inner; ++i) {
+          const double d = static_cast<double>(row[i]) - shift_by;
+          s1 += d;
+          s2 += d * d;
+        }
+        sums.s1 += s1;
+        sums.s2 += s2;
+      }
+      const BatchNormForward f = batch_norm_forward_numbers(shift_by, sums, count, eps, w ? static_cast<double>(w[c]) : 1.0,
+                                                            b ? static_cast<double>(b[c]) : 0.0);
+      mean_out[c] = static_cast<T>(f.mean);
+      invstd_out[c] = static_cast<T>(f.invstd);
+      if (rm) {
+        rm[c] = static_cast<T>(running_mean_update(static_cast<double>(rm[c]), f.mean, factor));
+        rv[c] = static_cast<T>(running_var_update(static_cast<double>(rv[c]), f.var, count, factor));
+      }
+      // Each pair of input rows, normalised and rectified into `rows`, then pooled from there.
+      const T scale = static_cast<T>(f.scale), shift = static_cast<T>(f.shift);
+      std::vector<T> rows(static_cast<std::size_t>(2 * W));
+      T* top = rows.data();
+      for (std::int64_t n = 0; n < N; ++n) {
+        const T* plane = in + (n * C + c) * inner;
+        T* out_plane = o + (n * C + c) * oh * ow;
+        std::int64_t* arg_plane = arg + (n * C + c) * oh * ow;
+        for (std::int64_t y = 0; y < oh; ++y) {
+          const T* src = plane + 2 * y * W;  // rows 2y and 2y + 1, contiguous
+#pragma omp simd
+          for (std::int64_t i = 0; i < 2 * W; ++i) top[i] = relu_value<T>(src[i] * scale + shift);
+          T* out_row = out_plane + y * ow;
+          std::int64_t* arg_row = arg_plane + y * ow;
+          if (cpu::max_pool_2x2_row(top, top + W, out_row, arg_row, ow, 2 * y * W, W)) {
+            cpu::max_pool_2x2_row_in_window_order(top, top + W, out_row, arg_row, ow, 2 * y * W, W);
+          }
+        }
+      }
+    });
+  });
+}
+
+void host_bn_relu_pool_backward(const Tensor& grad_out, const Tensor& out, const Tensor& argmax, const Tensor& x,
+                                const Tensor& weight, const Tensor& save_mean, const Tensor& save_invstd,
+                                const Tensor& grad_x, const Tensor& grad_weight, const Tensor& grad_bias) {
+  const std::int64_t N = x.size(0), C = x.size(1), H = x.size(2), W = x.size(3);
+  const std::int64_t inner = H * W, pooled = (H / 2) * (W / 2);
+  const double count = static_cast<double>(N * inner);
+  dispatch_float(x.dtype(), [&](auto zero) {
+    using T = decltype(zero);
+    const T* g = grad_out.data<T>();
+    const T* y = out.data<T>();
+    const std::int64_t* arg = argmax.data<std::int64_t>();
+    const T* in = x.data<T>();
+    const T* w = data_or_null<T>(weight);
+    T* dx = grad_x.data<T>();
+    T* gw = grad_weight.data<T>();
+    T* gb = grad_bias.data<T>();
+    cpu::parallel_for(C, N * (inner + pooled), [&](std::int64_t c) {
+      const double mean = static_cast<double>(save_mean.data<T>()[c]);
+      const double invstd = static_cast<double>(save_invstd.data<T>()[c]);
+      // The ReLU-masked gradient is g at each window's winner (where its output is > 0) and 0 elsewhere: the
+      // backward's sums need only the winners.
+      BatchNormSums sums;
+      for (std::int64_t n = 0; n < N; ++n) {
+        const std::int64_t p = (n * C + c);
+        const T* plane = in + p * inner;
+        for (std::int64_t o = 0; o < pooled; ++o) {
+          const double d = static_cast<double>(relu_masked(g[p * pooled + o], y[p * pooled + o]));
+          sums.s1 += d;
+          sums.s2 += d * (static_cast<double>(plane[arg[p * pooled + o]]) - mean);
+        }
+      }
+      const BatchNormBackward r =
+          batch_norm_backward_numbers(sums, mean, invstd, w ? static_cast<double>(w[c]) : 1.0, count);
+      gw[c] = static_cast<T>(r.grad_weight);
+      gb[c] = static_cast<T>(r.grad_bias);
+      const T k = static_cast<T>(r.k), a = static_cast<T>(r.a), b = static_cast<T>(r.b);
+      for (std::int64_t n = 0; n < N; ++n) {
+        const std::int64_t p = (n * C + c);
+        const T* plane = in + p * inner;
+        T* dst = dx + p * inner;
+#pragma omp simd
+        for (std::int64_t i = 0; i < inner; ++i) dst[i] = plane[i] * a + b;  // dy' = 0 here
+        for (std::int64_t o = 0; o < pooled; ++o) {
+          const std::int64_t i = arg[p * pooled + o];
+          dst[i] = relu_masked(g[p * pooled + o], y[p * pooled + o]) * k + plane[i] * a + b;
+        }
+      }
+    });
+  });
+}
+
+}  // namespace ferry::nn::detail
