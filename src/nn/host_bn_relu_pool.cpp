@@ -130,11 +130,18 @@ void host_bn_relu_pool_backward(const Tensor& grad_out, const Tensor& out, const
       for (std::int64_t n = 0; n < N; ++n) {
         const std::int64_t p = (n * C + c);
         const T* plane = in + p * inner;
+        const T* gp = g + p * pooled;
+        const T* yp = y + p * pooled;
+        const std::int64_t* ap = arg + p * pooled;
+        double s1 = 0, s2 = 0;
+#pragma omp simd reduction(+ : s1, s2)
         for (std::int64_t o = 0; o < pooled; ++o) {
-          const double d = static_cast<double>(relu_masked(g[p * pooled + o], y[p * pooled + o]));
-          sums.s1 += d;
-          sums.s2 += d * (static_cast<double>(plane[arg[p * pooled + o]]) - mean);
+          const double d = static_cast<double>(relu_masked(gp[o], yp[o]));
+          s1 += d;
+          s2 += d * (static_cast<double>(plane[ap[o]]) - mean);
         }
+        sums.s1 += s1;
+        sums.s2 += s2;
       }
       const BatchNormBackward r =
           batch_norm_backward_numbers(sums, mean, invstd, w ? static_cast<double>(w[c]) : 1.0, count);
