@@ -26,16 +26,8 @@ BatchNorm::BatchNorm(std::int64_t num_features, const BatchNormOptions& bn, cons
 
 Tensor BatchNorm::forward(const Tensor& input) { return run(input, Tail::None); }
 Tensor BatchNorm::forward_relu(const Tensor& input) { return run(input, Tail::ReLU); }
-// The fused tail saves passes over the full-size activation. Measured on a 2-core Zen 5 (32 MiB L3), forward +
-// backward per layer, fused against BatchNorm + ReLU then pooling: (256, 32, 32, 32) 9.8 ms against 14.6,
-// (256, 64, 16, 16) 4.5 against 5.9, (256, 128, 8, 8) 1.9 against 2.2; (128, 32, 28, 28) 3.6 against 4.4; but
-// (128, 64, 14, 14) 1.3 against 1.1 and (128, 128, 7, 7) 0.7 against 0.5: under ~8 MiB the passes it saves hit
-// the cache, and its per-row work costs more than they did. So the two are kept apart there.
-constexpr std::size_t kFusedTailMinBytes = std::size_t{8} << 20;
-
 Tensor BatchNorm::forward_relu_max_pool(const Tensor& input) {
-  // Not 4-d: max_pool2d says what is wrong. Small: composed (above).
-  if (input.dim() != 4 || input.nbytes() < kFusedTailMinBytes) return Module::forward_relu_max_pool(input);
+  if (input.dim() != 4) return Module::forward_relu_max_pool(input);  // max_pool2d says what is wrong
   return run(input, Tail::ReLUMaxPool);
 }
 

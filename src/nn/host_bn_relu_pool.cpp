@@ -27,6 +27,8 @@ bool use_host_bn_relu_pool(Device device, DType dtype, std::int64_t height, std:
 
 namespace {
 
+constexpr std::int64_t kBlockElements = 4096;  // the forward's buffer of normalised rows: 16 KB of float32
+
 template <typename F>
 void dispatch_float(DType dtype, F&& body) {
   if (dtype == DType::Float32) body(float{});
@@ -82,22 +84,28 @@ void host_bn_relu_pool_forward(const Tensor& x, const Tensor& weight, const Tens
         rm[c] = static_cast<T>(running_mean_update(static_cast<double>(rm[c]), f.mean, factor));
         rv[c] = static_cast<T>(running_var_update(static_cast<double>(rv[c]), f.var, count, factor));
       }
-      // Each pair of input rows, normalised and rectified into `rows`, then pooled from there.
+      // A block of row pairs at a time (~16 KB, all of a small plane), normalised and rectified into `rows` in one
+      // loop, then pooled from there row by row.
       const T scale = static_cast<T>(f.scale), shift = static_cast<T>(f.shift);
-      std::vector<T> rows(static_cast<std::size_t>(2 * W));
-      T* top = rows.data();
+      const std::int64_t pairs_per_block = std::max<std::int64_t>(1, kBlockElements / (2 * W));
+      std::vector<T> rows(static_cast<std::size_t>(std::min(pairs_per_block, oh) * 2 * W));
       for (std::int64_t n = 0; n < N; ++n) {
         const T* plane = in + (n * C + c) * inner;
         T* out_plane = o + (n * C + c) * oh * ow;
         std::int64_t* arg_plane = arg + (n * C + c) * oh * ow;
-        for (std::int64_t y = 0; y < oh; ++y) {
-          const T* src = plane + 2 * y * W;  // rows 2y and 2y + 1, contiguous
+        for (std::int64_t y0 = 0; y0 < oh; y0 += pairs_per_block) {
+          const std::int64_t pairs = std::min(pairs_per_block, oh - y0);
+          const T* src = plane + 2 * y0 * W;  // rows 2 y0 .. 2 (y0 + pairs) - 1, contiguous
+          T* block = rows.data();
 #pragma omp simd
-          for (std::int64_t i = 0; i < 2 * W; ++i) top[i] = relu_value<T>(src[i] * scale + shift);
-          T* out_row = out_plane + y * ow;
-          std::int64_t* arg_row = arg_plane + y * ow;
-          if (cpu::max_pool_2x2_row(top, top + W, out_row, arg_row, ow, 2 * y * W, W)) {
-            cpu::max_pool_2x2_row_in_window_order(top, top + W, out_row, arg_row, ow, 2 * y * W, W);
+          for (std::int64_t i = 0; i < 2 * W * pairs; ++i) block[i] = relu_value<T>(src[i] * scale + shift);
+          for (std::int64_t y = y0; y < y0 + pairs; ++y) {
+            const T* top = block + 2 * (y - y0) * W;
+            T* out_row = out_plane + y * ow;
+            std::int64_t* arg_row = arg_plane + y * ow;
+            if (cpu::max_pool_2x2_row(top, top + W, out_row, arg_row, ow, 2 * y * W, W)) {
+              cpu::max_pool_2x2_row_in_window_order(top, top + W, out_row, arg_row, ow, 2 * y * W, W);
+            }
           }
         }
       }

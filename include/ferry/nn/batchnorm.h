@@ -22,8 +22,7 @@ class BatchNorm : public Module {
   Tensor forward(const Tensor& input) override;
   bool fuses_relu() const override { return true; }
   Tensor forward_relu(const Tensor& input) override;  // relu(forward(input)), the ReLU in place
-  // max_pool2d(relu(forward(input)), 2, 2): functional::batch_norm_relu_max_pool2d for 4-d inputs of 8 MiB and
-  // more (where it pays, measured), the BatchNorm + ReLU then the pooling below that.
+  // max_pool2d(relu(forward(input)), 2, 2) as functional::batch_norm_relu_max_pool2d; 4-d inputs only.
   bool fuses_relu_max_pool() const override { return true; }
   Tensor forward_relu_max_pool(const Tensor& input) override;
   std::string extra_repr() const override;
