@@ -1,7 +1,7 @@
 // host_bn_relu_pool.cpp — BatchNorm + ReLU + 2x2/2 max pooling in one layer over host memory (see the header).
 // Per channel, one OpenMP task:
-//   forward:  sums of x (one pass); then per pair of input rows, relu(x * scale + shift) into a two-row buffer
-//             and the pooled row from it (one pass over x; only the pooled output and argmax are written);
+//   forward:  sums of x (one pass); then a block of row pairs at a time, relu(x * scale + shift) into a small
+//             buffer and the pooled rows from it (one pass over x; only the pooled output and argmax are written);
 //   backward: the sums over the pooled gradient at the argmax positions (a quarter of the elements); then
 //             grad_x = x * a + b over the plane and g * k + x * a + b at each argmax (one pass).
 // Against BatchNorm + ReLU (3 passes forward, 7 backward) then pooling (1 + a zeroing pass and a scatter):
