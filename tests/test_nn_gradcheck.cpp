@@ -262,6 +262,23 @@ TEST(NNGradcheck, FusedActivations) {
 // the saved statistics' effect on the running ones, in float32 and float64, for images, sequences and
 // features (inner 1), and for a channel whose mean is 1000 times its spread (the shifted sums keep the
 // variance; sum(x^2) / n - mean^2 in float would lose it).
+// A fused BatchNorm layer's {out, grad input, grad weight, grad bias, running mean, running var} against the
+// composed layers', each element within tol of the largest entry (the gradients scale with the number of elements
+// summed). Fatal failures, so call it through ASSERT_NO_FATAL_FAILURE.
+void expect_batch_norm_results_near(const std::vector<Tensor>& fused, const std::vector<Tensor>& composed, double tol,
+                                    const std::string& what) {
+  const char* names[] = {"out", "grad input", "grad weight", "grad bias", "running mean", "running var"};
+  for (int i = 0; i < 6; ++i) {
+    const std::vector<double> a = fused[i].to_vector<double>(), b = composed[i].to_vector<double>();
+    ASSERT_EQ(a.size(), b.size()) << names[i] << " of " << what;
+    double largest = 0;
+    for (double v : b) largest = std::max(largest, std::abs(v));
+    for (std::size_t k = 0; k < a.size(); ++k) {
+      ASSERT_NEAR(a[k], b[k], tol * (1 + largest)) << names[i] << " element " << k << " of " << what;
+    }
+  }
+}
+
 TEST(NNGradcheck, FusedBatchNormReluMatchesTheComposedLayer) {
   struct Case {
     Shape shape;
@@ -293,20 +310,10 @@ TEST(NNGradcheck, FusedBatchNormReluMatchesTheComposedLayer) {
                                      running_mean.cpu(), running_var.cpu()};
         };
         const std::vector<Tensor> fused = run(true), composed = run(false);
-        const double tol = dtype == DType::Float32 ? 2e-4 : 1e-9;
-        const char* names[] = {"out", "grad input", "grad weight", "grad bias", "running mean", "running var"};
-        for (int i = 0; i < 6; ++i) {
-          const std::vector<double> a = fused[i].to_vector<double>(), b = composed[i].to_vector<double>();
-          ASSERT_EQ(a.size(), b.size());
-          // The gradients scale with the number of elements summed; compare against their largest entry.
-          double largest = 0;
-          for (double v : b) largest = std::max(largest, std::abs(v));
-          for (std::size_t k = 0; k < a.size(); ++k) {
-            ASSERT_NEAR(a[k], b[k], tol * (1 + largest))
-                << names[i] << " element " << k << " of " << ferry::shape_str(c.shape) << " offset " << c.offset
-                << " " << ferry::dtype_name(dtype) << " on " << device;
-          }
-        }
+        ASSERT_NO_FATAL_FAILURE(expect_batch_norm_results_near(
+            fused, composed, dtype == DType::Float32 ? 2e-4 : 1e-9,
+            ferry::shape_str(c.shape) + " offset " + std::to_string(c.offset) + " " + std::string(ferry::dtype_name(dtype)) +
+                " on " + device));
       }
     }
   }
@@ -355,19 +362,10 @@ TEST(NNGradcheck, FusedBatchNormReluMaxPoolMatchesTheComposedLayers) {
                                      running_mean.cpu(), running_var.cpu()};
         };
         const std::vector<Tensor> fused = run(true), composed = run(false);
-        const double tol = dtype == DType::Float32 ? 2e-4 : 1e-9;
-        const char* names[] = {"out", "grad input", "grad weight", "grad bias", "running mean", "running var"};
-        for (int i = 0; i < 6; ++i) {
-          const std::vector<double> a = fused[i].to_vector<double>(), b = composed[i].to_vector<double>();
-          ASSERT_EQ(a.size(), b.size());
-          double largest = 0;  // the gradients scale with the number of elements summed
-          for (double v : b) largest = std::max(largest, std::abs(v));
-          for (std::size_t k = 0; k < a.size(); ++k) {
-            ASSERT_NEAR(a[k], b[k], tol * (1 + largest))
-                << names[i] << " element " << k << " of " << ferry::shape_str(c.shape) << " offset " << c.offset
-                << " " << ferry::dtype_name(dtype) << " on " << device;
-          }
-        }
+        ASSERT_NO_FATAL_FAILURE(expect_batch_norm_results_near(
+            fused, composed, dtype == DType::Float32 ? 2e-4 : 1e-9,
+            ferry::shape_str(c.shape) + " offset " + std::to_string(c.offset) + " " + std::string(ferry::dtype_name(dtype)) +
+                " on " + device));
       }
     }
   }

@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "../nn/batch_norm_rule.h"
+#include "batch_norm_channel.h"
 #include "dispatch.h"
 #include "host_kernels.h"
 #include "strided.h"
@@ -15,19 +16,6 @@ namespace ferry::cpu {
 using nn::detail::BatchNormSums;
 
 namespace {
-// sum(x - K) and sum((x - K)^2) over one row, in double.
-template <typename T>
-BatchNormSums shifted_sums(const T* row, std::int64_t n, double shift_by) {
-  double s1 = 0, s2 = 0;
-#pragma omp simd reduction(+ : s1, s2)
-  for (std::int64_t i = 0; i < n; ++i) {
-    const double d = static_cast<double>(row[i]) - shift_by;
-    s1 += d;
-    s2 += d * d;
-  }
-  return {s1, s2};
-}
-
 // sum(dy') and sum(dy' (x - mean)) over one row, dy' = dy masked by the ReLU's output y when kRelu. The
 // mask goes through a small buffer first: GCC 12 vectorises the select and the double sums as two loops,
 // not as one (measured: one loop ran unvectorised, 20 % of a cnn step).
@@ -79,24 +67,9 @@ void HostKernels::batch_norm_forward(const KernelTensor& out, const KernelTensor
     T* rm = running_mean.data ? running_mean.ptr<T>() : nullptr;
     T* rv = running_var.data ? running_var.ptr<T>() : nullptr;
     const std::int64_t N = s.batch, C = s.channels, inner = s.inner;
-    const double count = static_cast<double>(N * inner);
     parallel_for(C, N * inner * 3, [&](std::int64_t c) {
-      const double shift_by = static_cast<double>(in[c * inner]);
-      BatchNormSums sums;
-      for (std::int64_t n = 0; n < N; ++n) {
-        const BatchNormSums row = shifted_sums(in + (n * C + c) * inner, inner, shift_by);
-        sums.s1 += row.s1;
-        sums.s2 += row.s2;
-      }
-      const auto f = nn::detail::batch_norm_forward_numbers(shift_by, sums, count, s.eps, static_cast<double>(w[c]),
-                                                            static_cast<double>(b[c]));
-      save_mean.ptr<T>()[c] = static_cast<T>(f.mean);
-      save_invstd.ptr<T>()[c] = static_cast<T>(f.invstd);
-      if (rm) {
-        using nn::detail::running_mean_update, nn::detail::running_var_update;
-        rm[c] = static_cast<T>(running_mean_update(static_cast<double>(rm[c]), f.mean, factor));
-        rv[c] = static_cast<T>(running_var_update(static_cast<double>(rv[c]), f.var, count, factor));
-      }
+      const auto f = channel_statistics(in, N, C, inner, c, s.eps, w, b, rm, rv, factor, save_mean.ptr<T>(),
+                                        save_invstd.ptr<T>());
       const T scale = static_cast<T>(f.scale), shift = static_cast<T>(f.shift);
       for (std::int64_t n = 0; n < N; ++n) {
         const T* row = in + (n * C + c) * inner;

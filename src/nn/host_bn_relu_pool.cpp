@@ -11,12 +11,12 @@
 #include <algorithm>
 #include <vector>
 
-#include "../core/internal.h"
+#include "../cpu/batch_norm_channel.h"
+#include "../cpu/dispatch.h"
 #include "../cpu/max_pool_2x2.h"
 #include "../cpu/strided.h"
 #include "batch_norm_kernels.h"
 #include "batch_norm_rule.h"
-#include "ferry/error.h"
 
 namespace ferry::nn::detail {
 
@@ -28,13 +28,6 @@ bool use_host_bn_relu_pool(Device device, DType dtype, std::int64_t height, std:
 namespace {
 
 constexpr std::int64_t kBlockElements = 4096;  // the forward's buffer of normalised rows: 16 KB of float32
-
-template <typename F>
-void dispatch_float(DType dtype, F&& body) {
-  if (dtype == DType::Float32) body(float{});
-  else if (dtype == DType::Float64) body(double{});
-  else throw DTypeMismatch(ferry::detail::concat("batch_norm: expected float32 or float64, got ", dtype_name(dtype)));
-}
 
 template <typename T>
 const T* data_or_null(const Tensor& t) {
@@ -48,9 +41,8 @@ void host_bn_relu_pool_forward(const Tensor& x, const Tensor& weight, const Tens
                                const Tensor& argmax, const Tensor& save_mean, const Tensor& save_invstd) {
   const std::int64_t N = x.size(0), C = x.size(1), H = x.size(2), W = x.size(3);
   const std::int64_t inner = H * W, oh = H / 2, ow = W / 2;
-  const double count = static_cast<double>(N * inner);
-  dispatch_float(x.dtype(), [&](auto zero) {
-    using T = decltype(zero);
+  cpu::dispatch_float(x.dtype(), "batch_norm", [&](auto tag) {
+    using T = typename decltype(tag)::type;
     const T* in = x.data<T>();
     const T* w = data_or_null<T>(weight);
     const T* b = data_or_null<T>(bias);
@@ -61,29 +53,8 @@ void host_bn_relu_pool_forward(const Tensor& x, const Tensor& weight, const Tens
     T* mean_out = save_mean.data<T>();
     T* invstd_out = save_invstd.data<T>();
     cpu::parallel_for(C, N * inner * 2, [&](std::int64_t c) {
-      // The channel's sums, shifted by its first element (batch_norm_rule.h).
-      const double shift_by = static_cast<double>(in[c * inner]);
-      BatchNormSums sums;
-      for (std::int64_t n = 0; n < N; ++n) {
-        const T* row = in + (n * C + c) * inner;
-        double s1 = 0, s2 = 0;
-#pragma omp simd reduction(+ : s1, s2)
-        for (std::int64_t i = 0; i < inner; ++i) {
-          const double d = static_cast<double>(row[i]) - shift_by;
-          s1 += d;
-          s2 += d * d;
-        }
-        sums.s1 += s1;
-        sums.s2 += s2;
-      }
-      const BatchNormForward f = batch_norm_forward_numbers(shift_by, sums, count, eps, w ? static_cast<double>(w[c]) : 1.0,
-                                                            b ? static_cast<double>(b[c]) : 0.0);
-      mean_out[c] = static_cast<T>(f.mean);
-      invstd_out[c] = static_cast<T>(f.invstd);
-      if (rm) {
-        rm[c] = static_cast<T>(running_mean_update(static_cast<double>(rm[c]), f.mean, factor));
-        rv[c] = static_cast<T>(running_var_update(static_cast<double>(rv[c]), f.var, count, factor));
-      }
+      const BatchNormForward f =
+          cpu::channel_statistics(in, N, C, inner, c, eps, w, b, rm, rv, factor, mean_out, invstd_out);
       // A block of row pairs at a time (~16 KB, all of a small plane), normalised and rectified into `rows` in one
       // loop, then pooled from there row by row.
       const T scale = static_cast<T>(f.scale), shift = static_cast<T>(f.shift);
@@ -119,8 +90,8 @@ void host_bn_relu_pool_backward(const Tensor& grad_out, const Tensor& out, const
   const std::int64_t N = x.size(0), C = x.size(1), H = x.size(2), W = x.size(3);
   const std::int64_t inner = H * W, pooled = (H / 2) * (W / 2);
   const double count = static_cast<double>(N * inner);
-  dispatch_float(x.dtype(), [&](auto zero) {
-    using T = decltype(zero);
+  cpu::dispatch_float(x.dtype(), "batch_norm", [&](auto tag) {
+    using T = typename decltype(tag)::type;
     const T* g = grad_out.data<T>();
     const T* y = out.data<T>();
     const std::int64_t* arg = argmax.data<std::int64_t>();
