@@ -393,6 +393,7 @@ void cudnn_batch_norm_backward(const KernelTensor& grad_x, const KernelTensor& g
 #else  // no cuDNN in this build: every layer is composed from ferry's kernels
 
 std::string cudnn_description(int) { return "no cuDNN in this build: conv2d and batch_norm on ferry's kernels"; }
+void prepare_cudnn(int) {}  // nothing to make before a graph capture
 
 bool cudnn_conv2d_supported(const Backend::Conv2dShape&, DType, int) { return false; }
 void cudnn_conv2d_forward(const KernelTensor&, const KernelTensor&, const KernelTensor&, const Backend::Conv2dShape&,

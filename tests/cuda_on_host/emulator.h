@@ -1,0 +1,56 @@
+// emulator.h — a GPU emulated on the host, for tests only: ferry's real cuda backend (every file of
+// src/cuda, kernels included) compiled with g++ against this emulator instead of the CUDA runtime, so
+// its code runs, and is checked against the cpu backend, on a machine without a GPU.
+//
+// What it models, and so what it can catch:
+//   - streams are queues: work (kernels, async copies, memsets, frees, cuBLAS calls) runs only when a
+//     sync point or a dependency asks for it (stream/event synchronize, an event wait, a copy that must
+//     be synchronous). A missing sync or a missing cross-stream wait reads stale data or uses freed
+//     memory (which AddressSanitizer then reports);
+//   - kernels run block by block, each block's threads as cooperative fibers with real barriers and
+//     warp shuffles, in an order that alternates between launches (forward, reverse), so a missing
+//     __syncthreads changes results; a launch configuration CUDA would refuse is refused;
+//   - device memory is exact-size host heap blocks (sanitizers see out-of-bounds kernel accesses); the
+//     device has a fixed capacity (kDeviceBytes), beyond which allocations fail as on a card;
+//   - graph capture records the captured stream's work and replays it; a sync or a pageable copy
+//     inside a capture invalidates it, as CUDA does.
+// Not modelled: real concurrency between streams (work runs when flushed, in dependency order),
+// timing, cuDNN (the emulated build has none: ferry composes its own kernels), NCCL.
+//
+// The runtime half (runtime.cpp, cublas.cpp) and the device half (device.cpp) meet here.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+
+namespace ferry::emu {
+
+inline constexpr int kDevices = 1;                                  // emulated cards
+inline constexpr std::size_t kDeviceBytes = std::size_t{3} << 30;   // each card's memory (3 GiB)
+inline constexpr int kMultiprocessors = 132;                        // as an H200 (grid sizing)
+
+// Enqueues `work` on `stream` (nullptr: the legacy default stream). It runs when the stream is flushed
+// up to it; while the stream is being captured it is recorded into the graph instead.
+void enqueue(cudaStream_t stream, std::function<void()> work);
+
+// The error cudaGetLastError() returns next (and clears); cudaSuccess leaves an earlier error in place.
+void set_last_error(cudaError_t error);
+
+// Launch configuration as written between <<< >>>.
+struct LaunchConfig {
+  dim3 grid;
+  dim3 block;
+  std::size_t shared_bytes = 0;
+  cudaStream_t stream = nullptr;
+};
+
+// Runs `body` once per thread of every block of `config` (device.cpp). Called from enqueued work.
+void run_grid(const LaunchConfig& config, const std::function<void()>& body);
+
+// The check CUDA makes at launch: cudaSuccess or cudaErrorInvalidConfiguration.
+cudaError_t check_launch(const LaunchConfig& config);
+
+}  // namespace ferry::emu
