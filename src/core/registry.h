@@ -11,5 +11,13 @@ std::unique_ptr<Backend> make_cpu_backend();
 class HostMemoryCounter;
 }  // namespace cpu
 namespace sim { std::unique_ptr<Backend> make_sim_backend(); }
-namespace cuda { std::unique_ptr<Backend> make_cuda_backend(); }  // defined only when FERRY_HAVE_CUDA
+namespace cuda {
+#ifdef FERRY_HAVE_CUDA
+std::unique_ptr<Backend> make_cuda_backend();  // src/cuda/cuda_backend.cpp
+#else
+// Weak: a build without the CUDA backend may still be linked with one, as the tests' emulated GPU
+// (tests/cuda_on_host) is; null otherwise.
+[[gnu::weak]] std::unique_ptr<Backend> make_cuda_backend();
+#endif
+}  // namespace cuda
 }  // namespace ferry

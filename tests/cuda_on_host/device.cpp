@@ -111,6 +111,11 @@ struct BlockRun {
 BlockRun* g_run = nullptr;  // the block running now: one grid at a time (runtime.cpp's lock)
 std::uint64_t g_launches = 0;
 std::vector<char*> g_stacks;  // reused from block to block
+#ifdef FERRY_EMU_ASAN
+// AddressSanitizer's fake stack (detect_stack_use_after_return) of the last fiber on each stack, handed to the
+// next one: making and destroying one per fiber costs system calls, and grids have 10^5 fibers.
+std::vector<void*> g_fake_stacks;
+#endif
 
 [[noreturn]] void fail(const char* what) {
   const Coordinates& c = g_coordinates;
@@ -181,7 +186,8 @@ void warp_barrier(Warp& w, unsigned lane_bit, unsigned mask) {
 [[noreturn]] void fiber_main() {
   BlockRun& r = *g_run;
 #ifdef FERRY_EMU_ASAN
-  __sanitizer_finish_switch_fiber(nullptr, &r.scheduler_stack, &r.scheduler_stack_bytes);
+  __sanitizer_finish_switch_fiber(g_fake_stacks[static_cast<std::size_t>(r.current)], &r.scheduler_stack,
+                                  &r.scheduler_stack_bytes);
 #endif
   (*r.body)();
   Fiber& f = current_fiber();
@@ -191,7 +197,9 @@ void warp_barrier(Warp& w, unsigned lane_bit, unsigned mask) {
   r.warps[static_cast<std::size_t>(linear / 32)].live &= ~(1u << (linear % 32));
   open_barriers(r);
 #ifdef FERRY_EMU_ASAN
-  __sanitizer_start_switch_fiber(nullptr, r.scheduler_stack, r.scheduler_stack_bytes);  // this fiber ends
+  // kept for the next fiber on this stack (nullptr would destroy it)
+  __sanitizer_start_switch_fiber(&g_fake_stacks[static_cast<std::size_t>(linear)], r.scheduler_stack,
+                                 r.scheduler_stack_bytes);
 #endif
   ferry_emu_switch(&f.sp, r.scheduler_sp);
   std::abort();  // a finished fiber is never resumed
@@ -205,6 +213,9 @@ char* stack_for(std::size_t i) {
       std::abort();
     }
     g_stacks.push_back(static_cast<char*>(p));
+#ifdef FERRY_EMU_ASAN
+    g_fake_stacks.push_back(nullptr);
+#endif
   }
   return g_stacks[i];
 }

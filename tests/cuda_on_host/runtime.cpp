@@ -23,6 +23,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <map>
@@ -52,6 +53,7 @@ struct GraphData;
 struct Stream {
   unsigned flags = cudaStreamDefault;
   bool legacy = false;  // the NULL stream
+  bool eager = false;   // runs its work as it is enqueued (FERRY_EMU_EAGER_STREAM)
   std::deque<std::pair<std::uint64_t, Work>> queue;  // (sequence number, work), not yet run
   std::uint64_t last = 0;                            // sequence number of the last item enqueued
   Capture* capture = nullptr;                        // recording into this capture instead of `queue`
@@ -245,6 +247,18 @@ Capture* capture_blocking_legacy() {
   return nullptr;
 }
 
+// FERRY_EMU_EAGER_STREAM=N: the N-th stream created (1 is ferry's first, the compute stream of cuda:0; 2 its
+// copy stream) runs each item as soon as it is enqueued, waiting for what the item depends on first, while
+// the others still run only when a sync or a dependency needs them. A missing cross-stream wait then lets
+// that stream's work overtake the other stream's, and the result shows it. 0 or unset: every stream lazy.
+int eager_stream() {
+  static const int n = [] {
+    const char* text = std::getenv("FERRY_EMU_EAGER_STREAM");
+    return text ? std::atoi(text) : 0;
+  }();
+  return n;
+}
+
 // Enqueues `work` on `s`, or records it as a node of the capture `s` belongs to.
 cudaError_t push(Stream& s, Work work) {
   if (s.capture) {
@@ -262,6 +276,7 @@ cudaError_t push(Stream& s, Work work) {
   }
   order_with_legacy(s);
   s.queue.emplace_back(++s.last, std::move(work));
+  if (s.eager) flush(s, s.last);
   return cudaSuccess;
 }
 
@@ -299,9 +314,14 @@ cudaError_t refuse_sync_of(Stream& s) {
 
 // --- memory ---------------------------------------------------------------------------------------
 
+// Fresh memory, device or pinned, holds what CUDA promises: nothing. It is filled with 0xff bytes (NaN in
+// every float, -1 in every integer) so that a read before the first write, e.g. a kernel overtaking the copy
+// that fills its input, shows in the result instead of finding the old contents of a reused heap block.
 void* heap_new(std::size_t bytes, std::align_val_t alignment) {
   try {
-    return ::operator new(bytes, alignment);
+    void* p = ::operator new(bytes, alignment);
+    std::memset(p, 0xff, bytes);
+    return p;
   } catch (const std::bad_alloc&) {
     return nullptr;
   }
@@ -739,6 +759,7 @@ cudaError_t cudaStreamCreateWithFlags(cudaStream_t* pStream, unsigned int flags)
   st.streams.push_back(std::make_unique<Stream>());
   Stream* s = st.streams.back().get();
   s->flags = flags;
+  s->eager = static_cast<int>(st.streams.size() - 1) == eager_stream();
   st.live_streams.insert(s);
   *pStream = reinterpret_cast<cudaStream_t>(s);
   return cudaSuccess;
