@@ -72,29 +72,7 @@ else
   fail "single-process run: $(tail -c 600 "$scratch/single.err")"
 fi
 
-compare() {  # compare A B: every float32 tensor of two safetensors files, ||a - b|| / ||b|| <= 1e-5
-  python3 - "$1" "$2" <<'PY'
-import array, json, math, struct, sys
-def load(path):
-    raw = open(path, "rb").read()
-    n = struct.unpack("<Q", raw[:8])[0]
-    header = json.loads(raw[8:8 + n]); base = 8 + n; out = {}
-    for name, info in header.items():
-        if name == "__metadata__" or info["dtype"] != "F32": continue
-        begin, end = info["data_offsets"]
-        out[name] = array.array("f", raw[base + begin:base + end])
-    return out
-a, b = load(sys.argv[1]), load(sys.argv[2])
-assert a.keys() == b.keys() and a, (sorted(a), sorted(b))
-worst = 0.0
-for name in a:
-    diff = math.sqrt(sum((x - y) ** 2 for x, y in zip(a[name], b[name])))
-    norm = math.sqrt(sum(y * y for y in b[name])) or 1.0
-    worst = max(worst, diff / norm)
-print(f"  {len(a)} tensors, largest relative difference {worst:.2e}")
-sys.exit(0 if worst <= 1e-5 else 1)
-PY
-}
+compare() { python3 "$(dirname "${BASH_SOURCE[0]}")/compare_safetensors.py" "$1" "$2"; }  # ||a - b|| / ||b|| <= 1e-5
 
 for n in 2 4; do
   if mpi "$n" "$FERRY" "${common[@]}" --ddp --check-replicas-every 1 --checkpoint "$scratch/ddp$n.safetensors" \
