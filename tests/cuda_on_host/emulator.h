@@ -28,7 +28,8 @@
 
 namespace ferry::emu {
 
-inline constexpr int kDevices = 1;                                  // emulated cards
+inline constexpr int kMaxDevices = 4;                               // emulated cards at most
+int device_count();  // FERRY_EMU_DEVICES (1 to kMaxDevices), 1 when unset: the cards the runtime reports
 inline constexpr std::size_t kDeviceBytes = std::size_t{3} << 30;   // each card's memory (3 GiB)
 inline constexpr int kMultiprocessors = 132;                        // as an H200 (grid sizing)
 

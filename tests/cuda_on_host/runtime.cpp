@@ -148,7 +148,7 @@ struct State {
   std::uint64_t next_capture = 1;
   std::unordered_map<Graph*, std::unique_ptr<Graph>> graphs;
   std::unordered_map<GraphExec*, std::unique_ptr<GraphExec>> execs;
-  DeviceMemory memory[kDevices];
+  DeviceMemory memory[kMaxDevices];
 
   State() {
     streams.push_back(std::make_unique<Stream>());
@@ -175,7 +175,7 @@ cudaError_t fail(cudaError_t error) {
   return error;
 }
 
-bool valid_device(int device) { return device >= 0 && device < kDevices; }
+bool valid_device(int device) { return device >= 0 && device < device_count(); }
 
 // --- streams --------------------------------------------------------------------------------------
 
@@ -259,6 +259,25 @@ int eager_stream() {
   return n;
 }
 
+// FERRY_EMU_SCHEDULE_SEED=S (not 0): a random schedule, for hunting races by hand (tests/cuda_on_host is run with
+// a few seeds; CI runs the three fixed schedules). After each enqueue, with probability 1/2 that stream runs
+// what it has queued, and with probability 1/8 some other stream does: work runs sometimes as soon as it can,
+// sometimes late, as a GPU with several engines may run it.
+std::uint64_t schedule_seed() {
+  static const std::uint64_t seed = [] {
+    const char* text = std::getenv("FERRY_EMU_SCHEDULE_SEED");
+    return text ? std::strtoull(text, nullptr, 10) : 0;
+  }();
+  return seed;
+}
+unsigned schedule_draw() {  // xorshift64*: reproducible for a seed and a program
+  static std::uint64_t state = schedule_seed() * 0x9E3779B97F4A7C15ull | 1;
+  state ^= state >> 12;
+  state ^= state << 25;
+  state ^= state >> 27;
+  return static_cast<unsigned>((state * 0x2545F4914F6CDD1Dull) >> 40);
+}
+
 // Enqueues `work` on `s`, or records it as a node of the capture `s` belongs to.
 cudaError_t push(Stream& s, Work work) {
   if (s.capture) {
@@ -277,6 +296,14 @@ cudaError_t push(Stream& s, Work work) {
   order_with_legacy(s);
   s.queue.emplace_back(++s.last, std::move(work));
   if (s.eager) flush(s, s.last);
+  if (schedule_seed() != 0) {
+    if (schedule_draw() % 2 == 0) flush(s, s.last);
+    if (schedule_draw() % 8 == 0) {
+      std::vector<std::unique_ptr<Stream>>& all = state().streams;
+      Stream& other = *all[schedule_draw() % all.size()];
+      if (!other.capture) flush(other, other.last);
+    }
+  }
   return cudaSuccess;
 }
 
@@ -565,6 +592,14 @@ void enqueue(cudaStream_t stream, std::function<void()> work) {
   if (e != cudaSuccess) fail(e);
 }
 
+int device_count() {
+  static const int count = [] {
+    const char* text = std::getenv("FERRY_EMU_DEVICES");
+    return text ? std::clamp(std::atoi(text), 1, kMaxDevices) : 1;
+  }();
+  return count;
+}
+
 void set_last_error(cudaError_t error) {
   if (error != cudaSuccess) t_last_error = error;
 }
@@ -577,7 +612,7 @@ using namespace ferry::emu;  // NOLINT: the definitions below are CUDA's global 
 
 cudaError_t cudaGetDeviceCount(int* count) {
   if (!count) return fail(cudaErrorInvalidValue);
-  *count = kDevices;
+  *count = device_count();
   return cudaSuccess;
 }
 
