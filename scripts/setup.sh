@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # setup.sh — install what a fresh Debian 12 machine is missing (idempotent), then configure and
 # build ferry in ./build (Release). Used by the README's two commands and by CI.
-#   FERRY_BUILD_DIR=build  FERRY_CUDA=AUTO|ON|OFF  FERRY_JOBS=<n>
+#   FERRY_BUILD_DIR=build  FERRY_CUDA=AUTO|ON|OFF  FERRY_JOBS=<n>  FERRY_BUILD_TARGETS="ferry_cli ..." (default: all)
 # Arguments name more packages to install with the rest (scripts/bench-cpu.sh asks for the PyTorch peers).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -30,4 +30,6 @@ fi
 build_dir=${FERRY_BUILD_DIR:-build}
 jobs=${FERRY_JOBS:-$(nproc)}
 cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFERRY_CUDA="${FERRY_CUDA:-AUTO}"
-cmake --build "$build_dir" -j "$jobs"
+# FERRY_BUILD_TARGETS: what to build (default everything; train.sh builds only the command line it runs).
+# shellcheck disable=SC2086
+cmake --build "$build_dir" -j "$jobs" ${FERRY_BUILD_TARGETS:+--target $FERRY_BUILD_TARGETS}

@@ -3,5 +3,5 @@
 # (the fmnist CNN on Fashion-MNIST, on the best device). Extra arguments go to `ferry train`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh
+FERRY_BUILD_TARGETS=${FERRY_BUILD_TARGETS:-ferry_cli} bash scripts/setup.sh  # the tests are test.sh's to build
 exec "${FERRY_BUILD_DIR:-build}/tools/ferry/ferry" train "$@"
