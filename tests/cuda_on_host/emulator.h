@@ -6,12 +6,14 @@
 //   - streams are queues: work (kernels, async copies, memsets, frees, cuBLAS calls) runs only when a
 //     sync point or a dependency asks for it (stream/event synchronize, an event wait, a copy that must
 //     be synchronous). A missing sync or a missing cross-stream wait reads stale data or uses freed
-//     memory (which AddressSanitizer then reports);
+//     memory (which AddressSanitizer then reports). FERRY_EMU_EAGER_STREAM makes one stream run its work at
+//     once and FERRY_EMU_SCHEDULE_SEED draws random schedules (runtime.cpp), so either side of a race can win;
 //   - kernels run block by block, each block's threads as cooperative fibers with real barriers and
 //     warp shuffles, in an order that alternates between launches (forward, reverse), so a missing
 //     __syncthreads changes results; a launch configuration CUDA would refuse is refused;
-//   - device memory is exact-size host heap blocks (sanitizers see out-of-bounds kernel accesses); the
-//     device has a fixed capacity (kDeviceBytes), beyond which allocations fail as on a card;
+//   - device memory is exact-size host heap blocks, filled with 0xff when made (sanitizers see out-of-bounds
+//     kernel accesses; a read before the first write finds NaN or -1); each card (FERRY_EMU_DEVICES of them)
+//     has a fixed capacity (kDeviceBytes), beyond which allocations fail as on a real one;
 //   - graph capture records the captured stream's work and replays it; a sync or a pageable copy
 //     inside a capture invalidates it, as CUDA does.
 // Not modelled: real concurrency between streams (work runs when flushed, in dependency order),
