@@ -155,21 +155,23 @@ void wait_for(const std::uint64_t& generation, std::uint64_t seen) {
   f.waiting_on = nullptr;
 }
 
-// Opens the block barrier or a warp barrier when everyone it waits for is there.
-void open_barriers(BlockRun& r) {
+// Opens the block barrier when every live thread is there.
+void open_block_barrier(BlockRun& r) {
   if (r.arrived > 0 && r.arrived >= r.live) {
     r.arrived = 0;
     ++r.generation;
   }
-  for (Warp& w : r.warps) {
-    if (w.arrived != 0 && (w.live & ~w.arrived) == 0) {
-      w.arrived = 0;
-      ++w.generation;
-      // An exchange is two barriers: offers are in after the first, read after the second. Cleared by the
-      // barrier, not by each lane, so a lane that runs ahead into the next exchange keeps its offer.
-      if (w.reading) w.offered = 0;
-      w.reading = !w.reading;
-    }
+}
+
+// Opens a warp's barrier when every live lane is there.
+void open_warp_barrier(Warp& w) {
+  if (w.arrived != 0 && (w.live & ~w.arrived) == 0) {
+    w.arrived = 0;
+    ++w.generation;
+    // An exchange is two barriers: offers are in after the first, read after the second. Cleared by the
+    // barrier, not by each lane, so a lane that runs ahead into the next exchange keeps its offer.
+    if (w.reading) w.offered = 0;
+    w.reading = !w.reading;
   }
 }
 
@@ -178,7 +180,7 @@ void warp_barrier(Warp& w, unsigned lane_bit, unsigned mask) {
   if ((mask & lane_bit) == 0) fail("a warp shuffle's mask leaves out the calling lane");
   const std::uint64_t seen = w.generation;
   w.arrived |= lane_bit;
-  open_barriers(*g_run);
+  open_warp_barrier(w);
   if (w.generation == seen) wait_for(w.generation, seen);
 }
 
@@ -194,8 +196,10 @@ void warp_barrier(Warp& w, unsigned lane_bit, unsigned mask) {
   f.done = true;
   const int linear = r.current;
   --r.live;
-  r.warps[static_cast<std::size_t>(linear / 32)].live &= ~(1u << (linear % 32));
-  open_barriers(r);
+  Warp& w = r.warps[static_cast<std::size_t>(linear / 32)];
+  w.live &= ~(1u << (linear % 32));
+  open_block_barrier(r);  // an exited thread counts as arrived at both
+  open_warp_barrier(w);
 #ifdef FERRY_EMU_ASAN
   // kept for the next fiber on this stack (nullptr would destroy it)
   __sanitizer_start_switch_fiber(&g_fake_stacks[static_cast<std::size_t>(linear)], r.scheduler_stack,
@@ -317,7 +321,7 @@ void sync_block() {
   current_fiber();
   const std::uint64_t seen = r.generation;
   ++r.arrived;
-  open_barriers(r);
+  open_block_barrier(r);
   if (r.generation == seen) wait_for(r.generation, seen);
 }
 
