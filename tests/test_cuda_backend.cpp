@@ -661,6 +661,25 @@ TEST_F(CudaBackend, CudnnConvolutionMatchesTheComposedLayer) {
           << "cuDNN was built in but not used for " << shape_str(x.shape()) << " * " << shape_str(w.shape());
     }
   }
+#ifdef FERRY_HAVE_CUDA
+  // With TF32 allowed the search may pick tensor-op algorithms (a plan of their own, with their math type set
+  // again before each call); the result is the fp32 one within TF32's rounding (10 mantissa bits).
+  const Case& c = cases[0];
+  const Tensor x = randn({c.n, c.c, c.h, c.w}), w = randn({c.o, c.c, c.kh, c.kw}), b = randn({c.o});
+  const Tensor fp32 = nn::functional::conv2d(x, w, b, c.stride, c.padding, c.dilation);
+  const Tensor probe = randn(fp32.shape());
+  const std::vector<Tensor> exact = conv_pass(x, w, b, probe, c.stride, c.padding, c.dilation);
+  cuda::set_allow_tf32(true);
+  const std::vector<Tensor> tf32 = conv_pass(x, w, b, probe, c.stride, c.padding, c.dilation);
+  // A second step: each direction sets its own math again (cuDNN may choose non-deterministic algorithms: 1e-4).
+  const std::vector<Tensor> again = conv_pass(x, w, b, probe, c.stride, c.padding, c.dilation);
+  cuda::set_allow_tf32(false);
+  const char* names[] = {"out", "grad input", "grad weight", "grad bias"};
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_TRUE(all_close(tf32[i], exact[i], 2e-2, 5e-2)) << names[i] << " with TF32 allowed";
+    EXPECT_TRUE(all_close(again[i], tf32[i], 1e-4, 1e-4)) << names[i] << " with TF32 allowed, second pass";
+  }
+#endif
 }
 
 // BatchNorm in training on cuda: {out, grad input, grad weight, grad bias, running mean, running var}.

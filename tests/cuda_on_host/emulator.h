@@ -17,7 +17,10 @@
 //   - graph capture records the captured stream's work and replays it; a sync or a pageable copy
 //     inside a capture invalidates it, as CUDA does.
 // Not modelled: real concurrency between streams (work runs when flushed, in dependency order),
-// timing, cuDNN (the emulated build has none: ferry composes its own kernels), NCCL.
+// timing. cuDNN (cudnn.cpp) is modelled for what ferry calls: descriptors checked, work on the handle's
+// stream, an emulated algorithm menu whose workspaces and math types must be passed back right.
+// NCCL (nccl.cpp) is modelled over MPI, one card per rank (a card: host and device index): its collectives
+// are stream work like the rest, each an MPI collective on the communicator's own MPI communicator when run.
 //
 // The runtime half (runtime.cpp, cublas.cpp) and the device half (device.cpp) meet here.
 #pragma once
@@ -38,6 +41,10 @@ inline constexpr int kMultiprocessors = 132;                        // as an H20
 // Enqueues `work` on `stream` (nullptr: the legacy default stream). It runs when the stream is flushed
 // up to it; while the stream is being captured it is recorded into the graph instead.
 void enqueue(cudaStream_t stream, std::function<void()> work);
+
+// True when [p, p + bytes) lies inside one live device allocation (for the emulated libraries' checks of
+// the pointers they are given, as a real card would fault on the first access outside).
+bool device_range(const void* p, std::size_t bytes);
 
 // The error cudaGetLastError() returns next (and clears); cudaSuccess leaves an earlier error in place.
 void set_last_error(cudaError_t error);

@@ -592,6 +592,13 @@ void enqueue(cudaStream_t stream, std::function<void()> work) {
   if (e != cudaSuccess) fail(e);
 }
 
+bool device_range(const void* p, std::size_t bytes) {
+  Lock lock(state().mutex);
+  const auto it = block_containing(p);
+  if (it == state().blocks.end()) return false;
+  return reinterpret_cast<std::uintptr_t>(p) - it->first + bytes <= it->second.bytes;
+}
+
 int device_count() {
   static const int count = [] {
     const char* text = std::getenv("FERRY_EMU_DEVICES");
