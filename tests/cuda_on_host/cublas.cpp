@@ -36,18 +36,6 @@ Handle* find(cublasHandle_t handle) {
   return g_handles.count(h) ? h : nullptr;
 }
 
-// fp32 input rounded to TF32 (10 explicit mantissa bits, to nearest even), what tensor cores multiply
-// when the handle allows CUBLAS_TF32_TENSOR_OP_MATH.
-float to_tf32(float x) {
-  if (!std::isfinite(x)) return x;
-  std::uint32_t bits = 0;
-  std::memcpy(&bits, &x, sizeof bits);
-  bits += 0x0FFFu + ((bits >> 13) & 1u);
-  bits &= 0xFFFFE000u;
-  std::memcpy(&x, &bits, sizeof bits);
-  return x;
-}
-
 // C = alpha op(A) op(B) + beta C, column-major: the host's BLAS (OpenBLAS) has cuBLAS's semantics, beta == 0
 // included (C is not read, so a NaN there does not survive). With TF32 allowed, the inputs are rounded first,
 // as tensor cores round them.
@@ -64,8 +52,8 @@ void host_gemm(bool tf32, bool trans_a, bool trans_b, int m, int n, int k, T alp
       };
       a_rounded.assign(a, a + span(trans_a ? k : m, trans_a ? m : k, lda));
       b_rounded.assign(b, b + span(trans_b ? n : k, trans_b ? k : n, ldb));
-      for (float& v : a_rounded) v = to_tf32(v);
-      for (float& v : b_rounded) v = to_tf32(v);
+      for (float& v : a_rounded) v = ferry::emu::to_tf32(v);
+      for (float& v : b_rounded) v = ferry::emu::to_tf32(v);
       a = a_rounded.data();
       b = b_rounded.data();
     }

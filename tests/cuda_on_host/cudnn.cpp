@@ -184,8 +184,17 @@ bool tensor_op_allowed(cudnnMathType_t math) { return math != CUDNN_FMA_MATH; }
 // The search: the menu as cuDNN returns it, runnable algorithms fastest first, then the unsupported ones.
 // It synchronizes the device (the real one times each algorithm), which fails inside a capture.
 template <typename Perf, typename AlgoT, std::size_t N>
-cudnnStatus_t find_algorithms(Handle* h, const Geometry& g, const Conv2d& conv, const Algorithm (&menu)[N],
-                              int requested, int* returned, Perf* results) {
+cudnnStatus_t find_algorithms(cudnnHandle_t handle, cudnnTensorDescriptor_t x_desc, cudnnFilterDescriptor_t w_desc,
+                              cudnnConvolutionDescriptor_t conv_desc, cudnnTensorDescriptor_t y_desc,
+                              const Algorithm (&menu)[N], int requested, int* returned, Perf* results) {
+  Handle* h = find_handle(handle);
+  const Conv2d* found = find_conv(conv_desc);
+  Geometry g{};
+  if (!h) return CUDNN_STATUS_BAD_PARAM;
+  if (const cudnnStatus_t s = geometry(find_tensor(x_desc), find_filter(w_desc), found, find_tensor(y_desc), &g);
+      s != CUDNN_STATUS_SUCCESS)
+    return s;
+  const Conv2d& conv = *found;
   if (!returned || !results || requested < 1) return CUDNN_STATUS_BAD_PARAM;
   int device = 0;
   cudaGetDevice(&device);
@@ -227,21 +236,10 @@ cudnnStatus_t check_algorithm(const Algorithm* a, const Conv2d& conv, const Geom
   return CUDNN_STATUS_SUCCESS;
 }
 
-// fp32 rounded to TF32 (10 explicit mantissa bits, to nearest even), as tensor cores read it.
-float to_tf32(float x) {
-  if (!std::isfinite(x)) return x;
-  std::uint32_t bits = 0;
-  std::memcpy(&bits, &x, sizeof bits);
-  bits += 0x0FFFu + ((bits >> 13) & 1u);
-  bits &= 0xFFFFE000u;
-  std::memcpy(&x, &bits, sizeof bits);
-  return x;
-}
-
 std::vector<float> rounded_copy(const float* p, std::size_t count, bool tf32) {
   std::vector<float> v(p, p + count);
   if (tf32)
-    for (float& e : v) e = to_tf32(e);
+    for (float& e : v) e = ferry::emu::to_tf32(e);
   return v;
 }
 
@@ -428,20 +426,46 @@ cudnnStatus_t cudnnGetConvolution2dForwardOutputDim(const cudnnConvolutionDescri
 
 // === convolution ==========================================================================================
 
+namespace {
+
+// What every convolution call checks before it enqueues, in cuDNN's order: the handle, alpha and beta; the
+// descriptors; null data; the algorithm, its math and its workspace; the data pointers on the card. The data
+// are named by their place: the input-shaped tensor (x or dx), the filter (w or dw), the output-shaped one
+// (y or dy). On success *g, *a and *h describe the call.
+template <std::size_t N>
+cudnnStatus_t check_convolution(const char* call, cudnnHandle_t handle, const void* alpha, const void* beta,
+                                cudnnTensorDescriptor_t x_desc, cudnnFilterDescriptor_t w_desc,
+                                cudnnConvolutionDescriptor_t conv_desc, cudnnTensorDescriptor_t y_desc,
+                                const void* x, const void* w, const void* y, const char* const (&names)[3],
+                                const Algorithm (&menu)[N], int algo, const void* workspace,
+                                std::size_t workspace_bytes, Handle** h, Geometry* g, const Algorithm** a) {
+  *h = find_handle(handle);
+  const Conv2d* conv = find_conv(conv_desc);
+  if (!*h || !alpha || !beta) return CUDNN_STATUS_BAD_PARAM;
+  if (const cudnnStatus_t s = geometry(find_tensor(x_desc), find_filter(w_desc), conv, find_tensor(y_desc), g);
+      s != CUDNN_STATUS_SUCCESS)
+    return s;
+  if (!x || !w || !y) return CUDNN_STATUS_BAD_PARAM_NULL_POINTER;
+  *a = lookup(menu, algo);
+  if (const cudnnStatus_t s = check_algorithm(*a, *conv, *g, workspace, workspace_bytes, call); s != CUDNN_STATUS_SUCCESS)
+    return s;
+  if (!device_pointer_ok(x, g->n * g->input_count() * sizeof(float), call, names[0]) ||
+      !device_pointer_ok(w, g->o * g->rows() * sizeof(float), call, names[1]) ||
+      !device_pointer_ok(y, g->n * g->output_count() * sizeof(float), call, names[2]))
+    return CUDNN_STATUS_EXECUTION_FAILED;
+  return CUDNN_STATUS_SUCCESS;
+}
+
+}  // namespace
+
 cudnnStatus_t cudnnFindConvolutionForwardAlgorithm(cudnnHandle_t handle, const cudnnTensorDescriptor_t x_desc,
                                                    const cudnnFilterDescriptor_t w_desc,
                                                    const cudnnConvolutionDescriptor_t conv_desc,
                                                    const cudnnTensorDescriptor_t y_desc, const int requested,
                                                    int* returned, cudnnConvolutionFwdAlgoPerf_t* results) {
-  Handle* h = find_handle(handle);
-  Geometry g{};
-  if (!h) return CUDNN_STATUS_BAD_PARAM;
-  if (const cudnnStatus_t s = geometry(find_tensor(x_desc), find_filter(w_desc), find_conv(conv_desc),
-                                       find_tensor(y_desc), &g);
-      s != CUDNN_STATUS_SUCCESS)
-    return s;
-  return find_algorithms<cudnnConvolutionFwdAlgoPerf_t, cudnnConvolutionFwdAlgo_t>(h, g, *find_conv(conv_desc), kForward,
-                                                                                   requested, returned, results);
+  return find_algorithms<cudnnConvolutionFwdAlgoPerf_t, cudnnConvolutionFwdAlgo_t>(handle, x_desc, w_desc, conv_desc,
+                                                                                   y_desc, kForward, requested, returned,
+                                                                                   results);
 }
 
 cudnnStatus_t cudnnFindConvolutionBackwardDataAlgorithm(cudnnHandle_t handle, const cudnnFilterDescriptor_t w_desc,
@@ -449,15 +473,8 @@ cudnnStatus_t cudnnFindConvolutionBackwardDataAlgorithm(cudnnHandle_t handle, co
                                                         const cudnnConvolutionDescriptor_t conv_desc,
                                                         const cudnnTensorDescriptor_t dx_desc, const int requested,
                                                         int* returned, cudnnConvolutionBwdDataAlgoPerf_t* results) {
-  Handle* h = find_handle(handle);
-  Geometry g{};
-  if (!h) return CUDNN_STATUS_BAD_PARAM;
-  if (const cudnnStatus_t s = geometry(find_tensor(dx_desc), find_filter(w_desc), find_conv(conv_desc),
-                                       find_tensor(dy_desc), &g);
-      s != CUDNN_STATUS_SUCCESS)
-    return s;
   return find_algorithms<cudnnConvolutionBwdDataAlgoPerf_t, cudnnConvolutionBwdDataAlgo_t>(
-      h, g, *find_conv(conv_desc), kBackwardData, requested, returned, results);
+      handle, dx_desc, w_desc, conv_desc, dy_desc, kBackwardData, requested, returned, results);
 }
 
 cudnnStatus_t cudnnFindConvolutionBackwardFilterAlgorithm(cudnnHandle_t handle, const cudnnTensorDescriptor_t x_desc,
@@ -466,15 +483,8 @@ cudnnStatus_t cudnnFindConvolutionBackwardFilterAlgorithm(cudnnHandle_t handle, 
                                                           const cudnnFilterDescriptor_t dw_desc, const int requested,
                                                           int* returned,
                                                           cudnnConvolutionBwdFilterAlgoPerf_t* results) {
-  Handle* h = find_handle(handle);
-  Geometry g{};
-  if (!h) return CUDNN_STATUS_BAD_PARAM;
-  if (const cudnnStatus_t s = geometry(find_tensor(x_desc), find_filter(dw_desc), find_conv(conv_desc),
-                                       find_tensor(dy_desc), &g);
-      s != CUDNN_STATUS_SUCCESS)
-    return s;
   return find_algorithms<cudnnConvolutionBwdFilterAlgoPerf_t, cudnnConvolutionBwdFilterAlgo_t>(
-      h, g, *find_conv(conv_desc), kBackwardFilter, requested, returned, results);
+      handle, x_desc, dw_desc, conv_desc, dy_desc, kBackwardFilter, requested, returned, results);
 }
 
 // y = alpha * conv(x, w) + beta * y
@@ -483,23 +493,15 @@ cudnnStatus_t cudnnConvolutionForward(cudnnHandle_t handle, const void* alpha, c
                                       const cudnnConvolutionDescriptor_t conv_desc, cudnnConvolutionFwdAlgo_t algo,
                                       void* workspace, size_t workspace_bytes, const void* beta,
                                       const cudnnTensorDescriptor_t y_desc, void* y) {
-  static constexpr const char* kCall = "cudnnConvolutionForward";
-  Handle* h = find_handle(handle);
-  const Conv2d* conv = find_conv(conv_desc);
+  Handle* h = nullptr;
   Geometry g{};
-  if (!h || !alpha || !beta) return CUDNN_STATUS_BAD_PARAM;
-  if (const cudnnStatus_t s = geometry(find_tensor(x_desc), find_filter(w_desc), conv, find_tensor(y_desc), &g);
+  const Algorithm* a = nullptr;
+  if (const cudnnStatus_t s = check_convolution("cudnnConvolutionForward", handle, alpha, beta, x_desc, w_desc, conv_desc,
+                                                y_desc, x, w, y, {"x", "w", "y"}, kForward, algo, workspace,
+                                                workspace_bytes, &h, &g, &a);
       s != CUDNN_STATUS_SUCCESS)
     return s;
-  if (!x || !w || !y) return CUDNN_STATUS_BAD_PARAM_NULL_POINTER;
-  const Algorithm* a = lookup(kForward, algo);
-  if (const cudnnStatus_t s = check_algorithm(a, *conv, g, workspace, workspace_bytes, kCall); s != CUDNN_STATUS_SUCCESS)
-    return s;
   const std::size_t weights = static_cast<std::size_t>(g.o) * g.rows();
-  if (!device_pointer_ok(x, g.n * g.input_count() * sizeof(float), kCall, "x") ||
-      !device_pointer_ok(w, weights * sizeof(float), kCall, "w") ||
-      !device_pointer_ok(y, g.n * g.output_count() * sizeof(float), kCall, "y"))
-    return CUDNN_STATUS_EXECUTION_FAILED;
   const float al = read_scale(alpha), be = read_scale(beta);
   const Algorithm chosen = *a;
   ferry::emu::enqueue(h->stream, [=] {
@@ -511,7 +513,7 @@ cudnnStatus_t cudnnConvolutionForward(cudnnHandle_t handle, const void* alpha, c
     for (int n = 0; n < g.n; ++n) {
       im2col(g, in + n * g.input_count(), cols);
       if (chosen.tensor_op)
-        for (std::size_t i = 0; i < g.rows() * g.columns(); ++i) cols[i] = to_tf32(cols[i]);
+        for (std::size_t i = 0; i < g.rows() * g.columns(); ++i) cols[i] = ferry::emu::to_tf32(cols[i]);
       float* out_n = out + n * g.output_count();
       // out_n (O, oh*ow) = alpha * filter (O, C*kh*kw) . cols (C*kh*kw, oh*ow) + beta * out_n
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, g.o, static_cast<int>(g.columns()),
@@ -528,23 +530,15 @@ cudnnStatus_t cudnnConvolutionBackwardData(cudnnHandle_t handle, const void* alp
                                            const cudnnConvolutionDescriptor_t conv_desc,
                                            cudnnConvolutionBwdDataAlgo_t algo, void* workspace, size_t workspace_bytes,
                                            const void* beta, const cudnnTensorDescriptor_t dx_desc, void* dx) {
-  static constexpr const char* kCall = "cudnnConvolutionBackwardData";
-  Handle* h = find_handle(handle);
-  const Conv2d* conv = find_conv(conv_desc);
+  Handle* h = nullptr;
   Geometry g{};
-  if (!h || !alpha || !beta) return CUDNN_STATUS_BAD_PARAM;
-  if (const cudnnStatus_t s = geometry(find_tensor(dx_desc), find_filter(w_desc), conv, find_tensor(dy_desc), &g);
+  const Algorithm* a = nullptr;
+  if (const cudnnStatus_t s = check_convolution("cudnnConvolutionBackwardData", handle, alpha, beta, dx_desc, w_desc,
+                                                conv_desc, dy_desc, dx, w, dy, {"dx", "w", "dy"}, kBackwardData, algo,
+                                                workspace, workspace_bytes, &h, &g, &a);
       s != CUDNN_STATUS_SUCCESS)
     return s;
-  if (!w || !dy || !dx) return CUDNN_STATUS_BAD_PARAM_NULL_POINTER;
-  const Algorithm* a = lookup(kBackwardData, algo);
-  if (const cudnnStatus_t s = check_algorithm(a, *conv, g, workspace, workspace_bytes, kCall); s != CUDNN_STATUS_SUCCESS)
-    return s;
   const std::size_t weights = static_cast<std::size_t>(g.o) * g.rows();
-  if (!device_pointer_ok(w, weights * sizeof(float), kCall, "w") ||
-      !device_pointer_ok(dy, g.n * g.output_count() * sizeof(float), kCall, "dy") ||
-      !device_pointer_ok(dx, g.n * g.input_count() * sizeof(float), kCall, "dx"))
-    return CUDNN_STATUS_EXECUTION_FAILED;
   const float al = read_scale(alpha), be = read_scale(beta);
   const Algorithm chosen = *a;
   ferry::emu::enqueue(h->stream, [=] {
@@ -574,23 +568,15 @@ cudnnStatus_t cudnnConvolutionBackwardFilter(cudnnHandle_t handle, const void* a
                                              cudnnConvolutionBwdFilterAlgo_t algo, void* workspace,
                                              size_t workspace_bytes, const void* beta,
                                              const cudnnFilterDescriptor_t dw_desc, void* dw) {
-  static constexpr const char* kCall = "cudnnConvolutionBackwardFilter";
-  Handle* h = find_handle(handle);
-  const Conv2d* conv = find_conv(conv_desc);
+  Handle* h = nullptr;
   Geometry g{};
-  if (!h || !alpha || !beta) return CUDNN_STATUS_BAD_PARAM;
-  if (const cudnnStatus_t s = geometry(find_tensor(x_desc), find_filter(dw_desc), conv, find_tensor(dy_desc), &g);
+  const Algorithm* a = nullptr;
+  if (const cudnnStatus_t s = check_convolution("cudnnConvolutionBackwardFilter", handle, alpha, beta, x_desc, dw_desc,
+                                                conv_desc, dy_desc, x, dw, dy, {"x", "dw", "dy"}, kBackwardFilter, algo,
+                                                workspace, workspace_bytes, &h, &g, &a);
       s != CUDNN_STATUS_SUCCESS)
     return s;
-  if (!x || !dy || !dw) return CUDNN_STATUS_BAD_PARAM_NULL_POINTER;
-  const Algorithm* a = lookup(kBackwardFilter, algo);
-  if (const cudnnStatus_t s = check_algorithm(a, *conv, g, workspace, workspace_bytes, kCall); s != CUDNN_STATUS_SUCCESS)
-    return s;
   const std::size_t weights = static_cast<std::size_t>(g.o) * g.rows();
-  if (!device_pointer_ok(x, g.n * g.input_count() * sizeof(float), kCall, "x") ||
-      !device_pointer_ok(dy, g.n * g.output_count() * sizeof(float), kCall, "dy") ||
-      !device_pointer_ok(dw, weights * sizeof(float), kCall, "dw"))
-    return CUDNN_STATUS_EXECUTION_FAILED;
   const float al = read_scale(alpha), be = read_scale(beta);
   const Algorithm chosen = *a;
   ferry::emu::enqueue(h->stream, [=] {
@@ -599,7 +585,7 @@ cudnnStatus_t cudnnConvolutionBackwardFilter(cudnnHandle_t handle, const void* a
     for (int n = 0; n < g.n; ++n) {
       im2col(g, static_cast<const float*>(x) + n * g.input_count(), cols);
       if (chosen.tensor_op)
-        for (std::size_t i = 0; i < g.rows() * g.columns(); ++i) cols[i] = to_tf32(cols[i]);
+        for (std::size_t i = 0; i < g.rows() * g.columns(); ++i) cols[i] = ferry::emu::to_tf32(cols[i]);
       const std::vector<float> grad =
           rounded_copy(static_cast<const float*>(dy) + n * g.output_count(), g.output_count(), chosen.tensor_op);
       // sum (O, C*kh*kw) += dy_n (O, oh*ow) . cols^T (oh*ow, C*kh*kw)

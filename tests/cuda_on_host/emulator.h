@@ -27,8 +27,10 @@
 
 #include <cuda_runtime_api.h>
 
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <functional>
 
 namespace ferry::emu {
@@ -41,6 +43,18 @@ inline constexpr int kMultiprocessors = 132;                        // as an H20
 // Enqueues `work` on `stream` (nullptr: the legacy default stream). It runs when the stream is flushed
 // up to it; while the stream is being captured it is recorded into the graph instead.
 void enqueue(cudaStream_t stream, std::function<void()> work);
+
+// fp32 rounded to TF32 (10 explicit mantissa bits, to nearest even): what tensor cores multiply when TF32 is
+// allowed (the emulated cuBLAS and cuDNN round their inputs so).
+inline float to_tf32(float x) {
+  if (!std::isfinite(x)) return x;
+  std::uint32_t bits = 0;
+  std::memcpy(&bits, &x, sizeof bits);
+  bits += 0x0FFFu + ((bits >> 13) & 1u);
+  bits &= 0xFFFFE000u;
+  std::memcpy(&x, &bits, sizeof bits);
+  return x;
+}
 
 // True when [p, p + bytes) lies inside one live device allocation (for the emulated libraries' checks of
 // the pointers they are given, as a real card would fault on the first access outside).
