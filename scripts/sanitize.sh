@@ -14,13 +14,13 @@ jobs=${FERRY_JOBS:-$(nproc)}
 #                                       (the measurement itself is the test); under ASan it takes minutes.
 #   SheetExercises.Ex5_1_LoggingCost    a timing experiment: 1000 steps of host syncs, measured, not checked
 #                                       for memory.
-#   cuda_on_host_compute_first.*,      the emulated GPU's two eager schedules (docs/emulated-gpu.md): the same
-#   cuda_on_host_copy_first.*           tests as its lazy one, which runs here; they catch ordering, which the
-#                                       normal build's run of them shows as well.
+#   cuda_on_host_compute_first.*,      the emulated GPU's two eager schedules and its random one
+#   cuda_on_host_copy_first.*,          (docs/emulated-gpu.md): the same tests as its lazy one, which runs here;
+#   cuda_on_host_random.*               they catch ordering, which the normal build's run of them shows as well.
 #   cuda_on_host.cli_train              ferry train on the emulated GPU (four runs, two evaluations, a DDP job):
 #                                       minutes under ASan, and Open MPI's allocations would read as leaks;
 #                                       its kernels and loop run under the sanitizers in cuda_on_host.* already.
-excluded='^(cli\.test_bench|SheetExercises\.Ex5_1_LoggingCost|cuda_on_host_(compute|copy)_first\..*|cuda_on_host\.cli_train)$'
+excluded='^(cli\.test_bench|SheetExercises\.Ex5_1_LoggingCost|cuda_on_host_(compute_first|copy_first|random)\..*|cuda_on_host\.cli_train)$'
 
 started=$SECONDS
 # RelWithDebInfo at -O1 -g1: Debug's -O0 makes the training and gradient-check tests several times slower under

@@ -259,8 +259,8 @@ int eager_stream() {
   return n;
 }
 
-// FERRY_EMU_SCHEDULE_SEED=S (not 0): a random schedule, for hunting races by hand (tests/cuda_on_host is run with
-// a few seeds; CI runs the three fixed schedules). After each enqueue, with probability 1/2 that stream runs
+// FERRY_EMU_SCHEDULE_SEED=S (not 0): a random schedule, for hunting races (CI runs seed 1 beside the three fixed
+// schedules; other seeds by hand). After each enqueue, with probability 1/2 that stream runs
 // what it has queued, and with probability 1/8 some other stream does: work runs sometimes as soon as it can,
 // sometimes late, as a GPU with several engines may run it.
 std::uint64_t schedule_seed() {
