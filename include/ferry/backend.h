@@ -285,6 +285,9 @@ class Backend {
   virtual void* end_capture(int index, std::int64_t* operations);
   virtual void replay_graph(void* graph, int index);
   virtual void destroy_graph(void* graph, int index) noexcept;
+  // What a graph holds, by kind, for people ("112 kernels, 30 allocations, 30 frees, 2 memsets"); empty where
+  // the backend cannot tell. Kernels include those cuBLAS and cuDNN launch inside their calls.
+  virtual std::string describe_graph(void* /*graph*/, int /*index*/) const { return {}; }
 };
 
 // The registry: one backend per device type, created on first use. Throws DeviceUnavailable for a

@@ -69,4 +69,8 @@ void Graph::replay() {
   ++replays_;
 }
 
+std::string Graph::composition() const {
+  return captured() ? backend(device_).describe_graph(handle_, device_.index) : std::string();
+}
+
 }  // namespace ferry

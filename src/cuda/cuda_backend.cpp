@@ -578,6 +578,7 @@ class CudaBackend final : public Backend {
   }
   void replay_graph(void* graph, int index) override { cuda::replay_graph(graph, device_state(index)); }
   void destroy_graph(void* graph, int index) noexcept override { cuda::destroy_graph(graph, index); }
+  std::string describe_graph(void* graph, int) const override { return cuda::describe_graph(graph); }
 
   bool conv2d_library(const Conv2dShape& shape, DType dtype, int index) override {
     return library_query(index, [&] { return cudnn_conv2d_supported(shape, dtype, index); });

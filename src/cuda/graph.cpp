@@ -7,6 +7,8 @@
 
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
+#include <iterator>
 #include <string>
 #include <thread>
 #include <utility>
@@ -110,6 +112,52 @@ void* end_capture(DeviceState& s, std::int64_t* operations) {
   }
   if (operations) *operations = static_cast<std::int64_t>(nodes);
   return new CudaGraph{graph, exec, std::move(blocks), false};
+}
+
+std::string describe_graph(void* handle) {
+  const auto* g = static_cast<const CudaGraph*>(handle);
+  if (!g || !g->graph) return {};
+  std::size_t count = 0;
+  if (cudaGraphGetNodes(g->graph, nullptr, &count) != cudaSuccess) {
+    cudaGetLastError();
+    return {};
+  }
+  std::vector<cudaGraphNode_t> nodes(count);
+  if (count > 0 && cudaGraphGetNodes(g->graph, nodes.data(), &count) != cudaSuccess) {
+    cudaGetLastError();
+    return {};
+  }
+  struct Kind {
+    cudaGraphNodeType type;
+    const char* one;
+    const char* many;
+    std::size_t count = 0;
+  };
+  Kind kinds[] = {{cudaGraphNodeTypeKernel, "kernel", "kernels"},
+                  {cudaGraphNodeTypeMemcpy, "copy", "copies"},
+                  {cudaGraphNodeTypeMemset, "memset", "memsets"},
+                  {cudaGraphNodeTypeMemAlloc, "allocation", "allocations"},
+                  {cudaGraphNodeTypeMemFree, "free", "frees"},
+                  {cudaGraphNodeTypeGraph, "child graph", "child graphs"}};
+  std::size_t other = 0;
+  for (std::size_t i = 0; i < count; ++i) {
+    cudaGraphNodeType type{};
+    if (cudaGraphNodeGetType(nodes[i], &type) != cudaSuccess) {
+      cudaGetLastError();
+      return {};
+    }
+    Kind* kind = std::find_if(std::begin(kinds), std::end(kinds), [type](const Kind& k) { return k.type == type; });
+    if (kind == std::end(kinds)) ++other;
+    else ++kind->count;
+  }
+  std::string text;
+  const auto add = [&text](std::size_t n, const char* one, const char* many) {
+    if (n == 0) return;
+    text += detail::concat(text.empty() ? "" : ", ", n, " ", n == 1 ? one : many);
+  };
+  for (const Kind& k : kinds) add(k.count, k.one, k.many);
+  add(other, "other node", "other nodes");
+  return text;
 }
 
 void replay_graph(void* handle, DeviceState& s) {

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 #include "device_state.h"
 
@@ -19,5 +20,8 @@ void begin_capture(DeviceState& s);
 void* end_capture(DeviceState& s, std::int64_t* operations);
 void replay_graph(void* graph, DeviceState& s);
 void destroy_graph(void* graph, int index) noexcept;
+// The graph's nodes by type: "112 kernels, 30 allocations, 30 frees, 2 memsets" (cudaGraphNodeGetType); empty
+// when CUDA cannot list them. Never throws.
+std::string describe_graph(void* graph);
 
 }  // namespace ferry::cuda

@@ -72,7 +72,9 @@ Tensor StepGraph::run(const Tensor& images, const Tensor& labels) {
 
 std::string StepGraph::describe() const {
   if (captured()) {
-    return detail::concat("one graph of ", operations(), " operations on ", graph_->device().str(), ", replayed ",
+    const std::string kinds = graph_->composition();
+    return detail::concat("one graph of ", operations(), " operations", kinds.empty() ? "" : " (" + kinds + ")", " on ",
+                          graph_->device().str(), ", replayed ",
                           replays(), " times; ", eager_steps_, " steps eager (warm-up and other batch shapes)");
   }
   if (!not_captured_.empty()) return "no graph: " + not_captured_;

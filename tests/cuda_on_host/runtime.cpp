@@ -97,6 +97,7 @@ struct Block {
 // What a captured graph holds, shared by the cudaGraph_t, its executable graphs and launches not yet run.
 struct GraphData {
   std::vector<Work> nodes;       // recorded work, in an order that respects every captured dependency
+  std::deque<cudaGraphNodeType> kinds;  // each node's type (cudaGraphNodeGetType); node handles point here
   std::vector<void*> blocks;     // allocated by the capture
   bool launched = false;
   int execs = 0;                 // executable graphs alive
@@ -278,12 +279,14 @@ unsigned schedule_draw() {  // xorshift64*: reproducible for a seed and a progra
   return static_cast<unsigned>((state * 0x2545F4914F6CDD1Dull) >> 40);
 }
 
-// Enqueues `work` on `s`, or records it as a node of the capture `s` belongs to.
-cudaError_t push(Stream& s, Work work) {
+// Enqueues `work` on `s`, or records it as a node of the capture `s` belongs to, of type `kind` (work enqueued
+// by ferry::emu::enqueue, kernels and library calls alike, is a kernel node, as cuBLAS's and cuDNN's are).
+cudaError_t push(Stream& s, Work work, cudaGraphNodeType kind = cudaGraphNodeTypeKernel) {
   if (s.capture) {
     Capture& c = *s.capture;
     if (c.invalidated) return cudaErrorStreamCaptureInvalidated;
     c.graph->nodes.push_back(std::move(work));
+    c.graph->kinds.push_back(kind);
     c.last_node[&s] = c.graph->nodes.size();
     return cudaSuccess;
   }
@@ -465,10 +468,11 @@ cudaError_t copy_in_order(Stream& s, void* dst, Memory to, const void* src, Memo
   if (from == Memory::Pageable && to == Memory::Device) {
     auto staged = std::make_shared<std::vector<unsigned char>>(static_cast<const unsigned char*>(src),
                                                               static_cast<const unsigned char*>(src) + bytes);
-    const cudaError_t e = push(s, [dst, staged] { std::memcpy(dst, staged->data(), staged->size()); });
+    const cudaError_t e =
+        push(s, [dst, staged] { std::memcpy(dst, staged->data(), staged->size()); }, cudaGraphNodeTypeMemcpy);
     return e == cudaSuccess ? e : fail(e);
   }
-  const cudaError_t e = push(s, [dst, src, bytes] { std::memcpy(dst, src, bytes); });
+  const cudaError_t e = push(s, [dst, src, bytes] { std::memcpy(dst, src, bytes); }, cudaGraphNodeTypeMemcpy);
   if (e != cudaSuccess) return fail(e);
   const bool synchronous = to != Memory::Device && (from != Memory::Device || to == Memory::Pageable);
   if (synchronous && !s.capture) flush(s, s.last);
@@ -1122,7 +1126,7 @@ cudaError_t cudaMallocFromPoolAsync(void** ptr, size_t size, cudaMemPool_t memPo
     b.graph = c.graph.get();
     register_block(block, b);
     c.graph->blocks.push_back(block);
-    push(*s, [] {});  // the allocation node
+    push(*s, [] {}, cudaGraphNodeTypeMemAlloc);  // the allocation node
     *ptr = block;
     return cudaSuccess;
   }
@@ -1164,7 +1168,7 @@ cudaError_t cudaFreeAsync(void* devPtr, cudaStream_t hStream) {
       return fail(cudaErrorInvalidValue);
     }
     it->second.freed_in_graph = true;
-    push(*s, [] {});  // the free node: the memory stays the graph's
+    push(*s, [] {}, cudaGraphNodeTypeMemFree);  // the free node: the memory stays the graph's
     return cudaSuccess;
   }
   if (it == st.blocks.end() || it->second.free_pending) return fail(cudaErrorInvalidValue);
@@ -1264,7 +1268,7 @@ cudaError_t cudaMemsetAsync(void* devPtr, int value, size_t count, cudaStream_t 
   if (!s) return fail(cudaErrorInvalidResourceHandle);
   if (count == 0) return cudaSuccess;
   if (!devPtr || memory_of(devPtr) == Memory::Pageable) return fail(cudaErrorInvalidValue);
-  const cudaError_t e = push(*s, [devPtr, value, count] { std::memset(devPtr, value, count); });
+  const cudaError_t e = push(*s, [devPtr, value, count] { std::memset(devPtr, value, count); }, cudaGraphNodeTypeMemset);
   return e == cudaSuccess ? e : fail(e);
 }
 
@@ -1357,9 +1361,30 @@ cudaError_t cudaGraphGetNodes(cudaGraph_t graph, cudaGraphNode_t* nodes, size_t*
   Lock lock(st.mutex);
   auto it = st.graphs.find(reinterpret_cast<Graph*>(graph));
   if (it == st.graphs.end() || !numNodes) return fail(cudaErrorInvalidValue);
-  if (nodes) return fail(cudaErrorNotSupported);
-  *numNodes = it->second->data->nodes.size();
+  std::deque<cudaGraphNodeType>& kinds = it->second->data->kinds;
+  if (nodes) {  // the first *numNodes handles; *numNodes becomes how many were written
+    *numNodes = std::min(*numNodes, kinds.size());
+    for (std::size_t i = 0; i < *numNodes; ++i) nodes[i] = reinterpret_cast<cudaGraphNode_t>(&kinds[i]);
+  } else {
+    *numNodes = kinds.size();
+  }
   return cudaSuccess;
+}
+
+// A node handle is the address of its entry in its graph's `kinds`.
+cudaError_t cudaGraphNodeGetType(cudaGraphNode_t node, cudaGraphNodeType* pType) {
+  State& st = state();
+  Lock lock(st.mutex);
+  if (!node || !pType) return fail(cudaErrorInvalidValue);
+  for (const auto& [handle, graph] : st.graphs) {
+    for (const cudaGraphNodeType& kind : graph->data->kinds) {
+      if (reinterpret_cast<cudaGraphNode_t>(const_cast<cudaGraphNodeType*>(&kind)) == node) {
+        *pType = kind;
+        return cudaSuccess;
+      }
+    }
+  }
+  return fail(cudaErrorInvalidValue);
 }
 
 cudaError_t cudaGraphInstantiateWithFlags(cudaGraphExec_t* pGraphExec, cudaGraph_t graph, unsigned long long flags) {
@@ -1411,9 +1436,8 @@ cudaError_t cudaGraphLaunch(cudaGraphExec_t graphExec, cudaStream_t stream) {
   if (!g.launched && !fits(device, bytes)) return fail(cudaErrorMemoryAllocation);
   // Launches of one executable graph run one after another, whatever their streams.
   if (exec.last_stream && exec.last_stream != s && !s->capture) append_wait(*s, *exec.last_stream, exec.last_position);
-  const cudaError_t e = push(*s, [data = exec.data] {
-    for (const Work& node : data->nodes) node();
-  });
+  const cudaError_t e = push(
+      *s, [data = exec.data] { for (const Work& node : data->nodes) node(); }, cudaGraphNodeTypeGraph);
   if (e != cudaSuccess) return fail(e);
   if (!g.launched) {
     g.launched = true;

@@ -75,6 +75,7 @@
 #define cudaStreamEndCapture ferry_emu_cudaStreamEndCapture
 #define cudaStreamIsCapturing ferry_emu_cudaStreamIsCapturing
 #define cudaGraphGetNodes ferry_emu_cudaGraphGetNodes
+#define cudaGraphNodeGetType ferry_emu_cudaGraphNodeGetType
 #define cudaGraphInstantiateWithFlags ferry_emu_cudaGraphInstantiateWithFlags
 #define cudaGraphLaunch ferry_emu_cudaGraphLaunch
 #define cudaGraphExecDestroy ferry_emu_cudaGraphExecDestroy
