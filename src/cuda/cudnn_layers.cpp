@@ -69,6 +69,14 @@ CudnnState& state(int device) {
 }
 
 bool fits_int(std::int64_t value) { return value >= 0 && value <= INT_MAX; }
+
+// A status by which cuDNN refused a call before running it (cuDNN 9: 2xxx bad parameter, 3xxx not supported; a
+// sub-library missing on this machine): the layer can be composed from ferry's kernels instead.
+bool refused(cudnnStatus_t status) {
+  const int family = static_cast<int>(status) / 1000;
+  return family == 2 || family == 3 || status == CUDNN_STATUS_SUBLIBRARY_LOADING_FAILED ||
+         status == CUDNN_STATUS_NOT_INITIALIZED;
+}
 int as_int(std::int64_t value) { return static_cast<int>(value); }
 
 // --- descriptors, owned --------------------------------------------------------------------------
@@ -232,6 +240,28 @@ ConvPlan& plan_or_throw(CudnnState& st, const Backend::Conv2dShape& s, int devic
   return *plan;
 }
 
+// The status of one convolution call, with the state's mutex held. A refusal (an algorithm the search offered
+// that will not run after all, say) makes the shape composed from ferry's kernels from now on, said once on
+// stderr; cudnn_conv2d_supported then says false and the caller (nn/functional.cpp) redoes the layer so. Any
+// failure throws.
+void check_conv_call(CudnnState& st, const Backend::Conv2dShape& s, int device, cudnnStatus_t status,
+                     const char* call, int line) {
+  if (status == CUDNN_STATUS_SUCCESS) return;
+  if (refused(status)) {
+    auto found = st.plans.find(key_of(s, allow_tf32()));
+    if (found != st.plans.end() && found->second) {
+      found->second.reset();
+      std::fprintf(stderr,
+                   "ferry: cuDNN refused %s for conv2d N%lld C%lld H%lld W%lld -> O%lld on cuda:%d (%s); this shape "
+                   "runs on ferry's kernels from now on\n",
+                   call, static_cast<long long>(s.batch), static_cast<long long>(s.in_channels),
+                   static_cast<long long>(s.height), static_cast<long long>(s.width),
+                   static_cast<long long>(s.out_channels), device, cudnnGetErrorString(status));
+    }
+  }
+  throw_cudnn_error(status, call, __FILE__, line);
+}
+
 }  // namespace
 
 bool cudnn_conv2d_supported(const Backend::Conv2dShape& s, DType dtype, int device) {
@@ -278,9 +308,11 @@ void cudnn_conv2d_forward(const KernelTensor& out, const KernelTensor& input, co
   const float alpha = 1.0f;
   FERRY_CUDNN_CHECK(cudnnSetStream(st.handle, stream));
   FERRY_CUDNN_CHECK(cudnnSetConvolutionMathType(plan.conv.get(), plan.forward_math));
-  FERRY_CUDNN_CHECK(cudnnConvolutionForward(st.handle, &alpha, plan.x.get(), input.data, plan.w.get(), weight.data,
-                                            plan.conv.get(), plan.forward, workspace.data(), plan.forward_bytes, &beta,
-                                            plan.y.get(), out.data));
+  check_conv_call(st, s, device,
+                  cudnnConvolutionForward(st.handle, &alpha, plan.x.get(), input.data, plan.w.get(), weight.data,
+                                          plan.conv.get(), plan.forward, workspace.data(), plan.forward_bytes, &beta,
+                                          plan.y.get(), out.data),
+                  "cudnnConvolutionForward", __LINE__);
 }
 
 void cudnn_conv2d_backward_input(const KernelTensor& grad_input, const KernelTensor& grad_out,
@@ -293,9 +325,11 @@ void cudnn_conv2d_backward_input(const KernelTensor& grad_input, const KernelTen
   const float alpha = 1.0f, beta = 0.0f;
   FERRY_CUDNN_CHECK(cudnnSetStream(st.handle, stream));
   FERRY_CUDNN_CHECK(cudnnSetConvolutionMathType(plan.conv.get(), plan.backward_input_math));
-  FERRY_CUDNN_CHECK(cudnnConvolutionBackwardData(st.handle, &alpha, plan.w.get(), weight.data, plan.y.get(),
-                                                 grad_out.data, plan.conv.get(), plan.backward_input, workspace.data(),
-                                                 plan.backward_input_bytes, &beta, plan.x.get(), grad_input.data));
+  check_conv_call(st, s, device,
+                  cudnnConvolutionBackwardData(st.handle, &alpha, plan.w.get(), weight.data, plan.y.get(),
+                                               grad_out.data, plan.conv.get(), plan.backward_input, workspace.data(),
+                                               plan.backward_input_bytes, &beta, plan.x.get(), grad_input.data),
+                  "cudnnConvolutionBackwardData", __LINE__);
 }
 
 void cudnn_conv2d_backward_weight(const KernelTensor& grad_weight, const KernelTensor& grad_out,
@@ -308,10 +342,11 @@ void cudnn_conv2d_backward_weight(const KernelTensor& grad_weight, const KernelT
   const float alpha = 1.0f, beta = 0.0f;
   FERRY_CUDNN_CHECK(cudnnSetStream(st.handle, stream));
   FERRY_CUDNN_CHECK(cudnnSetConvolutionMathType(plan.conv.get(), plan.backward_weight_math));
-  FERRY_CUDNN_CHECK(cudnnConvolutionBackwardFilter(st.handle, &alpha, plan.x.get(), input.data, plan.y.get(),
-                                                   grad_out.data, plan.conv.get(), plan.backward_weight,
-                                                   workspace.data(), plan.backward_weight_bytes, &beta, plan.w.get(),
-                                                   grad_weight.data));
+  check_conv_call(st, s, device,
+                  cudnnConvolutionBackwardFilter(st.handle, &alpha, plan.x.get(), input.data, plan.y.get(),
+                                                 grad_out.data, plan.conv.get(), plan.backward_weight, workspace.data(),
+                                                 plan.backward_weight_bytes, &beta, plan.w.get(), grad_weight.data),
+                  "cudnnConvolutionBackwardFilter", __LINE__);
 }
 
 // --- BatchNorm (CUDNN_BATCHNORM_SPATIAL: statistics over N and the spatial dims, per channel) ----------
@@ -363,10 +398,7 @@ void cudnn_batch_norm_forward(const KernelTensor& out, const KernelTensor& x, co
   if (status == CUDNN_STATUS_SUCCESS) return;
   // Refused before it ran (a sub-library missing on this machine, a shape it does not take): BatchNorm is
   // composed from ferry's kernels from now on, and the caller retries this layer so (nn/functional.cpp).
-  const int family = static_cast<int>(status) / 1000;  // cuDNN 9: 2xxx bad parameter, 3xxx not supported
-  const bool refused = family == 2 || family == 3 || status == CUDNN_STATUS_SUBLIBRARY_LOADING_FAILED ||
-                       status == CUDNN_STATUS_NOT_INITIALIZED;
-  if (refused && !st.batch_norm_off.exchange(true)) {
+  if (refused(status) && !st.batch_norm_off.exchange(true)) {
     std::fprintf(stderr, "ferry: cuDNN refused BatchNorm on cuda:%d (%s); BatchNorm is composed from ferry's own "
                  "kernels from now on\n", device, cudnnGetErrorString(status));
   }

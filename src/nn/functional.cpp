@@ -269,8 +269,8 @@ Tensor conv2d(const Tensor& input_in, const Tensor& weight, const Tensor& bias, 
   Tensor out = empty({N, O, out_h, out_w}, like);  // (N, O, oh, ow) = (N, O, L)
   const bool host = K > 0 && detail::use_host_conv(x.device(), s);
   // cuDNN on cuda (one call per direction) where it has an algorithm for the shape; else im2col + GEMM.
-  const bool library = !host && K > 0 && out.numel() > 0 && library_layers() &&
-                       backend(x.device()).conv2d_library(s, x.dtype(), x.device().index);
+  bool library = !host && K > 0 && out.numel() > 0 && library_layers() &&
+                 backend(x.device()).conv2d_library(s, x.dtype(), x.device().index);
   if (bias.defined() && !host && out.numel() > 0) fill_with_channel_vector(out, bias.detach());
   const float beta = bias.defined() ? 1.0f : 0.0f;
   const bool pointwise = is_pointwise(s);
@@ -288,11 +288,19 @@ Tensor conv2d(const Tensor& input_in, const Tensor& weight, const Tensor& bias, 
     if (host) {
       detail::host_conv2d_forward(x, w, bias.defined() ? bias.detach().contiguous() : Tensor(), out, s, kept_columns);
     } else if (library) {  // out (N, O, oh, ow) = conv(x, w) + beta * out (the bias written above)
-      backend(x.device()).conv2d_forward(kernel(out), kernel(x), kernel(w), s, beta, stream_of(x.device()));
-    } else if (pointwise) {  // the columns are the image itself: out[n] (O, L) = w (O, C) @ x[n] (C, L)
+      try {
+        backend(x.device()).conv2d_forward(kernel(out), kernel(x), kernel(w), s, beta, stream_of(x.device()));
+      } catch (const BackendError&) {
+        // The library refused the call before running it and now says so for this shape: composed below, in
+        // this direction and in backward. Any other failure is the caller's to see.
+        if (backend(x.device()).conv2d_library(s, x.dtype(), x.device().index)) throw;
+        library = false;
+      }
+    }
+    if (!host && !library && pointwise) {  // the columns are the image itself: out[n] (O, L) = w (O, C) @ x[n] (C, L)
       run_gemm({.m = O, .n = L, .k = K, .a = &w, .lda = K, .b = &x, .ldb = L, .stride_b = C * L, .c = &out,
                 .ldc = L, .stride_c = O * L, .batch = N, .beta = beta});
-    } else {
+    } else if (!host && !library) {
       const Tensor columns = empty({chunk * K, L}, like);  // (chunk * K, L)
       for (std::int64_t first = 0; first < N; first += chunk) {
         const std::int64_t b = std::min(chunk, N - first);
@@ -327,9 +335,13 @@ Tensor conv2d(const Tensor& input_in, const Tensor& weight, const Tensor& bias, 
              }
              if (library) {  // cuDNN: one call per gradient
                Backend& be = backend(g.device());
-               if (want_w) be.conv2d_backward_weight(kernel(gw), kernel(g), kernel(x), s, stream_of(g.device()));
-               if (want_x) be.conv2d_backward_input(kernel(gx), kernel(g), kernel(w), s, stream_of(g.device()));
-               return Grads{gx, gw, gb};
+               try {
+                 if (want_w) be.conv2d_backward_weight(kernel(gw), kernel(g), kernel(x), s, stream_of(g.device()));
+                 if (want_x) be.conv2d_backward_input(kernel(gx), kernel(g), kernel(w), s, stream_of(g.device()));
+                 return Grads{gx, gw, gb};
+               } catch (const BackendError&) {  // refused before it ran (as in forward): composed below
+                 if (be.conv2d_library(s, g.dtype(), g.device().index)) throw;
+               }
              }
              if (pointwise) {
                if (want_w) {  // gw (O, C) += g[n] (O, L) @ x[n]^T (L, C), sample by sample (in order: any device)

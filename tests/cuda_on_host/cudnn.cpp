@@ -31,6 +31,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <unordered_set>
@@ -346,6 +347,7 @@ const char* cudnnGetErrorString(cudnnStatus_t status) {
     case CUDNN_STATUS_BAD_PARAM_NULL_POINTER: return "CUDNN_STATUS_BAD_PARAM_NULL_POINTER";
     case CUDNN_STATUS_BAD_PARAM_STREAM_MISMATCH: return "CUDNN_STATUS_BAD_PARAM_STREAM_MISMATCH";
     case CUDNN_STATUS_NOT_SUPPORTED: return "CUDNN_STATUS_NOT_SUPPORTED";
+    case CUDNN_STATUS_NOT_SUPPORTED_SHAPE: return "CUDNN_STATUS_NOT_SUPPORTED_SHAPE";
     case CUDNN_STATUS_EXECUTION_FAILED: return "CUDNN_STATUS_EXECUTION_FAILED";
     case CUDNN_STATUS_EXECUTION_FAILED_CUDART: return "CUDNN_STATUS_EXECUTION_FAILED_CUDART";
     default: return "CUDNN_STATUS_UNKNOWN (emulated cuDNN)";
@@ -428,6 +430,15 @@ cudnnStatus_t cudnnGetConvolution2dForwardOutputDim(const cudnnConvolutionDescri
 
 namespace {
 
+// FERRY_EMU_CUDNN_REFUSE=forward|backward|all: the convolution calls of that direction are refused
+// (CUDNN_STATUS_NOT_SUPPORTED_SHAPE) although the search offered them, as a real cuDNN may refuse an algorithm at
+// the call; for the tests of ferry's fallback to its own kernels.
+bool forced_refusal(bool forward) {
+  const char* value = std::getenv("FERRY_EMU_CUDNN_REFUSE");
+  if (value == nullptr) return false;
+  return std::strcmp(value, "all") == 0 || std::strcmp(value, forward ? "forward" : "backward") == 0;
+}
+
 // What every convolution call checks before it enqueues, in cuDNN's order: the handle, alpha and beta; the
 // descriptors; null data; the algorithm, its math and its workspace; the data pointers on the card. The data
 // are named by their place: the input-shaped tensor (x or dx), the filter (w or dw), the output-shaped one
@@ -442,6 +453,7 @@ cudnnStatus_t check_convolution(const char* call, cudnnHandle_t handle, const vo
   *h = find_handle(handle);
   const Conv2d* conv = find_conv(conv_desc);
   if (!*h || !alpha || !beta) return CUDNN_STATUS_BAD_PARAM;
+  if (forced_refusal(std::strcmp(call, "cudnnConvolutionForward") == 0)) return CUDNN_STATUS_NOT_SUPPORTED_SHAPE;
   if (const cudnnStatus_t s = geometry(find_tensor(x_desc), find_filter(w_desc), conv, find_tensor(y_desc), g);
       s != CUDNN_STATUS_SUCCESS)
     return s;

@@ -1,14 +1,19 @@
 // test_cudnn.cpp — the emulated cuDNN's own promises (cudnn.cpp), each a behaviour of the real library that the
 // tests of ferry's cudnn_layers.cpp lean on: the convolution against a direct sum (strides, padding, dilation,
 // both modes, alpha and beta), the three directions as adjoints of each other, BatchNorm's statistics and
-// running averages, the workspace and pointer checks, the search's refusal inside a capture.
+// running averages, the workspace and pointer checks, the search's refusal inside a capture. Last, ferry's
+// fallback when cuDNN refuses a convolution at the call, which only the emulated cuDNN can be made to do.
 #include <cuda_runtime_api.h>
 #include <cudnn.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <vector>
+
+#include "ferry/nn/functional.h"
+#include "test_helpers.h"
 
 namespace {
 
@@ -296,6 +301,52 @@ TEST(EmulatedCudnn, BatchNormTrainingUsesTheBatchStatistics) {
   cudnnDestroyTensorDescriptor(xd);
   cudnnDestroyTensorDescriptor(cd);
   cudnnDestroy(handle);
+}
+
+// cuDNN refuses a convolution call its search offered (FERRY_EMU_CUDNN_REFUSE): ferry composes the layer from its
+// own kernels instead, in that pass and for that shape from then on, and the results are the cpu's.
+TEST(EmulatedCudnn, FerryComposesAConvolutionCudnnRefusesAtTheCall) {
+  using namespace ferry;
+  if (const char* off = std::getenv("FERRY_CUDNN"); off && std::string(off) == "0") {
+    GTEST_SKIP() << "cuDNN switched off (FERRY_CUDNN=0): nothing to refuse";
+  }
+  const Device cuda(DeviceType::CUDA, 0);
+  for (const char* direction : {"forward", "backward"}) {
+    SCOPED_TRACE(direction);
+    // A shape of each direction's own: a refusal is remembered per shape for the rest of the process.
+    const std::int64_t channels = std::string(direction) == "forward" ? 5 : 7;
+    manual_seed(61);
+    const Tensor x = randn({3, channels, 9, 8}), w = randn({4, channels, 3, 3}), b = randn({4});
+    const Tensor probe = randn({3, 4, 9, 8});
+    const auto pass = [&](Device device) {
+      // Leaves of their own on each device (on the cpu, to() would return x itself).
+      Tensor xd = x.to(device).detach().requires_grad_(), wd = w.to(device).detach().requires_grad_();
+      Tensor bd = b.to(device).detach().requires_grad_();
+      const Tensor out = nn::functional::conv2d(xd, wd, bd, 1, 1, 1);
+      sum(mul(out, probe.to(device))).backward();
+      return std::vector<Tensor>{out.detach().cpu(), xd.grad().cpu(), wd.grad().cpu(), bd.grad().cpu()};
+    };
+    const std::vector<Tensor> cpu = pass(Device(DeviceType::CPU));
+    Backend::Conv2dShape s;
+    s.batch = 3, s.in_channels = channels, s.height = 9, s.width = 8, s.out_channels = 4, s.kernel_h = 3;
+    s.kernel_w = 3, s.stride_h = 1, s.stride_w = 1, s.pad_h = 1, s.pad_w = 1, s.dilation_h = 1, s.dilation_w = 1;
+    ASSERT_TRUE(backend(cuda).conv2d_library(s, DType::Float32, 0)) << "the search offers the shape";
+    std::vector<Tensor> refused;
+    {
+      struct Refusal {  // unset again however the pass ends
+        explicit Refusal(const char* direction) { setenv("FERRY_EMU_CUDNN_REFUSE", direction, 1); }
+        ~Refusal() { unsetenv("FERRY_EMU_CUDNN_REFUSE"); }
+      } refusal(direction);
+      refused = pass(cuda);
+    }
+    EXPECT_FALSE(backend(cuda).conv2d_library(s, DType::Float32, 0)) << "the shape is composed from now on";
+    const std::vector<Tensor> after = pass(cuda);
+    const char* names[] = {"out", "grad input", "grad weight", "grad bias"};
+    for (int i = 0; i < 4; ++i) {
+      EXPECT_TRUE(ferry::testing::all_close(refused[i], cpu[i], 1e-4, 1e-4)) << names[i] << ", the pass cuDNN refused";
+      EXPECT_TRUE(ferry::testing::all_close(after[i], cpu[i], 1e-4, 1e-4)) << names[i] << ", the pass after";
+    }
+  }
 }
 
 }  // namespace
