@@ -69,6 +69,7 @@ CudnnState& state(int device) {
 }
 
 bool fits_int(std::int64_t value) { return value >= 0 && value <= INT_MAX; }
+int as_int(std::int64_t value) { return static_cast<int>(value); }
 
 // A status by which cuDNN refused a call before running it (cuDNN 9: 2xxx bad parameter, 3xxx not supported; a
 // sub-library missing on this machine): the layer can be composed from ferry's kernels instead.
@@ -77,7 +78,6 @@ bool refused(cudnnStatus_t status) {
   return family == 2 || family == 3 || status == CUDNN_STATUS_SUBLIBRARY_LOADING_FAILED ||
          status == CUDNN_STATUS_NOT_INITIALIZED;
 }
-int as_int(std::int64_t value) { return static_cast<int>(value); }
 
 // --- descriptors, owned --------------------------------------------------------------------------
 // One cuDNN descriptor, created with the object and destroyed with it.
