@@ -297,10 +297,12 @@ Tensor conv2d(const Tensor& input_in, const Tensor& weight, const Tensor& bias, 
         library = false;
       }
     }
-    if (!host && !library && pointwise) {  // the columns are the image itself: out[n] (O, L) = w (O, C) @ x[n] (C, L)
+    if (host || library) {
+      // done above
+    } else if (pointwise) {  // the columns are the image itself: out[n] (O, L) = w (O, C) @ x[n] (C, L)
       run_gemm({.m = O, .n = L, .k = K, .a = &w, .lda = K, .b = &x, .ldb = L, .stride_b = C * L, .c = &out,
                 .ldc = L, .stride_c = O * L, .batch = N, .beta = beta});
-    } else if (!host && !library) {
+    } else {
       const Tensor columns = empty({chunk * K, L}, like);  // (chunk * K, L)
       for (std::int64_t first = 0; first < N; first += chunk) {
         const std::int64_t b = std::min(chunk, N - first);

@@ -124,6 +124,7 @@ struct Geometry {
   std::size_t col_bytes() const { return rows() * columns() * sizeof(float); }            // one image's columns
   std::size_t input_count() const { return static_cast<std::size_t>(c) * h * w; }         // per image
   std::size_t output_count() const { return static_cast<std::size_t>(o) * oh * ow; }      // per image
+  std::size_t weight_count() const { return static_cast<std::size_t>(o) * rows(); }         // the filter
 };
 
 int output_size(int in, int pad, int k, int dilation, int stride) {
@@ -253,8 +254,8 @@ long long source_index(const Geometry& g, int c, int i, int j, int oy, int ox) {
   return (static_cast<long long>(c) * g.h + y) * g.w + x;
 }
 
-// cols (C*kh*kw, oh*ow) of one image.
-void im2col(const Geometry& g, const float* image, float* cols) {
+// cols (C*kh*kw, oh*ow) of one image, rounded to TF32 when the algorithm multiplies on tensor cores.
+void im2col(const Geometry& g, const float* image, float* cols, bool tf32) {
   std::size_t r = 0;
   for (int c = 0; c < g.c; ++c)
     for (int i = 0; i < g.kh; ++i)
@@ -262,7 +263,8 @@ void im2col(const Geometry& g, const float* image, float* cols) {
         for (int oy = 0; oy < g.oh; ++oy)
           for (int ox = 0; ox < g.ow; ++ox) {
             const long long s = source_index(g, c, i, j, oy, ox);
-            cols[r * g.columns() + static_cast<std::size_t>(oy) * g.ow + ox] = s < 0 ? 0.0f : image[s];
+            const float v = s < 0 ? 0.0f : image[s];
+            cols[r * g.columns() + static_cast<std::size_t>(oy) * g.ow + ox] = tf32 ? ferry::emu::to_tf32(v) : v;
           }
 }
 
@@ -442,29 +444,40 @@ bool forced_refusal(bool forward) {
 // What every convolution call checks before it enqueues, in cuDNN's order: the handle, alpha and beta; the
 // descriptors; null data; the algorithm, its math and its workspace; the data pointers on the card. The data
 // are named by their place: the input-shaped tensor (x or dx), the filter (w or dw), the output-shaped one
-// (y or dy). On success *g, *a and *h describe the call.
+// (y or dy). On success `c` describes the call.
+struct ConvCall {
+  cudaStream_t stream = nullptr;  // the handle's
+  Geometry g{};
+  Algorithm algorithm{};
+  float alpha = 1, beta = 0;  // read at the call, as cuDNN reads host scalars
+};
 template <std::size_t N>
 cudnnStatus_t check_convolution(const char* call, cudnnHandle_t handle, const void* alpha, const void* beta,
                                 cudnnTensorDescriptor_t x_desc, cudnnFilterDescriptor_t w_desc,
                                 cudnnConvolutionDescriptor_t conv_desc, cudnnTensorDescriptor_t y_desc,
                                 const void* x, const void* w, const void* y, const char* const (&names)[3],
                                 const Algorithm (&menu)[N], int algo, const void* workspace,
-                                std::size_t workspace_bytes, Handle** h, Geometry* g, const Algorithm** a) {
-  *h = find_handle(handle);
+                                std::size_t workspace_bytes, ConvCall& c) {
+  const Handle* h = find_handle(handle);
   const Conv2d* conv = find_conv(conv_desc);
-  if (!*h || !alpha || !beta) return CUDNN_STATUS_BAD_PARAM;
+  if (!h || !alpha || !beta) return CUDNN_STATUS_BAD_PARAM;
   if (forced_refusal(std::strcmp(call, "cudnnConvolutionForward") == 0)) return CUDNN_STATUS_NOT_SUPPORTED_SHAPE;
-  if (const cudnnStatus_t s = geometry(find_tensor(x_desc), find_filter(w_desc), conv, find_tensor(y_desc), g);
+  Geometry& g = c.g;
+  if (const cudnnStatus_t s = geometry(find_tensor(x_desc), find_filter(w_desc), conv, find_tensor(y_desc), &g);
       s != CUDNN_STATUS_SUCCESS)
     return s;
   if (!x || !w || !y) return CUDNN_STATUS_BAD_PARAM_NULL_POINTER;
-  *a = lookup(menu, algo);
-  if (const cudnnStatus_t s = check_algorithm(*a, *conv, *g, workspace, workspace_bytes, call); s != CUDNN_STATUS_SUCCESS)
+  const Algorithm* a = lookup(menu, algo);
+  if (const cudnnStatus_t s = check_algorithm(a, *conv, g, workspace, workspace_bytes, call); s != CUDNN_STATUS_SUCCESS)
     return s;
-  if (!device_pointer_ok(x, g->n * g->input_count() * sizeof(float), call, names[0]) ||
-      !device_pointer_ok(w, g->o * g->rows() * sizeof(float), call, names[1]) ||
-      !device_pointer_ok(y, g->n * g->output_count() * sizeof(float), call, names[2]))
+  if (!device_pointer_ok(x, g.n * g.input_count() * sizeof(float), call, names[0]) ||
+      !device_pointer_ok(w, g.weight_count() * sizeof(float), call, names[1]) ||
+      !device_pointer_ok(y, g.n * g.output_count() * sizeof(float), call, names[2]))
     return CUDNN_STATUS_EXECUTION_FAILED;
+  c.stream = h->stream;
+  c.algorithm = *a;
+  c.alpha = read_scale(alpha);
+  c.beta = read_scale(beta);
   return CUDNN_STATUS_SUCCESS;
 }
 
@@ -505,32 +518,26 @@ cudnnStatus_t cudnnConvolutionForward(cudnnHandle_t handle, const void* alpha, c
                                       const cudnnConvolutionDescriptor_t conv_desc, cudnnConvolutionFwdAlgo_t algo,
                                       void* workspace, size_t workspace_bytes, const void* beta,
                                       const cudnnTensorDescriptor_t y_desc, void* y) {
-  Handle* h = nullptr;
-  Geometry g{};
-  const Algorithm* a = nullptr;
+  ConvCall c;
   if (const cudnnStatus_t s = check_convolution("cudnnConvolutionForward", handle, alpha, beta, x_desc, w_desc, conv_desc,
                                                 y_desc, x, w, y, {"x", "w", "y"}, kForward, algo, workspace,
-                                                workspace_bytes, &h, &g, &a);
+                                                workspace_bytes, c);
       s != CUDNN_STATUS_SUCCESS)
     return s;
-  const std::size_t weights = static_cast<std::size_t>(g.o) * g.rows();
-  const float al = read_scale(alpha), be = read_scale(beta);
-  const Algorithm chosen = *a;
-  ferry::emu::enqueue(h->stream, [=] {
+  ferry::emu::enqueue(c.stream, [=] {
+    const Geometry& g = c.g;
     const auto* in = static_cast<const float*>(x);
     auto* out = static_cast<float*>(y);
-    const std::vector<float> filter = rounded_copy(static_cast<const float*>(w), weights, chosen.tensor_op);
+    const std::vector<float> filter = rounded_copy(static_cast<const float*>(w), g.weight_count(), c.algorithm.tensor_op);
     std::vector<float> own;
-    float* cols = columns_buffer(chosen, workspace, own, g);
+    float* cols = columns_buffer(c.algorithm, workspace, own, g);
     for (int n = 0; n < g.n; ++n) {
-      im2col(g, in + n * g.input_count(), cols);
-      if (chosen.tensor_op)
-        for (std::size_t i = 0; i < g.rows() * g.columns(); ++i) cols[i] = ferry::emu::to_tf32(cols[i]);
+      im2col(g, in + n * g.input_count(), cols, c.algorithm.tensor_op);
       float* out_n = out + n * g.output_count();
       // out_n (O, oh*ow) = alpha * filter (O, C*kh*kw) . cols (C*kh*kw, oh*ow) + beta * out_n
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, g.o, static_cast<int>(g.columns()),
-                  static_cast<int>(g.rows()), al, filter.data(), static_cast<int>(g.rows()), cols,
-                  static_cast<int>(g.columns()), be, out_n, static_cast<int>(g.columns()));
+                  static_cast<int>(g.rows()), c.alpha, filter.data(), static_cast<int>(g.rows()), cols,
+                  static_cast<int>(g.columns()), c.beta, out_n, static_cast<int>(g.columns()));
     }
   });
   return CUDNN_STATUS_SUCCESS;
@@ -542,31 +549,27 @@ cudnnStatus_t cudnnConvolutionBackwardData(cudnnHandle_t handle, const void* alp
                                            const cudnnConvolutionDescriptor_t conv_desc,
                                            cudnnConvolutionBwdDataAlgo_t algo, void* workspace, size_t workspace_bytes,
                                            const void* beta, const cudnnTensorDescriptor_t dx_desc, void* dx) {
-  Handle* h = nullptr;
-  Geometry g{};
-  const Algorithm* a = nullptr;
+  ConvCall c;
   if (const cudnnStatus_t s = check_convolution("cudnnConvolutionBackwardData", handle, alpha, beta, dx_desc, w_desc,
                                                 conv_desc, dy_desc, dx, w, dy, {"dx", "w", "dy"}, kBackwardData, algo,
-                                                workspace, workspace_bytes, &h, &g, &a);
+                                                workspace, workspace_bytes, c);
       s != CUDNN_STATUS_SUCCESS)
     return s;
-  const std::size_t weights = static_cast<std::size_t>(g.o) * g.rows();
-  const float al = read_scale(alpha), be = read_scale(beta);
-  const Algorithm chosen = *a;
-  ferry::emu::enqueue(h->stream, [=] {
-    const std::vector<float> filter = rounded_copy(static_cast<const float*>(w), weights, chosen.tensor_op);
+  ferry::emu::enqueue(c.stream, [=] {
+    const Geometry& g = c.g;
+    const std::vector<float> filter = rounded_copy(static_cast<const float*>(w), g.weight_count(), c.algorithm.tensor_op);
     std::vector<float> own, image(g.input_count());
-    float* cols = columns_buffer(chosen, workspace, own, g);
+    float* cols = columns_buffer(c.algorithm, workspace, own, g);
     for (int n = 0; n < g.n; ++n) {
       const std::vector<float> grad =
-          rounded_copy(static_cast<const float*>(dy) + n * g.output_count(), g.output_count(), chosen.tensor_op);
+          rounded_copy(static_cast<const float*>(dy) + n * g.output_count(), g.output_count(), c.algorithm.tensor_op);
       // cols (C*kh*kw, oh*ow) = filter^T (C*kh*kw, O) . dy_n (O, oh*ow)
       cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, static_cast<int>(g.rows()), static_cast<int>(g.columns()),
                   g.o, 1.0f, filter.data(), static_cast<int>(g.rows()), grad.data(), static_cast<int>(g.columns()),
                   0.0f, cols, static_cast<int>(g.columns()));
       std::fill(image.begin(), image.end(), 0.0f);
       col2im(g, cols, image.data());
-      blend(static_cast<float*>(dx) + n * g.input_count(), image.data(), image.size(), al, be);
+      blend(static_cast<float*>(dx) + n * g.input_count(), image.data(), image.size(), c.alpha, c.beta);
     }
   });
   return CUDNN_STATUS_SUCCESS;
@@ -580,32 +583,26 @@ cudnnStatus_t cudnnConvolutionBackwardFilter(cudnnHandle_t handle, const void* a
                                              cudnnConvolutionBwdFilterAlgo_t algo, void* workspace,
                                              size_t workspace_bytes, const void* beta,
                                              const cudnnFilterDescriptor_t dw_desc, void* dw) {
-  Handle* h = nullptr;
-  Geometry g{};
-  const Algorithm* a = nullptr;
+  ConvCall c;
   if (const cudnnStatus_t s = check_convolution("cudnnConvolutionBackwardFilter", handle, alpha, beta, x_desc, dw_desc,
                                                 conv_desc, dy_desc, x, dw, dy, {"x", "dw", "dy"}, kBackwardFilter, algo,
-                                                workspace, workspace_bytes, &h, &g, &a);
+                                                workspace, workspace_bytes, c);
       s != CUDNN_STATUS_SUCCESS)
     return s;
-  const std::size_t weights = static_cast<std::size_t>(g.o) * g.rows();
-  const float al = read_scale(alpha), be = read_scale(beta);
-  const Algorithm chosen = *a;
-  ferry::emu::enqueue(h->stream, [=] {
-    std::vector<float> own, sum(weights, 0.0f);
-    float* cols = columns_buffer(chosen, workspace, own, g);
+  ferry::emu::enqueue(c.stream, [=] {
+    const Geometry& g = c.g;
+    std::vector<float> own, sum(g.weight_count(), 0.0f);
+    float* cols = columns_buffer(c.algorithm, workspace, own, g);
     for (int n = 0; n < g.n; ++n) {
-      im2col(g, static_cast<const float*>(x) + n * g.input_count(), cols);
-      if (chosen.tensor_op)
-        for (std::size_t i = 0; i < g.rows() * g.columns(); ++i) cols[i] = ferry::emu::to_tf32(cols[i]);
+      im2col(g, static_cast<const float*>(x) + n * g.input_count(), cols, c.algorithm.tensor_op);
       const std::vector<float> grad =
-          rounded_copy(static_cast<const float*>(dy) + n * g.output_count(), g.output_count(), chosen.tensor_op);
+          rounded_copy(static_cast<const float*>(dy) + n * g.output_count(), g.output_count(), c.algorithm.tensor_op);
       // sum (O, C*kh*kw) += dy_n (O, oh*ow) . cols^T (oh*ow, C*kh*kw)
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, g.o, static_cast<int>(g.rows()),
                   static_cast<int>(g.columns()), 1.0f, grad.data(), static_cast<int>(g.columns()), cols,
                   static_cast<int>(g.columns()), 1.0f, sum.data(), static_cast<int>(g.rows()));
     }
-    blend(static_cast<float*>(dw), sum.data(), weights, al, be);
+    blend(static_cast<float*>(dw), sum.data(), sum.size(), c.alpha, c.beta);
   });
   return CUDNN_STATUS_SUCCESS;
 }

@@ -37,18 +37,23 @@ World start() {
   return w;
 }
 
-// A communicator of every rank, each on cuda:<rank mod cards>.
-ncclComm_t make_comm(const World& w) {
-  int cards = 1;
-  cudaGetDeviceCount(&cards);
-  EXPECT_EQ(cudaSetDevice(w.rank % cards), cudaSuccess);
+// ncclCommInitRank on every rank, this one on cuda:`device`, with rank 0's unique id broadcast over MPI.
+ncclResult_t init_comm(const World& w, int device, ncclComm_t* comm) {
+  EXPECT_EQ(cudaSetDevice(device), cudaSuccess);
   ncclUniqueId id{};
   if (w.rank == 0) {
     EXPECT_EQ(ncclGetUniqueId(&id), ncclSuccess);
   }
   MPI_Bcast(&id, sizeof(id), MPI_BYTE, 0, MPI_COMM_WORLD);
+  return ncclCommInitRank(comm, w.size, id, w.rank);
+}
+
+// A communicator of every rank, each on cuda:<rank mod cards>.
+ncclComm_t make_comm(const World& w) {
+  int cards = 1;
+  cudaGetDeviceCount(&cards);
   ncclComm_t comm = nullptr;
-  EXPECT_EQ(ncclCommInitRank(&comm, w.size, id, w.rank), ncclSuccess);
+  EXPECT_EQ(init_comm(w, w.rank % cards, &comm), ncclSuccess);
   return comm;
 }
 
@@ -100,14 +105,8 @@ TEST(EmulatedNccl, RefusesWhatNcclRefuses) {
 TEST(EmulatedNccl, RefusesTwoRanksOnOneCard) {
   const World w = start();
   if (w.size < 2) GTEST_SKIP() << "needs mpirun -np 2";
-  ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
-  ncclUniqueId id{};
-  if (w.rank == 0) {
-    ASSERT_EQ(ncclGetUniqueId(&id), ncclSuccess);
-  }
-  MPI_Bcast(&id, sizeof(id), MPI_BYTE, 0, MPI_COMM_WORLD);
   ncclComm_t comm = nullptr;
-  EXPECT_EQ(ncclCommInitRank(&comm, w.size, id, w.rank), ncclInvalidUsage);
+  EXPECT_EQ(init_comm(w, 0, &comm), ncclInvalidUsage);
   EXPECT_EQ(comm, nullptr);
 }
 
