@@ -682,6 +682,44 @@ TEST_F(CudaBackend, CudnnConvolutionMatchesTheComposedLayer) {
 #endif
 }
 
+// ferry/determinism.h: with deterministic algorithms a convolution's three directions repeat bit for bit
+// (cuDNN's heuristics instead of its timed search, and only algorithms without atomics), and index_select's
+// backward sums in the cpu's order, so it is the cpu's gradient bit for bit. The emulated cuDNN sums its
+// non-deterministic algorithms in another order on every call, so there this also checks that they were passed
+// over; on a real card it checks the cuDNN and the card ferry runs on.
+TEST_F(CudaBackend, DeterministicAlgorithmsRepeatBitForBit) {
+  const DeterministicAlgorithmsGuard deterministic(true);
+  manual_seed(43);
+  const Tensor x = randn({8, 16, 14, 14}), w = randn({32, 16, 3, 3}), b = randn({32}), probe = randn({8, 32, 14, 14});
+  const std::vector<Tensor> first = conv_pass(x, w, b, probe, 1, 1, 1);
+  const std::vector<Tensor> second = conv_pass(x, w, b, probe, 1, 1, 1);
+  Tensor xc = x.clone().requires_grad_(), wc = w.clone().requires_grad_(), bc = b.clone().requires_grad_();
+  const Tensor out = nn::functional::conv2d(xc, wc, bc, 1, 1, 1);
+  sum(mul(out, probe)).backward();
+  const Tensor on_cpu[] = {out.detach(), xc.grad(), wc.grad(), bc.grad()};
+  const char* names[] = {"out", "grad input", "grad weight", "grad bias"};
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_TRUE(same_bytes(first[i], second[i])) << names[i];
+    EXPECT_TRUE(all_close(first[i], on_cpu[i], 1e-4, 1e-4)) << names[i] << " against cpu";
+  }
+  // index_select's backward adds many rows into a few (index_add): the cpu's order, the cpu's bits.
+  const Tensor table = randn({40, 33});
+  std::vector<std::int64_t> rows;
+  for (int k = 0; k < 300; ++k) rows.push_back((k * 7) % 5 == 0 ? 32 : (k * 13) % 6);
+  const Tensor index = from_vector<std::int64_t>(rows);
+  for (int dim : {0, 1}) {
+    const Tensor weights = randn(index_select(table, dim, index).shape());  // distinct terms: their order matters
+    Tensor grads[2];
+    for (int i = 0; i < 2; ++i) {
+      const Device d = i == 0 ? kCPU : kCuda;
+      Tensor t = table.to(d).detach().requires_grad_(true);
+      sum(mul(index_select(t, dim, index.to(d)), weights.to(d))).backward();
+      grads[i] = t.grad().cpu();
+    }
+    EXPECT_TRUE(same_bytes(grads[1], grads[0])) << "index_select backward along dim " << dim;
+  }
+}
+
 // BatchNorm in training on cuda: {out, grad input, grad weight, grad bias, running mean, running var}.
 std::vector<Tensor> batch_norm_pass(const Tensor& x_in, const Tensor& probe, bool affine, std::optional<double> momentum,
                                     nn::functional::Activation activation = nn::functional::Activation::None) {

@@ -255,5 +255,33 @@ TEST(Trainer, ResumeIsBitForBit) {
   std::filesystem::remove(path);
 }
 
+// --deterministic is written into the checkpoint's settings, and a resumed run takes it from there (on cuda that
+// is what makes the continuation bit for bit); the process-wide switch is put back after each run.
+TEST(Trainer, ResumeTakesDeterministicAlgorithmsFromTheCheckpoint) {
+  const Dataset train_set = quadrant_dataset(48, 22), test_set = quadrant_dataset(16, 23);
+  std::ostringstream log;
+  const std::string path = temp_path("deterministic.safetensors");
+  TrainOptions part = quick_options(kCPU);
+  part.max_steps = 2;
+  part.deterministic = true;
+  part.checkpoint_path = path;
+  manual_seed(2);
+  auto first = make_fmnist_model();
+  EXPECT_TRUE(train(*first, train_set, test_set, part, log).deterministic);
+  EXPECT_FALSE(deterministic_algorithms()) << "the run's setting outlived it";
+  auto probe = make_fmnist_model();
+  EXPECT_EQ(load_checkpoint(path, *probe, nullptr).settings.at("deterministic"), "true");
+
+  TrainOptions rest = quick_options(kCPU);
+  rest.resume_path = path;
+  auto resumed = make_fmnist_model();
+  const TrainResult r = train(*resumed, train_set, test_set, rest, log);
+  EXPECT_TRUE(r.deterministic);
+  EXPECT_NE(log.str().find("deterministic algorithms: on, as in the run that wrote the checkpoint"), std::string::npos)
+      << log.str();
+  EXPECT_FALSE(deterministic_algorithms());
+  std::filesystem::remove(path);
+}
+
 }  // namespace
 }  // namespace ferry

@@ -3,6 +3,7 @@
 
 #include "ferry/autograd.h"
 #include "ferry/backend.h"
+#include "ferry/determinism.h"
 #include "ferry/device.h"
 #include "ferry/dtype.h"
 #include "ferry/error.h"

@@ -44,6 +44,10 @@ struct TrainOptions {
   dist::ProcessGroup* process_group = nullptr;
   std::int64_t bucket_bytes = 25 * 1024 * 1024;  // bytes per gradient bucket (PyTorch's 25 MiB)
   std::int64_t check_replicas_every = 0;         // steps between replica checks; 0: each epoch end and the stop
+  // Only algorithms that sum in a fixed order, for the run (ferry/determinism.h): what a cuda run needs to give the
+  // same bits twice and to --resume bit for bit. Also on when the process-wide switch is, or when the checkpoint
+  // resumed from was written by a deterministic run.
+  bool deterministic = false;
 };
 
 struct EpochStats {
@@ -68,6 +72,7 @@ struct TrainResult {
   // The captured step (graphs on): replays, operations in the graph, and one line saying so or why not.
   std::int64_t graph_replays = 0, graph_operations = 0;
   std::string graph;
+  bool deterministic = false;  // the run used deterministic algorithms only
   // Data-parallel runs only (world_size 1 otherwise).
   int world_size = 1;
   std::string comm_backend;                   // "mpi", "nccl"

@@ -16,6 +16,7 @@
 #include "check.h"
 #include "cuda_backend.h"
 #include "device_state.h"
+#include "ferry/determinism.h"
 #include "ferry/error.h"
 #include "ferry/ledger.h"
 
@@ -32,7 +33,7 @@ constexpr std::size_t kMaxWorkspaceBytes = std::size_t{1} << 30;
 // enqueuing one call (a handle is not safe on two threads at once), and the plan cache.
 struct CudnnState;
 struct ConvPlan;
-using ConvKey = std::array<std::int64_t, 15>;  // the Conv2dShape's fields and the math mode
+using ConvKey = std::array<std::int64_t, 15>;  // the Conv2dShape's fields, TF32 and determinism
 
 struct CudnnState {
   std::mutex mutex;
@@ -120,28 +121,58 @@ struct ConvPlan {
                   backward_weight_math = CUDNN_FMA_MATH;
 };
 
-ConvKey key_of(const Backend::Conv2dShape& s, bool tf32) {
+// How algorithms are chosen: the settings of the moment (cuda_backend.h, ferry/determinism.h).
+struct ConvMode {
+  bool tf32 = false;           // tensor-op (TF32) algorithms allowed
+  bool deterministic = false;  // only algorithms that sum in a fixed order, chosen by cuDNN's heuristics
+};
+ConvMode current_mode() { return {allow_tf32(), deterministic_algorithms()}; }
+
+ConvKey key_of(const Backend::Conv2dShape& s, const ConvMode& mode) {
   return {s.batch,      s.in_channels, s.height,     s.width,      s.out_channels,
           s.kernel_h,   s.kernel_w,    s.stride_h,   s.stride_w,   s.pad_h,
-          s.pad_w,      s.dilation_h,  s.dilation_w, tf32 ? 1 : 0, 0};
+          s.pad_w,      s.dilation_h,  s.dilation_w, mode.tf32 ? 1 : 0, mode.deterministic ? 1 : 0};
 }
 
 // An algorithm that much slower than the fastest usable one may still be chosen for a smaller workspace.
 constexpr double kWorkspaceTimeSlack = 1.05;
 
-// Among the algorithms that succeeded, keep the requested precision and fit the workspace cap: the one with
-// the smallest workspace within 5 % of the fastest's time (a step's peak memory counts the workspace, as
-// PyTorch's does, and a few percent of one convolution are not worth hundreds of megabytes). When none is
-// usable, says why on stderr (the layer then runs on ferry's own kernels).
+// Says on stderr why no algorithm of a direction was usable (the layer then runs on ferry's own kernels), with
+// what cuDNN offered.
+template <typename Perf>
+void say_none_usable(const Perf* results, int count, const ConvMode& mode, const char* direction,
+                     const Backend::Conv2dShape& s) {
+  std::string offers;
+  for (int i = 0; i < count; ++i) {
+    offers += detail::concat(i ? ", " : "", "algo ", static_cast<int>(results[i].algo), " ",
+                             cudnnGetErrorString(results[i].status), " math ", static_cast<int>(results[i].mathType),
+                             results[i].determinism == CUDNN_DETERMINISTIC ? " deterministic " : " non-deterministic ",
+                             results[i].memory, " B");
+  }
+  std::fprintf(stderr,
+               "ferry: cuDNN has no usable %s algorithm for conv2d N%lld C%lld H%lld W%lld -> O%lld k%lldx%lld "
+               "(wanted: success, %s math, %sworkspace <= 1 GiB; offered: %s); this shape runs on ferry's kernels\n",
+               direction, static_cast<long long>(s.batch), static_cast<long long>(s.in_channels),
+               static_cast<long long>(s.height), static_cast<long long>(s.width), static_cast<long long>(s.out_channels),
+               static_cast<long long>(s.kernel_h), static_cast<long long>(s.kernel_w), mode.tf32 ? "any" : "FMA (fp32)",
+               mode.deterministic ? "deterministic, " : "", offers.empty() ? "none" : offers.c_str());
+}
+
+// The precision rule: fp32 means fp32 (no TF32 tensor cores) unless TF32 is allowed.
+bool math_allowed(cudnnMathType_t math, const ConvMode& mode) { return mode.tf32 || math == CUDNN_FMA_MATH; }
+
+// From timed results (cudnnFind*, fastest first): among those that succeeded, keep the requested precision and
+// fit the workspace cap, the one with the smallest workspace within 5 % of the fastest's time (a step's peak
+// memory counts the workspace, as PyTorch's does, and a few percent of one convolution are not worth hundreds
+// of megabytes).
 template <typename Perf, typename Algo>
-bool choose(const Perf* results, int count, bool tf32, Algo* algo, std::size_t* bytes, cudnnMathType_t* math,
-            const char* direction, const Backend::Conv2dShape& s) {
+bool choose_timed(const Perf* results, int count, const ConvMode& mode, Algo* algo, std::size_t* bytes,
+                  cudnnMathType_t* math, const char* direction, const Backend::Conv2dShape& s) {
   const Perf* best = nullptr;
   double time_limit = 0;
-  for (int i = 0; i < count; ++i) {  // cuDNN sorts them fastest first
+  for (int i = 0; i < count; ++i) {
     const Perf& r = results[i];
-    if (r.status != CUDNN_STATUS_SUCCESS || r.memory > kMaxWorkspaceBytes) continue;
-    if (!tf32 && r.mathType != CUDNN_FMA_MATH) continue;  // fp32 means fp32 (no TF32 tensor cores)
+    if (r.status != CUDNN_STATUS_SUCCESS || r.memory > kMaxWorkspaceBytes || !math_allowed(r.mathType, mode)) continue;
     if (best == nullptr) {
       best = &r;
       time_limit = static_cast<double>(r.time) * kWorkspaceTimeSlack;
@@ -149,31 +180,45 @@ bool choose(const Perf* results, int count, bool tf32, Algo* algo, std::size_t* 
       best = &r;
     }
   }
-  if (best != nullptr) {
-    *algo = best->algo;
-    *bytes = best->memory;
-    *math = best->mathType;
+  if (best == nullptr) {
+    say_none_usable(results, count, mode, direction, s);
+    return false;
+  }
+  *algo = best->algo;
+  *bytes = best->memory;
+  *math = best->mathType;
+  return true;
+}
+
+// From cuDNN's heuristics (cudnnGet*Algorithm_v7, best expected first, nothing run): the first that succeeds,
+// sums in a fixed order and keeps the requested precision, whose workspace (asked for with its math set on
+// `conv`: workspace_size(algo, &bytes) returns cuDNN's status) fits the cap. Leaves `conv` with `search_math`.
+template <typename Perf, typename Algo, typename WorkspaceSize>
+bool choose_deterministic(const Perf* results, int count, const ConvMode& mode, cudnnConvolutionDescriptor_t conv,
+                          cudnnMathType_t search_math, WorkspaceSize workspace_size, Algo* algo, std::size_t* bytes,
+                          cudnnMathType_t* math, const char* direction, const Backend::Conv2dShape& s) {
+  for (int i = 0; i < count; ++i) {
+    const Perf& r = results[i];
+    if (r.status != CUDNN_STATUS_SUCCESS || r.determinism != CUDNN_DETERMINISTIC || !math_allowed(r.mathType, mode))
+      continue;
+    FERRY_CUDNN_CHECK(cudnnSetConvolutionMathType(conv, r.mathType));
+    std::size_t needed = 0;
+    if (workspace_size(r.algo, &needed) != CUDNN_STATUS_SUCCESS || needed > kMaxWorkspaceBytes) continue;
+    *algo = r.algo;
+    *bytes = needed;
+    *math = r.mathType;
+    FERRY_CUDNN_CHECK(cudnnSetConvolutionMathType(conv, search_math));
     return true;
   }
-  std::string offers;
-  for (int i = 0; i < count; ++i) {
-    offers += detail::concat(i ? ", " : "", "algo ", static_cast<int>(results[i].algo), " ",
-                             cudnnGetErrorString(results[i].status), " math ", static_cast<int>(results[i].mathType),
-                             " ", results[i].memory, " B");
-  }
-  std::fprintf(stderr,
-               "ferry: cuDNN has no usable %s algorithm for conv2d N%lld C%lld H%lld W%lld -> O%lld k%lldx%lld "
-               "(wanted: success, %s math, workspace <= 1 GiB; offered: %s); this shape runs on ferry's kernels\n",
-               direction, static_cast<long long>(s.batch), static_cast<long long>(s.in_channels),
-               static_cast<long long>(s.height), static_cast<long long>(s.width), static_cast<long long>(s.out_channels),
-               static_cast<long long>(s.kernel_h), static_cast<long long>(s.kernel_w), tf32 ? "any" : "FMA (fp32)",
-               offers.empty() ? "none" : offers.c_str());
+  FERRY_CUDNN_CHECK(cudnnSetConvolutionMathType(conv, search_math));
+  say_none_usable(results, count, mode, direction, s);
   return false;
 }
 
-// Builds the plan for a shape, timing every algorithm once (this synchronizes the device, once per
-// shape, as PyTorch's cudnn.benchmark does). Called with the state's mutex held.
-std::unique_ptr<ConvPlan> make_plan(cudnnHandle_t handle, const Backend::Conv2dShape& s, bool tf32,
+// Builds the plan for a shape. By default it times every algorithm once (this synchronizes the device, once
+// per shape, as PyTorch's cudnn.benchmark does); in deterministic mode it asks cuDNN's heuristics instead (no
+// sync; ferry/determinism.h). Called with the state's mutex held.
+std::unique_ptr<ConvPlan> make_plan(cudnnHandle_t handle, const Backend::Conv2dShape& s, const ConvMode& mode,
                                     cudaStream_t stream) {
   auto plan = std::make_unique<ConvPlan>();
   set_nchw(plan->x, s.batch, s.in_channels, s.height, s.width);
@@ -184,7 +229,8 @@ std::unique_ptr<ConvPlan> make_plan(cudnnHandle_t handle, const Backend::Conv2dS
   FERRY_CUDNN_CHECK(cudnnSetConvolution2dDescriptor(plan->conv.get(), as_int(s.pad_h), as_int(s.pad_w),
                                                     as_int(s.stride_h), as_int(s.stride_w), as_int(s.dilation_h),
                                                     as_int(s.dilation_w), CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
-  FERRY_CUDNN_CHECK(cudnnSetConvolutionMathType(plan->conv.get(), tf32 ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH));
+  const cudnnMathType_t search_math = mode.tf32 ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH;
+  FERRY_CUDNN_CHECK(cudnnSetConvolutionMathType(plan->conv.get(), search_math));
   // The output shape cuDNN computes must be ours (it is, for the same formula; a mismatch is a bug).
   int n = 0, c = 0, h = 0, w = 0;
   FERRY_CUDNN_CHECK(cudnnGetConvolution2dForwardOutputDim(plan->conv.get(), plan->x.get(), plan->w.get(), &n, &c, &h, &w));
@@ -193,43 +239,83 @@ std::unique_ptr<ConvPlan> make_plan(cudnnHandle_t handle, const Backend::Conv2dS
   FERRY_CUDNN_CHECK(cudnnSetStream(handle, stream));
   constexpr int kRequested = 16;
   int returned = 0;
+  const cudnnTensorDescriptor_t x = plan->x.get(), y = plan->y.get();
+  const cudnnFilterDescriptor_t wd = plan->w.get();
+  const cudnnConvolutionDescriptor_t conv = plan->conv.get();
+
   std::array<cudnnConvolutionFwdAlgoPerf_t, kRequested> forward{};
-  FERRY_CUDNN_CHECK(cudnnFindConvolutionForwardAlgorithm(handle, plan->x.get(), plan->w.get(), plan->conv.get(),
-                                                         plan->y.get(), kRequested, &returned, forward.data()));
-  if (!choose(forward.data(), returned, tf32, &plan->forward, &plan->forward_bytes, &plan->forward_math, "forward", s))
-    return plan;
+  if (mode.deterministic) {
+    FERRY_CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithm_v7(handle, x, wd, conv, y, kRequested, &returned, forward.data()));
+    const auto workspace = [&](cudnnConvolutionFwdAlgo_t algo, std::size_t* bytes) {
+      return cudnnGetConvolutionForwardWorkspaceSize(handle, x, wd, conv, y, algo, bytes);
+    };
+    if (!choose_deterministic(forward.data(), returned, mode, conv, search_math, workspace, &plan->forward,
+                              &plan->forward_bytes, &plan->forward_math, "forward", s))
+      return plan;
+  } else {
+    FERRY_CUDNN_CHECK(cudnnFindConvolutionForwardAlgorithm(handle, x, wd, conv, y, kRequested, &returned, forward.data()));
+    if (!choose_timed(forward.data(), returned, mode, &plan->forward, &plan->forward_bytes, &plan->forward_math,
+                      "forward", s))
+      return plan;
+  }
+
   std::array<cudnnConvolutionBwdDataAlgoPerf_t, kRequested> backward_input{};
-  FERRY_CUDNN_CHECK(cudnnFindConvolutionBackwardDataAlgorithm(handle, plan->w.get(), plan->y.get(), plan->conv.get(),
-                                                              plan->x.get(), kRequested, &returned,
-                                                              backward_input.data()));
-  if (!choose(backward_input.data(), returned, tf32, &plan->backward_input, &plan->backward_input_bytes,
-              &plan->backward_input_math, "backward-data", s))
-    return plan;
+  if (mode.deterministic) {
+    FERRY_CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithm_v7(handle, wd, y, conv, x, kRequested, &returned,
+                                                                  backward_input.data()));
+    const auto workspace = [&](cudnnConvolutionBwdDataAlgo_t algo, std::size_t* bytes) {
+      return cudnnGetConvolutionBackwardDataWorkspaceSize(handle, wd, y, conv, x, algo, bytes);
+    };
+    if (!choose_deterministic(backward_input.data(), returned, mode, conv, search_math, workspace,
+                              &plan->backward_input, &plan->backward_input_bytes, &plan->backward_input_math,
+                              "backward-data", s))
+      return plan;
+  } else {
+    FERRY_CUDNN_CHECK(cudnnFindConvolutionBackwardDataAlgorithm(handle, wd, y, conv, x, kRequested, &returned,
+                                                                backward_input.data()));
+    if (!choose_timed(backward_input.data(), returned, mode, &plan->backward_input, &plan->backward_input_bytes,
+                      &plan->backward_input_math, "backward-data", s))
+      return plan;
+  }
+
   std::array<cudnnConvolutionBwdFilterAlgoPerf_t, kRequested> backward_weight{};
-  FERRY_CUDNN_CHECK(cudnnFindConvolutionBackwardFilterAlgorithm(handle, plan->x.get(), plan->y.get(), plan->conv.get(),
-                                                                plan->w.get(), kRequested, &returned,
-                                                                backward_weight.data()));
-  if (!choose(backward_weight.data(), returned, tf32, &plan->backward_weight, &plan->backward_weight_bytes,
-              &plan->backward_weight_math, "backward-filter", s))
-    return plan;
+  if (mode.deterministic) {
+    FERRY_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithm_v7(handle, x, y, conv, wd, kRequested, &returned,
+                                                                    backward_weight.data()));
+    const auto workspace = [&](cudnnConvolutionBwdFilterAlgo_t algo, std::size_t* bytes) {
+      return cudnnGetConvolutionBackwardFilterWorkspaceSize(handle, x, y, conv, wd, algo, bytes);
+    };
+    if (!choose_deterministic(backward_weight.data(), returned, mode, conv, search_math, workspace,
+                              &plan->backward_weight, &plan->backward_weight_bytes, &plan->backward_weight_math,
+                              "backward-filter", s))
+      return plan;
+  } else {
+    FERRY_CUDNN_CHECK(cudnnFindConvolutionBackwardFilterAlgorithm(handle, x, y, conv, wd, kRequested, &returned,
+                                                                  backward_weight.data()));
+    if (!choose_timed(backward_weight.data(), returned, mode, &plan->backward_weight, &plan->backward_weight_bytes,
+                      &plan->backward_weight_math, "backward-filter", s))
+      return plan;
+  }
   plan->usable = true;
   return plan;
 }
 
 // The cached plan of a shape; null when the shape cannot run on cuDNN. Called with the mutex held.
 ConvPlan* plan_for(CudnnState& st, const Backend::Conv2dShape& s, int device, cudaStream_t stream) {
-  const bool tf32 = allow_tf32();
-  const ConvKey key = key_of(s, tf32);
+  const ConvMode mode = current_mode();
+  const ConvKey key = key_of(s, mode);
   if (auto found = st.plans.find(key); found != st.plans.end()) return found->second.get();
-  // The search times every algorithm and waits for the device: a host sync, in the ledger with its reason.
   Ledger& ledger = Ledger::global();
   const double start = ledger.now_ms();
-  std::unique_ptr<ConvPlan> plan = make_plan(st.handle, s, tf32, stream);
-  ledger.record_sync({.device = Device(DeviceType::CUDA, device),
-                      .reason = detail::concat("cuDNN algorithm search, conv2d ", s.in_channels, "->", s.out_channels,
-                                               " on ", s.batch, "x", s.height, "x", s.width, " (once per shape)"),
-                      .start_ms = start,
-                      .duration_ms = ledger.now_ms() - start});
+  std::unique_ptr<ConvPlan> plan = make_plan(st.handle, s, mode, stream);
+  // The timed search waits for the device: a host sync, in the ledger with its reason (the heuristics do not).
+  if (!mode.deterministic)
+    ledger.record_sync({.device = Device(DeviceType::CUDA, device),
+                        .reason = detail::concat("cuDNN algorithm search, conv2d ", s.in_channels, "->",
+                                                 s.out_channels, " on ", s.batch, "x", s.height, "x", s.width,
+                                                 " (once per shape)"),
+                        .start_ms = start,
+                        .duration_ms = ledger.now_ms() - start});
   if (!plan->usable) plan.reset();
   return st.plans.emplace(key, std::move(plan)).first->second.get();
 }
@@ -248,7 +334,7 @@ void check_conv_call(CudnnState& st, const Backend::Conv2dShape& s, int device, 
                      const char* call, int line) {
   if (status == CUDNN_STATUS_SUCCESS) return;
   if (refused(status)) {
-    auto found = st.plans.find(key_of(s, allow_tf32()));
+    auto found = st.plans.find(key_of(s, current_mode()));
     if (found != st.plans.end() && found->second) {
       found->second.reset();
       std::fprintf(stderr,
@@ -280,8 +366,9 @@ bool cudnn_conv2d_supported(const Backend::Conv2dShape& s, DType dtype, int devi
     std::lock_guard lock(st.mutex);
     // Timing algorithms synchronizes the device, which a graph capture (ferry/graph.h) cannot record: a shape
     // first met inside a capture is composed from ferry's kernels there (StepGraph's eager warm-up steps make
-    // the plans before it captures, so this is the exception).
-    if (!st.plans.count(key_of(s, allow_tf32()))) {
+    // the plans before it captures, so this is the exception). Deterministic mode's heuristics would not sync,
+    // but no plan is made inside a capture either way: one rule, and no cuDNN query runs while capturing.
+    if (!st.plans.count(key_of(s, current_mode()))) {
       cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
       if (cudaStreamIsCapturing(stream, &capture) != cudaSuccess) {  // cannot tell: as if capturing
         cudaGetLastError();
@@ -294,7 +381,7 @@ bool cudnn_conv2d_supported(const Backend::Conv2dShape& s, DType dtype, int devi
     std::fprintf(stderr, "ferry: cuDNN cannot run a convolution on cuda:%d (%s); using ferry's own kernels\n", device,
                  e.what());
     std::lock_guard lock(st.mutex);
-    st.plans.try_emplace(key_of(s, allow_tf32()), nullptr);  // remembered as unusable (unless a plan was made meanwhile)
+    st.plans.try_emplace(key_of(s, current_mode()), nullptr);  // remembered as unusable (unless a plan was made meanwhile)
     return false;
   }
 }

@@ -1,5 +1,5 @@
 // index.cu — index_select (gather rows of the middle dim) and its backward index_add (scatter-add
-// with atomics). Bad indices do not fault: they are written to the device's error report and raised
+// with atomics, or in the cpu's order when deterministic_algorithms()). Bad indices do not fault: they are written to the device's error report and raised
 // as InvalidArgument at the next sync. Not here: the shape bookkeeping (src/core/ops.cpp).
 #include <cuda_runtime.h>
 
@@ -7,6 +7,7 @@
 
 #include "device_report.cuh"
 #include "elementwise.cuh"
+#include "ferry/determinism.h"
 #include "kernels.h"
 
 namespace ferry::cuda {
@@ -72,6 +73,28 @@ __global__ void __launch_bounds__(kIndexThreads)
   }
 }
 
+// The same sum in a fixed order (ferry/determinism.h): one thread per column (o, i) walks the n_src source rows
+// in order, as the cpu does, so the result matches the cpu bit for bit. Fewer threads (outer * inner), no atomics.
+template <typename T>
+__global__ void __launch_bounds__(kIndexThreads)
+    index_add_in_order_kernel(T* out, const T* src, const std::int64_t* index, std::int64_t outer,
+                              std::int64_t n_out, std::int64_t n_src, std::int64_t inner, DeviceErrorReport* report) {
+  const std::int64_t columns = outer * inner;
+  for (std::int64_t t = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; t < columns;
+       t += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    const std::int64_t i = t % inner, o = t / inner;
+    for (std::int64_t j = 0; j < n_src; ++j) {
+      const std::int64_t target = index[j];
+      if (target < 0 || target >= n_out) {
+        report_kernel_error(report, KernelErrorKind::IndexAdd, target, n_out);
+        continue;
+      }
+      T& sum = out[(o * n_out + target) * inner + i];
+      sum = static_cast<T>(sum + src[(o * n_src + j) * inner + i]);  // uint8 wraps, as the cpu's +=
+    }
+  }
+}
+
 unsigned grid_for(std::int64_t n) {
   const std::int64_t wanted = (n + kIndexThreads - 1) / kIndexThreads;
   return static_cast<unsigned>(std::max<std::int64_t>(1, std::min<std::int64_t>(wanted, current_multiprocessors() * 16LL)));
@@ -115,12 +138,19 @@ void launch_index_add(const KernelTensor& out, const KernelTensor& src, const Ke
   FERRY_ASSERT(src.dtype == out.dtype, "index_add: source and destination dtypes differ");
   const std::int64_t n_src = index.numel();
   if (outer * n_src * inner == 0) return;
+  const bool deterministic = deterministic_algorithms();
   dispatch_dtype(out.dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
     if constexpr (!std::is_same_v<T, bool>) {  // the cpu adds nothing into bool tensors either
-      index_add_kernel<T><<<grid_for(outer * n_src * inner), kIndexThreads, 0, stream>>>(
-          static_cast<T*>(out.data), static_cast<const T*>(src.data), static_cast<const std::int64_t*>(index.data),
-          outer, n_out, n_src, inner, report);
+      if (deterministic) {
+        index_add_in_order_kernel<T><<<grid_for(outer * inner), kIndexThreads, 0, stream>>>(
+            static_cast<T*>(out.data), static_cast<const T*>(src.data), static_cast<const std::int64_t*>(index.data),
+            outer, n_out, n_src, inner, report);
+      } else {
+        index_add_kernel<T><<<grid_for(outer * n_src * inner), kIndexThreads, 0, stream>>>(
+            static_cast<T*>(out.data), static_cast<const T*>(src.data), static_cast<const std::int64_t*>(index.data),
+            outer, n_out, n_src, inner, report);
+      }
       FERRY_LAUNCH_CHECK();
     }
   });

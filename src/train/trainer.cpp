@@ -17,6 +17,7 @@
 #include "ferry/autograd.h"
 #include "ferry/backend.h"
 #include "ferry/checkpoint.h"
+#include "ferry/determinism.h"
 #include "ferry/dist/ddp.h"
 #include "ferry/dist/process_group.h"
 #include "ferry/dist/sampler.h"
@@ -147,13 +148,24 @@ TrainResult train(nn::Module& model, const Dataset& train_set, const Dataset& te
   optim::SGD optimizer(model.parameters(), {.lr = o.lr, .momentum = o.momentum, .weight_decay = o.weight_decay,
                                             .lr_on_device = graphs});
   TrainingProgress progress;
+  bool deterministic = o.deterministic || deterministic_algorithms();
   if (!o.resume_path.empty()) {
     const CheckpointContents contents = load_checkpoint(o.resume_path, model, &optimizer);
     progress = contents.progress;
     set_generator_state(contents.generator);
     out << "resumed from " << o.resume_path << " at epoch " << progress.epoch + 1 << ", batch "
         << progress.batch_in_epoch << " (step " << progress.global_step << ")\n";
+    // Continuing bit for bit needs the algorithms the checkpoint's run used.
+    const auto written = contents.settings.find("deterministic");
+    if (written != contents.settings.end() && written->second == "true" && !deterministic) {
+      deterministic = true;
+      out << "deterministic algorithms: on, as in the run that wrote the checkpoint\n";
+    } else if (!deterministic && o.device.is_cuda()) {
+      out << "note: on cuda, --resume continues bit for bit only when both runs use --deterministic (cuDNN "
+             "chooses its algorithms by timing them, and some add with atomics)\n";
+    }
   }
+  const DeterministicAlgorithmsGuard deterministic_guard(deterministic);
 
   DataLoader train_loader(train_set, {.batch_size = o.batch_size, .shuffle = true, .seed = o.seed,
                                       .placement = o.placement, .device = o.device});
@@ -181,6 +193,7 @@ TrainResult train(nn::Module& model, const Dataset& train_set, const Dataset& te
   if (is_rank0) {  // which vendor libraries run the layers here (cuda: cuBLAS, cuDNN or why not)
     const std::string libraries = backend(o.device).properties(o.device.index).libraries;
     if (!libraries.empty()) out << o.device.str() << " runs on " << libraries << "\n";
+    if (deterministic) out << "deterministic algorithms only (fixed summation order; --resume continues bit for bit)\n";
   }
   if (ddp) {
     out << "data-parallel: " << group->world_size() << " ranks (" << dist::comm_backend_name(group->backend())
@@ -203,12 +216,14 @@ TrainResult train(nn::Module& model, const Dataset& train_set, const Dataset& te
     contents.settings = {{"model", o.model_name}, {"lr", std::to_string(o.lr)}, {"momentum", std::to_string(o.momentum)},
                          {"weight_decay", std::to_string(o.weight_decay)}, {"batch", std::to_string(o.batch_size)},
                          {"epochs", std::to_string(o.epochs)}, {"seed", std::to_string(o.seed)},
-                         {"schedule", o.schedule}, {"placement", std::string(placement_name(o.placement))}};
+                         {"schedule", o.schedule}, {"placement", std::string(placement_name(o.placement))},
+                         {"deterministic", deterministic ? "true" : "false"}};
     save_checkpoint(o.checkpoint_path, model, &optimizer, contents);
   };
 
   TrainResult result;
   result.device = o.device;
+  result.deterministic = deterministic;
   result.steps = progress.global_step;
   ProgressBar bar(o.progress_bar && is_rank0);
   double transfer_s = 0, compute_s = 0, sync_s = 0, train_seconds = 0, comm_s = 0;

@@ -1,7 +1,8 @@
 // cudnn.cpp — the part of cuDNN ferry uses, emulated on the host for tests (see emulator.h): handles with
 // their stream; 4-d tensor, filter and convolution descriptors; the algorithm search; convolution forward,
 // backward-data and backward-filter; BatchNorm training forward and backward (spatial mode). Each function
-// is the ferry_emu_ twin of the cuDNN function of the same name (include/cudnn.h renames them).
+// is the ferry_emu_ twin of the cuDNN function of the same name (include/cudnn.h renames them). The algorithm
+// heuristics (cudnnGet*Algorithm_v7) and workspace queries are here too, for ferry's deterministic mode.
 //
 // What it checks, as a real cuDNN and a real card would fail on it:
 //   - descriptors that were never set or do not fit together (channels, the output shape of the
@@ -18,7 +19,9 @@
 //     (CUDNN_STATUS_NOT_SUPPORTED), as the math type an algorithm was found with must be set again before
 //     the call; with tensor-op math the inputs are rounded to TF32, as tensor cores round them;
 //   - the search synchronizes the device (cudaDeviceSynchronize), so it fails inside a stream capture and
-//     invalidates it, as the real one does.
+//     invalidates it, as the real one does; the heuristics do not;
+//   - the algorithms cuDNN documents as non-deterministic (they add with atomics) sum in another order on
+//     every call here, so two runs differ in the last bits, as on a real card.
 // The algorithm menu is the emulator's own (see kForward/kBackwardData/kBackwardFilter): one fast algorithm
 // with a workspace, one slower without, one that needs tensor-op math, one that is not supported; the times
 // are made up so that ferry's choice (the smallest workspace within 5 % of the fastest) is exercised both
@@ -28,12 +31,14 @@
 #include <cudnn.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
+#include <random>
 #include <unordered_set>
 #include <vector>
 
@@ -155,24 +160,38 @@ struct Algorithm {
   bool columns;          // keeps one image's im2col columns in the workspace (else needs none)
   bool tensor_op;        // needs tensor-op math (TF32): offered only when the descriptor's math allows it
   bool supported;        // false: listed with CUDNN_STATUS_NOT_SUPPORTED, as cuDNN lists what cannot run
+  bool deterministic;    // false: adds with atomics, so its sums run in another order on every call
 };
+// Each menu is listed in the order of the emulated heuristics (cudnnGet*Algorithm_v7: best expected first); the
+// search (cudnnFind*) sorts by time. Which algorithms are non-deterministic follows cuDNN's documentation
+// (backward-data algo 0, backward-filter algos 0 and 3).
 // Forward: the fastest FMA algorithm uses a workspace, the one without is 30 % slower (so a workspace is
 // passed); backward-data: the one without a workspace is within 5 % (so ferry takes it, and passes none), and
 // its tensor-op algorithm is the slowest (so with TF32 allowed the three directions of one descriptor use
-// different math, which must be set again before each call); backward-filter: as forward.
-constexpr Algorithm kForward[] = {{CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD_NONFUSED, 0.4f, true, true, true},
-                                  {CUDNN_CONVOLUTION_FWD_ALGO_GEMM, 1.0f, true, false, true},
-                                  {CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM, 1.3f, false, false, true},
-                                  {CUDNN_CONVOLUTION_FWD_ALGO_FFT, 0.0f, false, false, false}};
-constexpr Algorithm kBackwardData[] = {{CUDNN_CONVOLUTION_BWD_DATA_ALGO_WINOGRAD_NONFUSED, 1.5f, true, true, true},
-                                       {CUDNN_CONVOLUTION_BWD_DATA_ALGO_1, 1.0f, true, false, true},
-                                       {CUDNN_CONVOLUTION_BWD_DATA_ALGO_0, 1.03f, false, false, true},
-                                       {CUDNN_CONVOLUTION_BWD_DATA_ALGO_FFT, 0.0f, false, false, false}};
+// different math, which must be set again before each call); backward-filter: the fastest FMA algorithm needs
+// no workspace. Both backward choices of the timed search are non-deterministic, as they often are on a real
+// card; the heuristics list a non-deterministic algorithm before the deterministic one, so deterministic mode
+// must pass it over.
+constexpr Algorithm kForward[] = {{CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD_NONFUSED, 0.4f, true, true, true, true},
+                                  {CUDNN_CONVOLUTION_FWD_ALGO_GEMM, 1.0f, true, false, true, true},
+                                  {CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM, 1.3f, false, false, true, true},
+                                  {CUDNN_CONVOLUTION_FWD_ALGO_FFT, 0.0f, false, false, false, true}};
+constexpr Algorithm kBackwardData[] = {
+    {CUDNN_CONVOLUTION_BWD_DATA_ALGO_WINOGRAD_NONFUSED, 1.5f, true, true, true, true},
+    {CUDNN_CONVOLUTION_BWD_DATA_ALGO_0, 1.03f, false, false, true, false},
+    {CUDNN_CONVOLUTION_BWD_DATA_ALGO_1, 1.0f, true, false, true, true},
+    {CUDNN_CONVOLUTION_BWD_DATA_ALGO_FFT, 0.0f, false, false, false, true}};
 constexpr Algorithm kBackwardFilter[] = {
-    {CUDNN_CONVOLUTION_BWD_FILTER_ALGO_WINOGRAD_NONFUSED, 0.5f, true, true, true},
-    {CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1, 1.0f, true, false, true},
-    {CUDNN_CONVOLUTION_BWD_FILTER_ALGO_0, 1.25f, false, false, true},
-    {CUDNN_CONVOLUTION_BWD_FILTER_ALGO_3, 0.0f, false, false, false}};
+    {CUDNN_CONVOLUTION_BWD_FILTER_ALGO_WINOGRAD_NONFUSED, 0.5f, true, true, true, true},
+    {CUDNN_CONVOLUTION_BWD_FILTER_ALGO_0, 0.9f, false, false, true, false},
+    {CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1, 1.0f, true, false, true, true},
+    {CUDNN_CONVOLUTION_BWD_FILTER_ALGO_3, 0.0f, false, false, false, false}};
+
+// The order in which a non-deterministic algorithm sums this call: a different rotation each call, starting from
+// a random one in each process, as atomics land in a different order on every run of a real one. 0 for a
+// deterministic algorithm.
+std::atomic<unsigned> g_atomic_calls{std::random_device{}()};
+unsigned sum_rotation(const Algorithm& a) { return a.deterministic ? 0u : ++g_atomic_calls; }
 
 template <std::size_t N>
 const Algorithm* lookup(const Algorithm (&menu)[N], int algo) {
@@ -183,12 +202,13 @@ const Algorithm* lookup(const Algorithm (&menu)[N], int algo) {
 
 bool tensor_op_allowed(cudnnMathType_t math) { return math != CUDNN_FMA_MATH; }
 
-// The search: the menu as cuDNN returns it, runnable algorithms fastest first, then the unsupported ones.
-// It synchronizes the device (the real one times each algorithm), which fails inside a capture.
+// The menu as cuDNN lists it for one convolution: runnable algorithms first (in menu order), then the unsupported
+// ones; tensor-op algorithms only when the descriptor's math allows them. The checks of the search and the
+// heuristics come first.
 template <typename Perf, typename AlgoT, std::size_t N>
-cudnnStatus_t find_algorithms(cudnnHandle_t handle, cudnnTensorDescriptor_t x_desc, cudnnFilterDescriptor_t w_desc,
+cudnnStatus_t list_algorithms(cudnnHandle_t handle, cudnnTensorDescriptor_t x_desc, cudnnFilterDescriptor_t w_desc,
                               cudnnConvolutionDescriptor_t conv_desc, cudnnTensorDescriptor_t y_desc,
-                              const Algorithm (&menu)[N], int requested, int* returned, Perf* results) {
+                              const Algorithm (&menu)[N], int requested, int* returned, std::vector<Perf>& list) {
   Handle* h = find_handle(handle);
   const Conv2d* found = find_conv(conv_desc);
   Geometry g{};
@@ -197,12 +217,10 @@ cudnnStatus_t find_algorithms(cudnnHandle_t handle, cudnnTensorDescriptor_t x_de
       s != CUDNN_STATUS_SUCCESS)
     return s;
   const Conv2d& conv = *found;
-  if (!returned || !results || requested < 1) return CUDNN_STATUS_BAD_PARAM;
+  if (!returned || requested < 1) return CUDNN_STATUS_BAD_PARAM;
   int device = 0;
   cudaGetDevice(&device);
   if (device != h->device) return CUDNN_STATUS_BAD_PARAM_STREAM_MISMATCH;
-  if (cudaDeviceSynchronize() != cudaSuccess) return CUDNN_STATUS_EXECUTION_FAILED_CUDART;
-  std::vector<Perf> list;
   for (const Algorithm& a : menu) {
     if (a.tensor_op && !tensor_op_allowed(conv.math)) continue;  // FMA math asked: no tensor cores
     Perf p{};
@@ -210,16 +228,72 @@ cudnnStatus_t find_algorithms(cudnnHandle_t handle, cudnnTensorDescriptor_t x_de
     p.status = a.supported ? CUDNN_STATUS_SUCCESS : CUDNN_STATUS_NOT_SUPPORTED;
     p.time = a.supported ? a.time_ms : -1.0f;
     p.memory = a.supported && a.columns ? g.col_bytes() : 0;
-    p.determinism = CUDNN_DETERMINISTIC;
+    p.determinism = a.deterministic ? CUDNN_DETERMINISTIC : CUDNN_NON_DETERMINISTIC;
     p.mathType = a.tensor_op ? CUDNN_TENSOR_OP_MATH : CUDNN_FMA_MATH;
     list.push_back(p);
   }
+  std::stable_partition(list.begin(), list.end(), [](const Perf& p) { return p.status == CUDNN_STATUS_SUCCESS; });
+  return CUDNN_STATUS_SUCCESS;
+}
+
+template <typename Perf>
+void return_list(const std::vector<Perf>& list, int requested, int* returned, Perf* results) {
+  *returned = std::min<int>(requested, static_cast<int>(list.size()));
+  std::copy_n(list.begin(), *returned, results);
+}
+
+// The search: runnable algorithms fastest first, then the unsupported ones. It synchronizes the device (the real
+// one times each algorithm), which fails inside a capture.
+template <typename Perf, typename AlgoT, std::size_t N>
+cudnnStatus_t find_algorithms(cudnnHandle_t handle, cudnnTensorDescriptor_t x_desc, cudnnFilterDescriptor_t w_desc,
+                              cudnnConvolutionDescriptor_t conv_desc, cudnnTensorDescriptor_t y_desc,
+                              const Algorithm (&menu)[N], int requested, int* returned, Perf* results) {
+  std::vector<Perf> list;
+  if (!results) return CUDNN_STATUS_BAD_PARAM;
+  if (const cudnnStatus_t s = list_algorithms<Perf, AlgoT>(handle, x_desc, w_desc, conv_desc, y_desc, menu, requested,
+                                                          returned, list);
+      s != CUDNN_STATUS_SUCCESS)
+    return s;
+  if (cudaDeviceSynchronize() != cudaSuccess) return CUDNN_STATUS_EXECUTION_FAILED_CUDART;
   std::stable_sort(list.begin(), list.end(), [](const Perf& a, const Perf& b) {
     if ((a.status == CUDNN_STATUS_SUCCESS) != (b.status == CUDNN_STATUS_SUCCESS)) return a.status == CUDNN_STATUS_SUCCESS;
     return a.time < b.time;
   });
-  *returned = std::min<int>(requested, static_cast<int>(list.size()));
-  std::copy_n(list.begin(), *returned, results);
+  return_list(list, requested, returned, results);
+  return CUDNN_STATUS_SUCCESS;
+}
+
+// The heuristics: the same list in the menu's order (best expected first), nothing run, no sync, no times (-1).
+template <typename Perf, typename AlgoT, std::size_t N>
+cudnnStatus_t heuristic_algorithms(cudnnHandle_t handle, cudnnTensorDescriptor_t x_desc,
+                                   cudnnFilterDescriptor_t w_desc, cudnnConvolutionDescriptor_t conv_desc,
+                                   cudnnTensorDescriptor_t y_desc, const Algorithm (&menu)[N], int requested,
+                                   int* returned, Perf* results) {
+  std::vector<Perf> list;
+  if (!results) return CUDNN_STATUS_BAD_PARAM;
+  if (const cudnnStatus_t s = list_algorithms<Perf, AlgoT>(handle, x_desc, w_desc, conv_desc, y_desc, menu, requested,
+                                                          returned, list);
+      s != CUDNN_STATUS_SUCCESS)
+    return s;
+  for (Perf& p : list) p.time = -1.0f;
+  return_list(list, requested, returned, results);
+  return CUDNN_STATUS_SUCCESS;
+}
+
+// The workspace one algorithm needs with the descriptor's current math: its im2col columns, or nothing.
+template <std::size_t N>
+cudnnStatus_t workspace_size(cudnnHandle_t handle, cudnnTensorDescriptor_t x_desc, cudnnFilterDescriptor_t w_desc,
+                             cudnnConvolutionDescriptor_t conv_desc, cudnnTensorDescriptor_t y_desc,
+                             const Algorithm (&menu)[N], int algo, size_t* bytes) {
+  const Conv2d* conv = find_conv(conv_desc);
+  Geometry g{};
+  if (!find_handle(handle) || !bytes) return CUDNN_STATUS_BAD_PARAM;
+  if (const cudnnStatus_t s = geometry(find_tensor(x_desc), find_filter(w_desc), conv, find_tensor(y_desc), &g);
+      s != CUDNN_STATUS_SUCCESS)
+    return s;
+  const Algorithm* a = lookup(menu, algo);
+  if (!a || !a->supported || (a->tensor_op && !tensor_op_allowed(conv->math))) return CUDNN_STATUS_NOT_SUPPORTED;
+  *bytes = a->columns ? g.col_bytes() : 0;
   return CUDNN_STATUS_SUCCESS;
 }
 
@@ -268,17 +342,19 @@ void im2col(const Geometry& g, const float* image, float* cols, bool tf32) {
           }
 }
 
-// image += the columns folded back (the adjoint of im2col).
-void col2im(const Geometry& g, const float* cols, float* image) {
-  std::size_t r = 0;
-  for (int c = 0; c < g.c; ++c)
-    for (int i = 0; i < g.kh; ++i)
-      for (int j = 0; j < g.kw; ++j, ++r)
-        for (int oy = 0; oy < g.oh; ++oy)
-          for (int ox = 0; ox < g.ow; ++ox) {
-            const long long s = source_index(g, c, i, j, oy, ox);
-            if (s >= 0) image[s] += cols[r * g.columns() + static_cast<std::size_t>(oy) * g.ow + ox];
-          }
+// image += the columns folded back (the adjoint of im2col), the rows (c, i, j) taken from `rotation` on
+// (0: in order), so that a non-deterministic algorithm adds each pixel's terms in another order.
+void col2im(const Geometry& g, const float* cols, float* image, unsigned rotation) {
+  const std::size_t rows = g.rows(), taps = static_cast<std::size_t>(g.kh) * g.kw;
+  for (std::size_t k = 0; k < rows; ++k) {
+    const std::size_t r = (k + rotation) % rows;
+    const int c = static_cast<int>(r / taps), i = static_cast<int>(r % taps) / g.kw, j = static_cast<int>(r % taps) % g.kw;
+    for (int oy = 0; oy < g.oh; ++oy)
+      for (int ox = 0; ox < g.ow; ++ox) {
+        const long long s = source_index(g, c, i, j, oy, ox);
+        if (s >= 0) image[s] += cols[r * g.columns() + static_cast<std::size_t>(oy) * g.ow + ox];
+      }
+  }
 }
 
 // out = alpha * value + beta * out, where beta == 0 does not read out (cuDNN's blending rule).
@@ -512,6 +588,58 @@ cudnnStatus_t cudnnFindConvolutionBackwardFilterAlgorithm(cudnnHandle_t handle, 
       handle, x_desc, dw_desc, conv_desc, dy_desc, kBackwardFilter, requested, returned, results);
 }
 
+cudnnStatus_t cudnnGetConvolutionForwardAlgorithm_v7(cudnnHandle_t handle, const cudnnTensorDescriptor_t x_desc,
+                                                     const cudnnFilterDescriptor_t w_desc,
+                                                     const cudnnConvolutionDescriptor_t conv_desc,
+                                                     const cudnnTensorDescriptor_t y_desc, const int requested,
+                                                     int* returned, cudnnConvolutionFwdAlgoPerf_t* results) {
+  return heuristic_algorithms<cudnnConvolutionFwdAlgoPerf_t, cudnnConvolutionFwdAlgo_t>(
+      handle, x_desc, w_desc, conv_desc, y_desc, kForward, requested, returned, results);
+}
+
+cudnnStatus_t cudnnGetConvolutionBackwardDataAlgorithm_v7(cudnnHandle_t handle, const cudnnFilterDescriptor_t w_desc,
+                                                          const cudnnTensorDescriptor_t dy_desc,
+                                                          const cudnnConvolutionDescriptor_t conv_desc,
+                                                          const cudnnTensorDescriptor_t dx_desc, const int requested,
+                                                          int* returned, cudnnConvolutionBwdDataAlgoPerf_t* results) {
+  return heuristic_algorithms<cudnnConvolutionBwdDataAlgoPerf_t, cudnnConvolutionBwdDataAlgo_t>(
+      handle, dx_desc, w_desc, conv_desc, dy_desc, kBackwardData, requested, returned, results);
+}
+
+cudnnStatus_t cudnnGetConvolutionBackwardFilterAlgorithm_v7(cudnnHandle_t handle, const cudnnTensorDescriptor_t x_desc,
+                                                            const cudnnTensorDescriptor_t dy_desc,
+                                                            const cudnnConvolutionDescriptor_t conv_desc,
+                                                            const cudnnFilterDescriptor_t dw_desc, const int requested,
+                                                            int* returned,
+                                                            cudnnConvolutionBwdFilterAlgoPerf_t* results) {
+  return heuristic_algorithms<cudnnConvolutionBwdFilterAlgoPerf_t, cudnnConvolutionBwdFilterAlgo_t>(
+      handle, x_desc, dw_desc, conv_desc, dy_desc, kBackwardFilter, requested, returned, results);
+}
+
+cudnnStatus_t cudnnGetConvolutionForwardWorkspaceSize(cudnnHandle_t handle, const cudnnTensorDescriptor_t x_desc,
+                                                      const cudnnFilterDescriptor_t w_desc,
+                                                      const cudnnConvolutionDescriptor_t conv_desc,
+                                                      const cudnnTensorDescriptor_t y_desc,
+                                                      cudnnConvolutionFwdAlgo_t algo, size_t* bytes) {
+  return workspace_size(handle, x_desc, w_desc, conv_desc, y_desc, kForward, algo, bytes);
+}
+
+cudnnStatus_t cudnnGetConvolutionBackwardDataWorkspaceSize(cudnnHandle_t handle, const cudnnFilterDescriptor_t w_desc,
+                                                           const cudnnTensorDescriptor_t dy_desc,
+                                                           const cudnnConvolutionDescriptor_t conv_desc,
+                                                           const cudnnTensorDescriptor_t dx_desc,
+                                                           cudnnConvolutionBwdDataAlgo_t algo, size_t* bytes) {
+  return workspace_size(handle, dx_desc, w_desc, conv_desc, dy_desc, kBackwardData, algo, bytes);
+}
+
+cudnnStatus_t cudnnGetConvolutionBackwardFilterWorkspaceSize(cudnnHandle_t handle, const cudnnTensorDescriptor_t x_desc,
+                                                             const cudnnTensorDescriptor_t dy_desc,
+                                                             const cudnnConvolutionDescriptor_t conv_desc,
+                                                             const cudnnFilterDescriptor_t dw_desc,
+                                                             cudnnConvolutionBwdFilterAlgo_t algo, size_t* bytes) {
+  return workspace_size(handle, x_desc, dw_desc, conv_desc, dy_desc, kBackwardFilter, algo, bytes);
+}
+
 // y = alpha * conv(x, w) + beta * y
 cudnnStatus_t cudnnConvolutionForward(cudnnHandle_t handle, const void* alpha, const cudnnTensorDescriptor_t x_desc,
                                       const void* x, const cudnnFilterDescriptor_t w_desc, const void* w,
@@ -560,6 +688,7 @@ cudnnStatus_t cudnnConvolutionBackwardData(cudnnHandle_t handle, const void* alp
     const std::vector<float> filter = rounded_copy(static_cast<const float*>(w), g.weight_count(), c.algorithm.tensor_op);
     std::vector<float> own, image(g.input_count());
     float* cols = columns_buffer(c.algorithm, workspace, own, g);
+    const unsigned rotation = sum_rotation(c.algorithm);
     for (int n = 0; n < g.n; ++n) {
       const std::vector<float> grad =
           rounded_copy(static_cast<const float*>(dy) + n * g.output_count(), g.output_count(), c.algorithm.tensor_op);
@@ -568,7 +697,7 @@ cudnnStatus_t cudnnConvolutionBackwardData(cudnnHandle_t handle, const void* alp
                   g.o, 1.0f, filter.data(), static_cast<int>(g.rows()), grad.data(), static_cast<int>(g.columns()),
                   0.0f, cols, static_cast<int>(g.columns()));
       std::fill(image.begin(), image.end(), 0.0f);
-      col2im(g, cols, image.data());
+      col2im(g, cols, image.data(), rotation);
       blend(static_cast<float*>(dx) + n * g.input_count(), image.data(), image.size(), c.alpha, c.beta);
     }
   });
@@ -593,7 +722,9 @@ cudnnStatus_t cudnnConvolutionBackwardFilter(cudnnHandle_t handle, const void* a
     const Geometry& g = c.g;
     std::vector<float> own, sum(g.weight_count(), 0.0f);
     float* cols = columns_buffer(c.algorithm, workspace, own, g);
-    for (int n = 0; n < g.n; ++n) {
+    const unsigned rotation = sum_rotation(c.algorithm);  // the images summed from another one on
+    for (int k = 0; k < g.n; ++k) {
+      const int n = static_cast<int>((static_cast<unsigned>(k) + rotation) % static_cast<unsigned>(g.n));
       im2col(g, static_cast<const float*>(x) + n * g.input_count(), cols, c.algorithm.tensor_op);
       const std::vector<float> grad =
           rounded_copy(static_cast<const float*>(dy) + n * g.output_count(), g.output_count(), c.algorithm.tensor_op);

@@ -1,7 +1,8 @@
 // test_cudnn.cpp — the emulated cuDNN's own promises (cudnn.cpp), each a behaviour of the real library that the
 // tests of ferry's cudnn_layers.cpp lean on: the convolution against a direct sum (strides, padding, dilation,
 // both modes, alpha and beta), the three directions as adjoints of each other, BatchNorm's statistics and
-// running averages, the workspace and pointer checks, the search's refusal inside a capture. Last, ferry's
+// running averages, the workspace and pointer checks, the search's refusal inside a capture, the heuristics and
+// the non-deterministic algorithms' varying sums. Last, ferry's
 // fallback when cuDNN refuses a convolution at the call, which only the emulated cuDNN can be made to do.
 #include <cuda_runtime_api.h>
 #include <cudnn.h>
@@ -234,6 +235,93 @@ TEST(EmulatedCudnn, TheSearchFailsInsideACapture) {
   EXPECT_NE(cudaStreamEndCapture(stream, &graph), cudaSuccess);
   if (graph) cudaGraphDestroy(graph);
   cudaGetLastError();
+  cudaStreamDestroy(stream);
+}
+
+// The heuristics list every algorithm without running one (no sync, no times), each with its determinism; the
+// workspace queries agree with the search's figures; and the algorithms cuDNN documents as non-deterministic sum
+// in another order on each call here (two calls differ in the last bits), as atomics do on a real card, while the
+// deterministic ones repeat bit for bit. ferry's deterministic mode (ferry/determinism.h) leans on all three.
+TEST(EmulatedCudnn, HeuristicsListDeterminismAndNonDeterministicAlgorithmsVaryTheirSums) {
+  Conv cv;
+  cv.n = 6, cv.c = 5, cv.h = 12, cv.w = 12, cv.o = 7, cv.kh = 3, cv.kw = 3, cv.pad_h = 1, cv.pad_w = 1, cv.stride_h = 1,
+  cv.stride_w = 1, cv.dilation_h = 1, cv.dilation_w = 1;
+  cv.make();
+  int returned = 0;
+  cudnnConvolutionBwdFilterAlgoPerf_t heuristics[8], timed[8];
+  ASSERT_EQ(cudnnGetConvolutionBackwardFilterAlgorithm_v7(cv.handle, cv.x, cv.y, cv.conv, cv.f, 8, &returned, heuristics),
+            CUDNN_STATUS_SUCCESS);
+  ASSERT_GE(returned, 2);
+  int timed_count = 0;
+  ASSERT_EQ(cudnnFindConvolutionBackwardFilterAlgorithm(cv.handle, cv.x, cv.y, cv.conv, cv.f, 8, &timed_count, timed),
+            CUDNN_STATUS_SUCCESS);
+  ASSERT_EQ(timed_count, returned);
+  EXPECT_EQ(timed[0].determinism, CUDNN_NON_DETERMINISTIC) << "the fastest backward-filter algorithm adds with atomics";
+  EXPECT_EQ(heuristics[0].determinism, CUDNN_NON_DETERMINISTIC) << "the heuristics' first choice too";
+  EXPECT_LT(heuristics[0].time, 0.0f) << "the heuristics time nothing";
+  const float one = 1.0f, zero = 0.0f;
+  DeviceArray x(values(cv.x_count(), 11)), dy(values(cv.y_count(), 12)), w(values(cv.f_count(), 13));
+  for (int i = 0; i < returned && heuristics[i].status == CUDNN_STATUS_SUCCESS; ++i) {
+    std::size_t bytes = 0;
+    ASSERT_EQ(cudnnGetConvolutionBackwardFilterWorkspaceSize(cv.handle, cv.x, cv.y, cv.conv, cv.f, heuristics[i].algo,
+                                                             &bytes),
+              CUDNN_STATUS_SUCCESS);
+    for (int k = 0; k < timed_count; ++k) {
+      if (timed[k].algo == heuristics[i].algo) {
+        EXPECT_EQ(bytes, timed[k].memory) << "algo " << heuristics[i].algo;
+      }
+    }
+    void* workspace = nullptr;
+    if (bytes) {
+      ASSERT_EQ(cudaMalloc(&workspace, bytes), cudaSuccess);
+    }
+    std::vector<float> runs[2];
+    for (std::vector<float>& run : runs) {
+      DeviceArray dw(cv.f_count());
+      ASSERT_EQ(cudnnConvolutionBackwardFilter(cv.handle, &one, cv.x, x.data, cv.y, dy.data, cv.conv, heuristics[i].algo,
+                                               workspace, bytes, &zero, cv.f, dw.data),
+                CUDNN_STATUS_SUCCESS);
+      run = dw.get();
+    }
+    expect_near_all(runs[1], runs[0], 1e-4);
+    const bool same = runs[0] == runs[1];
+    EXPECT_EQ(same, heuristics[i].determinism == CUDNN_DETERMINISTIC) << "algo " << heuristics[i].algo;
+    cudaFree(workspace);
+  }
+  // Backward-data: the same rule for its non-deterministic algorithm (the pixels' terms in another order).
+  cudnnConvolutionBwdDataAlgoPerf_t data[8];
+  ASSERT_EQ(cudnnGetConvolutionBackwardDataAlgorithm_v7(cv.handle, cv.f, cv.y, cv.conv, cv.x, 8, &returned, data),
+            CUDNN_STATUS_SUCCESS);
+  for (int i = 0; i < returned && data[i].status == CUDNN_STATUS_SUCCESS; ++i) {
+    std::size_t bytes = 0;
+    ASSERT_EQ(cudnnGetConvolutionBackwardDataWorkspaceSize(cv.handle, cv.f, cv.y, cv.conv, cv.x, data[i].algo, &bytes),
+              CUDNN_STATUS_SUCCESS);
+    void* workspace = nullptr;
+    if (bytes) {
+      ASSERT_EQ(cudaMalloc(&workspace, bytes), cudaSuccess);
+    }
+    std::vector<float> runs[2];
+    for (std::vector<float>& run : runs) {
+      DeviceArray dx(cv.x_count());
+      ASSERT_EQ(cudnnConvolutionBackwardData(cv.handle, &one, cv.f, w.data, cv.y, dy.data, cv.conv, data[i].algo,
+                                             workspace, bytes, &zero, cv.x, dx.data),
+                CUDNN_STATUS_SUCCESS);
+      run = dx.get();
+    }
+    expect_near_all(runs[1], runs[0], 1e-4);
+    EXPECT_EQ(runs[0] == runs[1], data[i].determinism == CUDNN_DETERMINISTIC) << "algo " << data[i].algo;
+    cudaFree(workspace);
+  }
+  // The heuristics run inside a capture (they time nothing), where the search cannot.
+  cudaStream_t stream = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  ASSERT_EQ(cudnnSetStream(cv.handle, stream), CUDNN_STATUS_SUCCESS);
+  ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal), cudaSuccess);
+  EXPECT_EQ(cudnnGetConvolutionBackwardFilterAlgorithm_v7(cv.handle, cv.x, cv.y, cv.conv, cv.f, 8, &returned, heuristics),
+            CUDNN_STATUS_SUCCESS);
+  cudaGraph_t graph = nullptr;
+  EXPECT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
+  if (graph) cudaGraphDestroy(graph);
   cudaStreamDestroy(stream);
 }
 

@@ -45,17 +45,26 @@ eval_cpu=$("$FERRY" eval --checkpoint "$work/cpu.safetensors" --device cpu --jso
 close "$eval_cuda" "$eval_cpu" || fail "the cuda run's checkpoint scores $eval_cuda, the cpu run's $eval_cpu"
 echo "eval (cpu, 10000 images): cuda run's checkpoint $eval_cuda, cpu run's $eval_cpu"
 # --resume on cuda continues bit for bit (the parameters, the optimizer's momentum and the generator read back
-# into device memory, the step graph captured again): 7 steps, then the rest of 2 epochs of 5 steps, make the
-# checkpoint 10 straight steps make, byte for byte.
+# into device memory, the step graph captured again) when the runs use deterministic algorithms: 7 steps, then
+# the rest of 2 epochs of 5 steps, make the checkpoint 10 straight steps make, byte for byte. The resumed run is
+# not told --deterministic: it takes it from the checkpoint.
 resume=(train --device cuda --batch 32 --limit-train 160 --limit-test 64 --log-every 5 --epochs 2 --json)
-"$FERRY" "${resume[@]}" --checkpoint "$work/straight.safetensors" >/dev/null || fail "10 steps on cuda"
-"$FERRY" "${resume[@]}" --max-steps 7 --checkpoint "$work/part.safetensors" >/dev/null || fail "7 steps on cuda"
+"$FERRY" "${resume[@]}" --deterministic --checkpoint "$work/straight.safetensors" >/dev/null || fail "10 steps on cuda"
+"$FERRY" "${resume[@]}" --deterministic --max-steps 7 --checkpoint "$work/part.safetensors" >/dev/null ||
+  fail "7 steps on cuda"
 "$FERRY" "${resume[@]}" --resume "$work/part.safetensors" --checkpoint "$work/resumed.safetensors" >/dev/null ||
   fail "--resume on cuda"
+compare() { python3 "$(dirname "$0")/../cli/compare_safetensors.py" "$1" "$2" 2>&1 | tail -n 1; }
 cmp -s "$work/resumed.safetensors" "$work/straight.safetensors" ||
-  fail "7 + 3 resumed steps on cuda differ from 10 straight: $(python3 "$(dirname "$0")/../cli/compare_safetensors.py" \
-    "$work/resumed.safetensors" "$work/straight.safetensors" 2>&1 | tail -n 1)"
-echo "resume on cuda: 7 + 3 steps give the checkpoint of 10 straight steps, byte for byte"
+  fail "7 + 3 resumed steps on cuda differ from 10 straight: $(compare "$work/resumed.safetensors" "$work/straight.safetensors")"
+echo "resume on cuda, --deterministic: 7 + 3 steps give the checkpoint of 10 straight steps, byte for byte"
+# Without --deterministic the timed search picks the emulated cuDNN's non-deterministic backward algorithms (as a
+# real one often does): two identical runs differ in the last bits. This is what the check above would see.
+"$FERRY" "${resume[@]}" --max-steps 3 --checkpoint "$work/again_a.safetensors" >/dev/null || fail "10 steps on cuda"
+"$FERRY" "${resume[@]}" --max-steps 3 --checkpoint "$work/again_b.safetensors" >/dev/null || fail "10 steps on cuda"
+! cmp -s "$work/again_a.safetensors" "$work/again_b.safetensors" ||
+  fail "two runs without --deterministic gave the same bits: the emulated cuDNN's non-deterministic algorithms were not used"
+echo "without --deterministic two runs differ: $(compare "$work/again_a.safetensors" "$work/again_b.safetensors")"
 # Data-parallel cuda ranks, each run ending (after 4 steps) on the parameters of one cuda process with the whole
 # batch. A rank trains on cuda:<local rank mod cards>.
 if command -v mpirun >/dev/null && ! "$FERRY" bench allreduce --max-bytes 4KiB 2>&1 | grep -q "without MPI"; then

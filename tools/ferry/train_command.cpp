@@ -115,7 +115,13 @@ void register_train_command(CLI::App& app) {
       ->check(CLI::IsMember({"auto", "on", "off"}));
   cmd->add_option("--max-steps", o.max_steps, "Stop after this many steps in all (and checkpoint)");
   cmd->add_option("--checkpoint", o.checkpoint_path, "Write a safetensors checkpoint at each epoch end");
-  cmd->add_option("--resume", o.resume_path, "Continue from a checkpoint, bit for bit");
+  cmd->add_option("--resume", o.resume_path,
+                  "Continue from a checkpoint, bit for bit (on cuda: when the checkpoint's run used --deterministic,\n"
+                  "which the resumed run then does too)");
+  cmd->add_flag("--deterministic", o.deterministic,
+                "Only algorithms that sum in a fixed order, chosen without timing: on cuda the same bits every run\n"
+                "(cuDNN's heuristics instead of its timed search; no atomics); maybe slower. The cpu always is.\n"
+                "Also FERRY_DETERMINISTIC=1");
   cmd->add_option("--metrics", o.metrics_path, "Append JSON lines per log step and per epoch");
   cmd->add_option("--plot", a.plot_path, "Write an SVG of the loss curve and accuracy per epoch");
   cmd->add_option("--trace", a.trace_path, "Write the ledger as Chrome trace-event JSON (Perfetto)");
@@ -192,7 +198,7 @@ void register_train_command(CLI::App& app) {
                                         {"collective_s", r.collective_s}, {"t_comm_s", r.t_comm_s},
                                         {"replica_checks", r.replica_checks},
                                         {"graph_replays", r.graph_replays}, {"graph_operations", r.graph_operations},
-                                        {"graph", r.graph}}
+                                        {"graph", r.graph}, {"deterministic", r.deterministic}}
                              .dump());
     } else {
       fmt::print("\nfinal test accuracy {:.2f} %, {:.1f} s per epoch on {}\n", 100 * r.test_accuracy,
