@@ -238,6 +238,25 @@ TEST(EmulatedCudnn, TheSearchFailsInsideACapture) {
   cudaStreamDestroy(stream);
 }
 
+// Runs call(workspace, out) twice, each into fresh zeros of `count` floats with `bytes` of workspace; expects both
+// results close and says whether they are the same bits.
+template <typename Call>
+bool same_bits_twice(std::size_t count, std::size_t bytes, Call call) {
+  void* workspace = nullptr;
+  if (bytes) {
+    EXPECT_EQ(cudaMalloc(&workspace, bytes), cudaSuccess);
+  }
+  std::vector<float> runs[2];
+  for (std::vector<float>& run : runs) {
+    DeviceArray out(count);
+    EXPECT_EQ(call(workspace, out.data), CUDNN_STATUS_SUCCESS);
+    run = out.get();
+  }
+  cudaFree(workspace);
+  expect_near_all(runs[1], runs[0], 1e-4);
+  return runs[0] == runs[1];
+}
+
 // The heuristics list every algorithm without running one (no sync, no times), each with its determinism; the
 // workspace queries agree with the search's figures; and the algorithms cuDNN documents as non-deterministic sum
 // in another order on each call here (two calls differ in the last bits), as atomics do on a real card, while the
@@ -271,22 +290,11 @@ TEST(EmulatedCudnn, HeuristicsListDeterminismAndNonDeterministicAlgorithmsVaryTh
         EXPECT_EQ(bytes, timed[k].memory) << "algo " << heuristics[i].algo;
       }
     }
-    void* workspace = nullptr;
-    if (bytes) {
-      ASSERT_EQ(cudaMalloc(&workspace, bytes), cudaSuccess);
-    }
-    std::vector<float> runs[2];
-    for (std::vector<float>& run : runs) {
-      DeviceArray dw(cv.f_count());
-      ASSERT_EQ(cudnnConvolutionBackwardFilter(cv.handle, &one, cv.x, x.data, cv.y, dy.data, cv.conv, heuristics[i].algo,
-                                               workspace, bytes, &zero, cv.f, dw.data),
-                CUDNN_STATUS_SUCCESS);
-      run = dw.get();
-    }
-    expect_near_all(runs[1], runs[0], 1e-4);
-    const bool same = runs[0] == runs[1];
+    const bool same = same_bits_twice(cv.f_count(), bytes, [&](void* workspace, float* dw) {
+      return cudnnConvolutionBackwardFilter(cv.handle, &one, cv.x, x.data, cv.y, dy.data, cv.conv, heuristics[i].algo,
+                                            workspace, bytes, &zero, cv.f, dw);
+    });
     EXPECT_EQ(same, heuristics[i].determinism == CUDNN_DETERMINISTIC) << "algo " << heuristics[i].algo;
-    cudaFree(workspace);
   }
   // Backward-data: the same rule for its non-deterministic algorithm (the pixels' terms in another order).
   cudnnConvolutionBwdDataAlgoPerf_t data[8];
@@ -296,21 +304,11 @@ TEST(EmulatedCudnn, HeuristicsListDeterminismAndNonDeterministicAlgorithmsVaryTh
     std::size_t bytes = 0;
     ASSERT_EQ(cudnnGetConvolutionBackwardDataWorkspaceSize(cv.handle, cv.f, cv.y, cv.conv, cv.x, data[i].algo, &bytes),
               CUDNN_STATUS_SUCCESS);
-    void* workspace = nullptr;
-    if (bytes) {
-      ASSERT_EQ(cudaMalloc(&workspace, bytes), cudaSuccess);
-    }
-    std::vector<float> runs[2];
-    for (std::vector<float>& run : runs) {
-      DeviceArray dx(cv.x_count());
-      ASSERT_EQ(cudnnConvolutionBackwardData(cv.handle, &one, cv.f, w.data, cv.y, dy.data, cv.conv, data[i].algo,
-                                             workspace, bytes, &zero, cv.x, dx.data),
-                CUDNN_STATUS_SUCCESS);
-      run = dx.get();
-    }
-    expect_near_all(runs[1], runs[0], 1e-4);
-    EXPECT_EQ(runs[0] == runs[1], data[i].determinism == CUDNN_DETERMINISTIC) << "algo " << data[i].algo;
-    cudaFree(workspace);
+    const bool same = same_bits_twice(cv.x_count(), bytes, [&](void* workspace, float* dx) {
+      return cudnnConvolutionBackwardData(cv.handle, &one, cv.f, w.data, cv.y, dy.data, cv.conv, data[i].algo, workspace,
+                                          bytes, &zero, cv.x, dx);
+    });
+    EXPECT_EQ(same, data[i].determinism == CUDNN_DETERMINISTIC) << "algo " << data[i].algo;
   }
   // The heuristics run inside a capture (they time nothing), where the search cannot.
   cudaStream_t stream = nullptr;
