@@ -1,6 +1,7 @@
-// index.cu — index_select (gather rows of the middle dim) and its backward index_add (scatter-add
-// with atomics, or in the cpu's order when deterministic_algorithms()). Bad indices do not fault: they are written to the device's error report and raised
-// as InvalidArgument at the next sync. Not here: the shape bookkeeping (src/core/ops.cpp).
+// index.cu — index_select (gather rows of the middle dim) and its backward index_add (scatter-add with
+// atomics, or in the cpu's order when deterministic_algorithms()). Bad indices do not fault: they are written
+// to the device's error report and raised as InvalidArgument at the next sync. Not here: the shape
+// bookkeeping (src/core/ops.cpp).
 #include <cuda_runtime.h>
 
 #include <cstdint>
