@@ -20,7 +20,8 @@
 // timing. cuDNN (cudnn.cpp) is modelled for what ferry calls: descriptors checked, work on the handle's
 // stream, an emulated algorithm menu whose workspaces and math types must be passed back right.
 // NCCL (nccl.cpp) is modelled over MPI, one card per rank (a card: host and device index): its collectives
-// are stream work like the rest, each an MPI collective on the communicator's own MPI communicator when run.
+// are stream work like the rest, each an MPI collective on the communicator's own MPI communicator when run,
+// in flight (finish_later) until every peer has joined.
 //
 // The runtime half (runtime.cpp, cublas.cpp) and the device half (device.cpp) meet here.
 #pragma once
@@ -43,6 +44,14 @@ inline constexpr int kMultiprocessors = 132;                        // as an H20
 // Enqueues `work` on `stream` (nullptr: the legacy default stream). It runs when the stream is flushed
 // up to it; while the stream is being captured it is recorded into the graph instead.
 void enqueue(cudaStream_t stream, std::function<void()> work);
+
+// Called by enqueued work that has started something outside the emulated card and must wait for it (an emulated
+// NCCL collective waiting for its peers): `done` is polled until it returns true, and nothing after the work on
+// its stream runs before. Run from a flush that may stop there (an event or stream query, another stream's
+// turn), the work stays in flight: the flush returns and queries say cudaErrorNotReady until a later flush finds
+// it done, as a real card's kernel spins while the host goes on; a synchronize polls it to the end. Run inside
+// a graph replay, it is polled to the end at once.
+void finish_later(std::function<bool()> done);
 
 // fp32 rounded to TF32 (10 explicit mantissa bits, to nearest even): what tensor cores multiply when TF32 is
 // allowed (the emulated cuBLAS and cuDNN round their inputs so).

@@ -13,15 +13,18 @@
 // nothing. Not modelled: the types and ops ferry does not use (half, bfloat16, fp8, 32/64-bit unsigned,
 // int8; prod, min, max: refused with ncclInvalidArgument), groups, ncclCommInitRankConfig and the rest of the
 // API; counts over 2^31 - 1 (MPI's int count: refused); a communicator spans MPI_COMM_WORLD (or one rank).
-// Failures: a collective that MPI fails, or that some peer does not join within FERRY_EMU_NCCL_TIMEOUT_S
-// seconds (default 300), aborts the process with a message: the flushing thread is inside the collective, as
-// a real card's kernel would spin forever, so ferry's own timeout cannot fire.
+// Waiting: a collective is posted (a non-blocking MPI collective) when its stream is flushed up to it and stays
+// in flight there until every peer has joined (ferry::emu::finish_later): an event query says
+// cudaErrorNotReady meanwhile, as a real card's kernel spins while the host goes on, so ferry's own timeout
+// fires when a peer stalls or dies, and its ncclCommAbort ends the collective. Failures: a collective that MPI
+// fails, or that some peer does not join within FERRY_EMU_NCCL_TIMEOUT_S seconds (default 300) while the host
+// still waits for it (a synchronize), aborts the process with a message.
 //
-// Threads: the collectives run on whichever thread flushes the stream (ferry: the thread that waits on or
-// polls the collective's event, its main thread); MPI is started MPI_THREAD_SERIALIZED by ferry, so that
-// thread must not call MPI concurrently with another. The emulator's lock is held while work runs, so two
-// emulated collectives never overlap; a flush from a thread other than MPI's main one, under a thread level
-// below MPI_THREAD_SERIALIZED, aborts.
+// Threads: the collectives are posted and polled on whichever thread flushes the stream (ferry: the thread that
+// waits on or polls the collective's event, its main thread); MPI is started MPI_THREAD_SERIALIZED by ferry, so
+// that thread must not call MPI concurrently with another. The emulator's lock is held while work runs, so two
+// emulated collectives' MPI calls never overlap; a post from a thread other than MPI's main one, under a thread
+// level below MPI_THREAD_SERIALIZED, aborts.
 #include <mpi.h>
 #include <nccl.h>
 #include <sched.h>
@@ -53,6 +56,8 @@ struct CommState {
   int rank = 0, size = 1, device = 0;
   bool aborted = false;  // queued collectives do nothing
   ncclResult_t async_error = ncclSuccess;
+  // The staging buffers of collectives in flight when the communicator was aborted: MPI may still write them.
+  std::vector<std::shared_ptr<void>> orphans;
   ~CommState() {
     int initialized = 0, finalized = 0;
     MPI_Initialized(&initialized);
@@ -167,29 +172,51 @@ void divide(void* data, std::size_t count, ncclDataType_t type, int size) {
 
 // --- running a collective ----------------------------------------------------------------------------
 
-// Posts a non-blocking MPI collective and polls it to completion (bounded by FERRY_EMU_NCCL_TIMEOUT_S).
+// The bytes a collective works in, apart from the caller's buffers: its input is copied in when it starts (as
+// NCCL's kernel reads it then) and its result copied out when it is done (finish), so that an aborted collective
+// never writes the caller's memory, which may be freed by then.
+using Staging = std::vector<unsigned char>;
+std::shared_ptr<Staging> staged(const void* data, std::size_t bytes) {
+  const auto* p = static_cast<const unsigned char*>(data);
+  return std::make_shared<Staging>(p, p + bytes);
+}
+
+// Posts a non-blocking MPI collective and leaves it in flight on its stream (ferry::emu::finish_later) until MPI
+// says it is done; then `finish` runs (the copy out, a division). `hold` (the staging MPI reads and writes) is kept
+// alive until then. On a communicator that has been aborted it is done at once, having written nothing, as NCCL's
+// kernels return on abort with their results undefined (the staging is kept: MPI may still write it). A
+// collective some peer never joins aborts the process after FERRY_EMU_NCCL_TIMEOUT_S, while a synchronize waits
+// for it or ferry keeps querying it.
 template <typename Post>
-void run_mpi(const CommState& c, const char* op, Post&& post) {
+void run_mpi(const std::shared_ptr<CommState>& c, const char* op, Post&& post, std::function<void()> finish,
+             std::shared_ptr<void> hold) {
   int level = MPI_THREAD_SINGLE, main_thread = 0;
   MPI_Query_thread(&level);
   MPI_Is_thread_main(&main_thread);
   if (level < MPI_THREAD_SERIALIZED && !main_thread) {
-    die(c, op, "run on a thread other than MPI's main one, under a thread level below MPI_THREAD_SERIALIZED");
+    die(*c, op, "run on a thread other than MPI's main one, under a thread level below MPI_THREAD_SERIALIZED");
   }
-  MPI_Request request = MPI_REQUEST_NULL;
-  if (const int status = post(&request); status != MPI_SUCCESS) die(c, op, "MPI failed to start it");
+  auto request = std::make_shared<MPI_Request>(MPI_REQUEST_NULL);
+  if (const int status = post(request.get()); status != MPI_SUCCESS) die(*c, op, "MPI failed to start it");
   const auto begin = std::chrono::steady_clock::now();
-  for (long polls = 0;; ++polls) {
+  ferry::emu::finish_later([c, op, request, finish = std::move(finish), hold = std::move(hold), begin] {
+    if (c->aborted) {
+      c->orphans.push_back(hold);
+      return true;
+    }
     int done = 0;
-    if (MPI_Test(&request, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS) die(c, op, "MPI failed it");
-    if (done) return;
-    if (polls < 1000) continue;
+    if (MPI_Test(request.get(), &done, MPI_STATUS_IGNORE) != MPI_SUCCESS) die(*c, op, "MPI failed it");
+    if (done) {
+      if (finish) finish();
+      return true;
+    }
     const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
     if (waited > timeout_s()) {
-      die(c, op, "not joined by every rank within " + std::to_string(timeout_s()) + " s (FERRY_EMU_NCCL_TIMEOUT_S)");
+      die(*c, op, "not joined by every rank within " + std::to_string(timeout_s()) + " s (FERRY_EMU_NCCL_TIMEOUT_S)");
     }
     sched_yield();  // ranks often outnumber cores in tests
-  }
+    return false;
+  });
 }
 
 // The checks every collective makes before enqueueing; ncclSuccess to go on.
@@ -376,10 +403,17 @@ ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId commId,
 }
 
 namespace {
+// An aborted communicator's state is kept to the end of the process: its collectives may still be posted in MPI,
+// which has no way to cancel them, so its MPI communicator is never freed.
+auto* const g_aborted = new std::vector<std::shared_ptr<CommState>>;  // never destroyed, on purpose
+
 ncclResult_t release(ncclComm_t comm, bool abort) {
   std::lock_guard<std::mutex> lock(g_mutex);
   if (!comm || !g_comms.count(comm)) return ncclInvalidArgument;
-  if (abort) comm->state->aborted = true;
+  if (abort) {
+    comm->state->aborted = true;
+    g_aborted->push_back(comm->state);
+  }
   g_comms.erase(comm);
   delete comm;  // the MPI communicator goes with the last collective that holds it
   return ncclSuccess;
@@ -406,18 +440,19 @@ ncclResult_t ncclAllReduce(const void* sendbuff, void* recvbuff, size_t count, n
   if (count == 0) return ncclSuccess;
   return enqueue(stream, [=] {
     if (c->aborted) return;
-    const int n = static_cast<int>(count);
-    if (op == ncclAvg && t.floating) {
-      const std::vector<unsigned char> scaled = premultiplied(sendbuff, count, datatype, c->size);
-      run_mpi(*c, "ncclAllReduce", [&](MPI_Request* r) {
-        return MPI_Iallreduce(scaled.data(), recvbuff, n, t.mpi, MPI_SUM, c->mpi, r);
-      });
-      return;
-    }
-    run_mpi(*c, "ncclAllReduce", [&](MPI_Request* r) {
-      return MPI_Iallreduce(sendbuff == recvbuff ? MPI_IN_PLACE : sendbuff, recvbuff, n, t.mpi, MPI_SUM, c->mpi, r);
-    });
-    if (op == ncclAvg) divide(recvbuff, count, datatype, c->size);
+    const bool scale_first = op == ncclAvg && t.floating;
+    auto data = scale_first ? std::make_shared<Staging>(premultiplied(sendbuff, count, datatype, c->size))
+                            : staged(sendbuff, count * t.bytes);
+    run_mpi(
+        c, "ncclAllReduce",
+        [&](MPI_Request* r) {
+          return MPI_Iallreduce(MPI_IN_PLACE, data->data(), static_cast<int>(count), t.mpi, MPI_SUM, c->mpi, r);
+        },
+        [=] {
+          std::memcpy(recvbuff, data->data(), data->size());
+          if (op == ncclAvg && !t.floating) divide(recvbuff, count, datatype, c->size);
+        },
+        data);
   });
 }
 
@@ -443,10 +478,11 @@ ncclResult_t ncclBroadcast(const void* sendbuff, void* recvbuff, size_t count, n
   if (count == 0) return ncclSuccess;
   return enqueue(stream, [=] {
     if (c->aborted) return;
-    if (c->rank == root && sendbuff != recvbuff) std::memmove(recvbuff, sendbuff, count * t.bytes);
-    run_mpi(*c, "ncclBroadcast", [&](MPI_Request* r) {
-      return MPI_Ibcast(recvbuff, static_cast<int>(count), t.mpi, root, c->mpi, r);
-    });
+    auto data = c->rank == root ? staged(sendbuff, count * t.bytes) : std::make_shared<Staging>(count * t.bytes);
+    run_mpi(
+        c, "ncclBroadcast",
+        [&](MPI_Request* r) { return MPI_Ibcast(data->data(), static_cast<int>(count), t.mpi, root, c->mpi, r); },
+        [=] { std::memcpy(recvbuff, data->data(), data->size()); }, data);
   });
 }
 
@@ -461,11 +497,14 @@ ncclResult_t ncclAllGather(const void* sendbuff, void* recvbuff, size_t sendcoun
   if (sendcount == 0) return ncclSuccess;
   return enqueue(stream, [=] {
     if (c->aborted) return;
-    const bool in_place = static_cast<const unsigned char*>(recvbuff) + c->rank * sendcount * t.bytes == sendbuff;
+    const std::size_t slice = sendcount * t.bytes;
+    auto data = std::make_shared<Staging>(slice * static_cast<std::size_t>(c->size));
+    std::memcpy(data->data() + static_cast<std::size_t>(c->rank) * slice, sendbuff, slice);  // may be in place
     const int n = static_cast<int>(sendcount);
-    run_mpi(*c, "ncclAllGather", [&](MPI_Request* r) {
-      return MPI_Iallgather(in_place ? MPI_IN_PLACE : sendbuff, n, t.mpi, recvbuff, n, t.mpi, c->mpi, r);
-    });
+    run_mpi(
+        c, "ncclAllGather",
+        [&](MPI_Request* r) { return MPI_Iallgather(MPI_IN_PLACE, n, t.mpi, data->data(), n, t.mpi, c->mpi, r); },
+        [=] { std::memcpy(recvbuff, data->data(), data->size()); }, data);
   });
 }
 
@@ -489,17 +528,25 @@ ncclResult_t ncclReduceScatter(const void* sendbuff, void* recvbuff, size_t recv
   return enqueue(stream, [=] {
     if (c->aborted) return;
     const std::size_t total = recvcount * static_cast<std::size_t>(c->size);
-    // The input may hold the output (in place): the result goes through a buffer of its own.
-    std::vector<unsigned char> scaled, result(recvcount * t.bytes);
-    const void* input = sendbuff;
-    if (op == ncclAvg && t.floating) {
-      scaled = premultiplied(sendbuff, total, datatype, c->size);
-      input = scaled.data();
-    }
-    run_mpi(*c, "ncclReduceScatter", [&](MPI_Request* r) {
-      return MPI_Ireduce_scatter_block(input, result.data(), static_cast<int>(recvcount), t.mpi, MPI_SUM, c->mpi, r);
-    });
-    std::memcpy(recvbuff, result.data(), result.size());
-    if (op == ncclAvg && !t.floating) divide(recvbuff, recvcount, datatype, c->size);
+    // The input may hold the output (in place): both are staged.
+    struct Buffers {
+      std::shared_ptr<Staging> input;
+      Staging result;
+    };
+    auto b = std::make_shared<Buffers>();
+    b->input = op == ncclAvg && t.floating ? std::make_shared<Staging>(premultiplied(sendbuff, total, datatype, c->size))
+                                           : staged(sendbuff, total * t.bytes);
+    b->result.resize(recvcount * t.bytes);
+    run_mpi(
+        c, "ncclReduceScatter",
+        [&](MPI_Request* r) {
+          return MPI_Ireduce_scatter_block(b->input->data(), b->result.data(), static_cast<int>(recvcount), t.mpi,
+                                           MPI_SUM, c->mpi, r);
+        },
+        [=] {
+          std::memcpy(recvbuff, b->result.data(), b->result.size());
+          if (op == ncclAvg && !t.floating) divide(recvbuff, recvcount, datatype, c->size);
+        },
+        b);
   });
 }

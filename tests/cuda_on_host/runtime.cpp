@@ -16,6 +16,8 @@
 //     and graph allocations once their graph has been launched.
 //   - A capture records the captured streams' work into a graph instead of their queues; calls that would
 //     synchronize with it fail and invalidate it, as CUDA's do.
+//   - Work that waits on something outside the card (an emulated NCCL collective) stays in flight
+//     (finish_later): queries say cudaErrorNotReady, synchronizes poll it to the end.
 // Simplified (and said where it matters below): no concurrency and no timing; a pool "reuses" freed bytes
 // only for its accounting (every allocation is a fresh heap block, so the sanitizers see stale uses); one
 // error state per host thread with no sticky errors.
@@ -57,6 +59,10 @@ struct Stream {
   std::deque<std::pair<std::uint64_t, Work>> queue;  // (sequence number, work), not yet run
   std::uint64_t last = 0;                            // sequence number of the last item enqueued
   Capture* capture = nullptr;                        // recording into this capture instead of `queue`
+  // The item that started and has not finished (finish_later), and its sequence number: polled until done;
+  // nothing after it runs before. Null when none.
+  std::function<bool()> in_flight;
+  std::uint64_t in_flight_position = 0;
   // Blocking streams (and the per-thread default stream) are ordered with the legacy stream.
   bool blocking() const { return !legacy && (flags & cudaStreamNonBlocking) == 0; }
 };
@@ -194,14 +200,39 @@ Stream* find_stream(cudaStream_t handle) {
   return st.live_streams.count(s) ? s : nullptr;
 }
 
+// The item this thread is running from a stream's queue (finish_later leaves it in flight there), and whether it
+// may stay in flight (not inside a graph replay).
+thread_local Stream* t_running = nullptr;
+thread_local std::uint64_t t_running_position = 0;
+thread_local bool t_may_defer = false;
+
 // Runs the items of `s` with sequence numbers up to `upto`. Each item is taken off the queue before it
-// runs, so that an item may flush other streams, or this one, re-entrantly.
-void flush(Stream& s, std::uint64_t upto) {
-  while (!s.queue.empty() && s.queue.front().first <= upto) {
+// runs, so that an item may flush other streams, or this one, re-entrantly. False when an item in flight
+// (finish_later) at or before `upto` is not done yet: then nothing after it has run.
+bool flush(Stream& s, std::uint64_t upto) {
+  while (true) {
+    if (s.in_flight) {
+      if (s.in_flight_position > upto) return true;
+      if (!s.in_flight()) return false;
+      s.in_flight = nullptr;
+    }
+    if (s.queue.empty() || s.queue.front().first > upto) return true;
     Work work = std::move(s.queue.front().second);
+    const std::uint64_t position = s.queue.front().first;
     s.queue.pop_front();
+    Stream* const outer = t_running;
+    const std::uint64_t outer_position = t_running_position;
+    const bool outer_may_defer = t_may_defer;
+    t_running = &s, t_running_position = position, t_may_defer = true;
     work();
+    t_running = outer, t_running_position = outer_position, t_may_defer = outer_may_defer;
   }
+}
+
+// Runs `s` up to `upto` to the end, polling an item in flight until it is done (a synchronize). A collective some
+// peer never joins spins here, as a real synchronize would (the emulated NCCL's timeout ends it).
+void finish(Stream& s, std::uint64_t upto) {
+  while (!flush(s, upto)) std::this_thread::yield();
 }
 
 void flush_all_streams() {
@@ -210,18 +241,23 @@ void flush_all_streams() {
     pending = false;
     for (std::size_t i = 0; i < st.streams.size(); ++i) {
       Stream& s = *st.streams[i];
-      if (!s.queue.empty()) {
+      if (!s.queue.empty() || s.in_flight) {
         pending = true;
-        flush(s, s.last);
+        if (!flush(s, s.last)) std::this_thread::yield();
       }
     }
   }
 }
 
+// The work of a wait for `producer` up to `position`: in flight until the producer's work has run that far.
+Work wait_for(Stream& producer, std::uint64_t position) {
+  Stream* p = &producer;
+  return [p, position] { finish_later([p, position] { return flush(*p, position); }); };
+}
+
 // Appends a wait for `producer` up to `position` to `waiter`'s queue (never recorded into a capture).
 void append_wait(Stream& waiter, Stream& producer, std::uint64_t position) {
-  Stream* p = &producer;
-  waiter.queue.emplace_back(++waiter.last, [p, position] { flush(*p, position); });
+  waiter.queue.emplace_back(++waiter.last, wait_for(producer, position));
 }
 
 // The legacy stream's implicit ordering: its work waits for all earlier work of blocking streams, and a
@@ -231,9 +267,10 @@ void order_with_legacy(Stream& s) {
   if (s.legacy) {
     for (std::size_t i = 1; i < st.streams.size(); ++i) {
       Stream& other = *st.streams[i];
-      if (other.blocking() && !other.capture && !other.queue.empty()) append_wait(s, other, other.last);
+      if (other.blocking() && !other.capture && (!other.queue.empty() || other.in_flight))
+        append_wait(s, other, other.last);
     }
-  } else if (s.blocking() && !s.capture && !st.legacy().queue.empty()) {
+  } else if (s.blocking() && !s.capture && (!st.legacy().queue.empty() || st.legacy().in_flight)) {
     append_wait(s, st.legacy(), st.legacy().last);
   }
 }
@@ -475,7 +512,7 @@ cudaError_t copy_in_order(Stream& s, void* dst, Memory to, const void* src, Memo
   const cudaError_t e = push(s, [dst, src, bytes] { std::memcpy(dst, src, bytes); }, cudaGraphNodeTypeMemcpy);
   if (e != cudaSuccess) return fail(e);
   const bool synchronous = to != Memory::Device && (from != Memory::Device || to == Memory::Pageable);
-  if (synchronous && !s.capture) flush(s, s.last);
+  if (synchronous && !s.capture) finish(s, s.last);
   return cudaSuccess;
 }
 
@@ -583,6 +620,16 @@ GraphData::~GraphData() {
     if (b.outstanding || b.free_pending) b.graph = nullptr;
     else release_block(it);
   }
+}
+
+void finish_later(std::function<bool()> done) {
+  if (done()) return;
+  if (t_running != nullptr && t_may_defer && !t_running->in_flight) {
+    t_running->in_flight = std::move(done);
+    t_running->in_flight_position = t_running_position;
+    return;
+  }
+  while (!done()) std::this_thread::yield();
 }
 
 void enqueue(cudaStream_t stream, std::function<void()> work) {
@@ -829,19 +876,19 @@ cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
   Stream* s = find_stream(stream);
   if (!s) return fail(cudaErrorInvalidResourceHandle);
   if (const cudaError_t e = refuse_sync_of(*s); e != cudaSuccess) return e;
-  flush(*s, s->last);
+  finish(*s, s->last);
   release_above_thresholds();
   return cudaSuccess;
 }
 
-// The emulator has no "still running": a query runs the stream's work and reports it done.
+// A query runs the stream's work and reports it done, or cudaErrorNotReady while an item is in flight
+// (finish_later; not an error: cudaGetLastError does not return it).
 cudaError_t cudaStreamQuery(cudaStream_t stream) {
   Lock lock(state().mutex);
   Stream* s = find_stream(stream);
   if (!s) return fail(cudaErrorInvalidResourceHandle);
   if (const cudaError_t e = refuse_sync_of(*s); e != cudaSuccess) return e;
-  flush(*s, s->last);
-  return cudaSuccess;
+  return flush(*s, s->last) ? cudaSuccess : cudaErrorNotReady;
 }
 
 cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned int flags) {
@@ -875,7 +922,7 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned
   }
   Stream* producer = ev->stream;
   const std::uint64_t position = ev->position;  // the event's state now, not when the wait runs
-  const cudaError_t e = push(*s, [producer, position] { flush(*producer, position); });
+  const cudaError_t e = push(*s, wait_for(*producer, position));
   return e == cudaSuccess ? e : fail(e);
 }
 
@@ -932,28 +979,33 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
 }
 
 namespace {
-// What cudaEventSynchronize and cudaEventQuery share: run the event's stream up to the event.
-cudaError_t complete_event(cudaEvent_t event) {
+// What cudaEventSynchronize and cudaEventQuery share: run the event's stream up to the event; to the end when
+// `wait`, else cudaErrorNotReady while an item before it is in flight.
+cudaError_t complete_event(cudaEvent_t event, bool wait) {
   Event* ev = find_event(event);
   if (!ev) return fail(cudaErrorInvalidResourceHandle);
   if (ev->capture_id && find_capture(ev->capture_id)) return fail(cudaErrorCapturedEvent);
   if (ev->capture_id || !ev->stream) return cudaSuccess;  // nothing recorded that could still run
-  flush(*ev->stream, ev->position);
-  return cudaSuccess;
+  if (wait) {
+    finish(*ev->stream, ev->position);
+    return cudaSuccess;
+  }
+  return flush(*ev->stream, ev->position) ? cudaSuccess : cudaErrorNotReady;
 }
 }  // namespace
 
 cudaError_t cudaEventSynchronize(cudaEvent_t event) {
   Lock lock(state().mutex);
-  const cudaError_t e = complete_event(event);
+  const cudaError_t e = complete_event(event, true);
   if (e == cudaSuccess) release_above_thresholds();
   return e;
 }
 
-// The emulator has no "not ready": a query runs the work up to the event and reports it done.
+// A query runs the work up to the event and reports it done, or cudaErrorNotReady while an item before it is in
+// flight (finish_later).
 cudaError_t cudaEventQuery(cudaEvent_t event) {
   Lock lock(state().mutex);
-  return complete_event(event);
+  return complete_event(event, false);
 }
 
 // === device memory ================================================================================
@@ -1245,7 +1297,7 @@ cudaError_t cudaMemcpy(void* dst, const void* src, size_t count, cudaMemcpyKind 
   if (const cudaError_t e = refuse_if_capturing(); e != cudaSuccess) return e;
   const cudaError_t e = cudaMemcpyAsync(dst, src, count, kind, cudaStreamLegacy);
   if (e != cudaSuccess) return e;
-  flush(st.legacy(), st.legacy().last);
+  finish(st.legacy(), st.legacy().last);
   return cudaSuccess;
 }
 
@@ -1278,7 +1330,7 @@ cudaError_t cudaMemset(void* devPtr, int value, size_t count) {
   if (const cudaError_t e = refuse_if_capturing(); e != cudaSuccess) return e;
   const cudaError_t e = cudaMemsetAsync(devPtr, value, count, cudaStreamLegacy);
   if (e != cudaSuccess) return e;
-  flush(st.legacy(), st.legacy().last);
+  finish(st.legacy(), st.legacy().last);
   return cudaSuccess;
 }
 
@@ -1437,7 +1489,14 @@ cudaError_t cudaGraphLaunch(cudaGraphExec_t graphExec, cudaStream_t stream) {
   // Launches of one executable graph run one after another, whatever their streams.
   if (exec.last_stream && exec.last_stream != s && !s->capture) append_wait(*s, *exec.last_stream, exec.last_position);
   const cudaError_t e = push(
-      *s, [data = exec.data] { for (const Work& node : data->nodes) node(); }, cudaGraphNodeTypeGraph);
+      *s,
+      [data = exec.data] {
+        const bool may_defer = t_may_defer;
+        t_may_defer = false;  // a node's work in flight is finished before the next node runs
+        for (const Work& node : data->nodes) node();
+        t_may_defer = may_defer;
+      },
+      cudaGraphNodeTypeGraph);
   if (e != cudaSuccess) return fail(e);
   if (!g.launched) {
     g.launched = true;

@@ -199,6 +199,72 @@ TEST(EmulatedNccl, CollectivesAreRecordedInGraphsAndAbortDropsQueuedWork) {
   cudaStreamDestroy(stream);
 }
 
+// A collective waits on the card for its peers, as NCCL's kernel spins: until every rank has joined, queries of its
+// stream and of an event after it say cudaErrorNotReady (not an error: the last error stays clear), and the host
+// goes on. ncclCommAbort ends one that waits, leaving its output as it was. Needs two ranks (nccl_two_ranks).
+TEST(EmulatedNccl, ACollectiveStaysInFlightUntilEveryRankJoinsAndAbortEndsIt) {
+  const World w = start();
+  if (w.size < 2) GTEST_SKIP() << "needs two ranks: cuda_on_host.nccl_two_ranks runs it under mpirun -np 2";
+  ncclComm_t comm = make_comm(w);
+  ASSERT_NE(comm, nullptr);
+  cudaStream_t stream = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  cudaEvent_t done = nullptr;
+  ASSERT_EQ(cudaEventCreateWithFlags(&done, cudaEventDisableTiming), cudaSuccess);
+  const int late = w.size - 1;  // the rank that joins late
+  const bool early = w.rank != late;
+  const auto expect_waiting = [&] {
+    for (int k = 0; k < 3; ++k) {
+      EXPECT_EQ(cudaEventQuery(done), cudaErrorNotReady);
+      EXPECT_EQ(cudaStreamQuery(stream), cudaErrorNotReady);
+    }
+    EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+  };
+
+  float* x = device_copy(std::vector<float>{1.0f + w.rank});
+  if (early) {
+    ASSERT_EQ(ncclAllReduce(x, x, 1, ncclFloat32, ncclSum, comm, stream), ncclSuccess);
+    ASSERT_EQ(cudaEventRecord(done, stream), cudaSuccess);
+    expect_waiting();
+  }
+  MPI_Barrier(MPI_COMM_WORLD);  // the early ranks have seen it wait; now the late one joins
+  if (!early) {
+    ASSERT_EQ(ncclAllReduce(x, x, 1, ncclFloat32, ncclSum, comm, stream), ncclSuccess);
+    ASSERT_EQ(cudaEventRecord(done, stream), cudaSuccess);
+  }
+  cudaError_t status = cudaErrorNotReady;
+  for (int polls = 0; polls < 1000000 && status == cudaErrorNotReady; ++polls) status = cudaEventQuery(done);
+  EXPECT_EQ(status, cudaSuccess);
+  const float n = static_cast<float>(w.size);
+  EXPECT_EQ(host_copy(x, 1)[0], n + n * (n - 1) / 2);
+
+  // The early ranks abort while the late one has not joined: the wait ends, the output untouched.
+  float* y = device_copy(std::vector<float>{5});
+  if (early) {
+    ASSERT_EQ(ncclAllReduce(y, y, 1, ncclFloat32, ncclSum, comm, stream), ncclSuccess);
+    ASSERT_EQ(cudaEventRecord(done, stream), cudaSuccess);
+    expect_waiting();
+    EXPECT_EQ(ncclCommAbort(comm), ncclSuccess);
+    EXPECT_EQ(cudaEventQuery(done), cudaSuccess);
+    EXPECT_EQ(host_copy(y, 1)[0], 5.0f);
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (!early) {  // joins the collective the early ranks posted, so that MPI ends it everywhere
+    ASSERT_EQ(ncclAllReduce(y, y, 1, ncclFloat32, ncclSum, comm, stream), ncclSuccess);
+    ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    EXPECT_EQ(host_copy(y, 1)[0], 5 * n);
+    EXPECT_EQ(ncclCommDestroy(comm), ncclSuccess);
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (early) {
+    EXPECT_EQ(host_copy(y, 1)[0], 5.0f) << "an aborted collective wrote its output when MPI finished it";
+  }
+  cudaFree(x);
+  cudaFree(y);
+  cudaEventDestroy(done);
+  cudaStreamDestroy(stream);
+}
+
 // ferry's NCCL process group on cuda tensors made by kernels on the compute stream: the comm stream must wait for
 // them. all_gather's output is not its input, so a collective that ran early leaves poison (NaN) there, even alone.
 TEST(EmulatedNccl, FerrysProcessGroupOrdersCollectivesAfterTheComputeStream) {

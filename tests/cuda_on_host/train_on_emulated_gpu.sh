@@ -106,6 +106,31 @@ if command -v mpirun >/dev/null && ! "$FERRY" bench allreduce --max-bytes 4KiB 2
   grep -q '"backend":"nccl".*"correct":true' "$work/bench.json" || fail "bench allreduce: $(head -c 300 "$work/bench.json")"
   ! grep -q '"correct":false' "$work/bench.json" || fail "bench allreduce over NCCL: a wrong result: $(head -c 300 "$work/bench.json")"
   echo "bench allreduce: 2 cards over NCCL, 1 KiB to 64 KiB, every element right"
+  # A rank that stalls (SIGSTOP) while two ranks train over NCCL: the other rank's collective stays in flight on its
+  # card, ferry's --ddp-timeout fires, it aborts the communicator, and the job stops non-zero with "Collective timed
+  # out" within 60 s (issue 7's failure rule, on the NCCL backend).
+  log="$work/stall.log"
+  FERRY_EMU_DEVICES=2 mpirun -np 2 --oversubscribe --bind-to none "$FERRY" train --ddp --ddp-backend nccl --model mlp \
+    --device cuda --batch 64 --epochs 1 --log-every 1 --limit-test 64 --ddp-timeout 8 >"$log" 2>&1 &
+  job=$!
+  for _ in $(seq 1 900); do
+    grep -q "step 2/" "$log" && break
+    kill -0 "$job" 2>/dev/null || break
+    sleep 0.1
+  done
+  grep -q "step 2/" "$log" || { kill "$job" 2>/dev/null; fail "stall test: the run did not start: $(tail -c 600 "$log")"; }
+  victim=$(ps -o pid=,comm= --ppid "$job" | awk '$2 ~ /^ferry/ { print $1 }' | tail -n 1)
+  [[ -n "$victim" ]] || { kill "$job" 2>/dev/null; fail "stall test: no rank process under mpirun (pid $job)"; }
+  began=$(date +%s)
+  kill -STOP "$victim"
+  rc=0
+  timeout 90 tail --pid="$job" -f /dev/null || kill "$job" 2>/dev/null  # hung: stop it
+  wait "$job" || rc=$?
+  elapsed=$(( $(date +%s) - began ))
+  [[ "$(ps -o comm= -p "$victim" 2>/dev/null)" == ferry* ]] && kill -9 "$victim" 2>/dev/null
+  [[ $rc -ne 0 && $elapsed -le 60 ]] && grep -q "Collective timed out" "$log" ||
+    fail "stall test: exit $rc after ${elapsed} s; log: $(tail -c 800 "$log")"
+  echo "NCCL, a rank stopped: the job stopped in ${elapsed} s, exit $rc: $(grep -Eo "Collective timed out.{0,60}" "$log" | head -n 1)"
 else
   echo "skip (DDP): no MPI in this build"
 fi
