@@ -611,10 +611,12 @@ Tensor linspace_like(std::int64_t channels) { return add(mul(arange(static_cast<
 
 // One conv2d forward and backward on cuda; returns {out, grad input, grad weight, grad bias}, on the cpu.
 std::vector<Tensor> conv_pass(const Tensor& x_in, const Tensor& w_in, const Tensor& b_in, const Tensor& probe,
-                              nn::Size2 stride, nn::Size2 padding, nn::Size2 dilation) {
-  Tensor x = x_in.to(kCuda).requires_grad_(), w = w_in.to(kCuda).requires_grad_(), b = b_in.to(kCuda).requires_grad_();
+                              nn::Size2 stride, nn::Size2 padding, nn::Size2 dilation, Device device = kCuda) {
+  // detach(): on the cpu `to` returns the caller's tensor itself, which must not become a leaf that requires grad
+  Tensor x = x_in.to(device).detach().requires_grad_(), w = w_in.to(device).detach().requires_grad_();
+  Tensor b = b_in.to(device).detach().requires_grad_();
   const Tensor out = nn::functional::conv2d(x, w, b, stride, padding, dilation);
-  sum(mul(out, probe.to(kCuda))).backward();
+  sum(mul(out, probe.to(device))).backward();
   return {out.detach().cpu(), x.grad().cpu(), w.grad().cpu(), b.grad().cpu()};
 }
 
@@ -693,10 +695,7 @@ TEST_F(CudaBackend, DeterministicAlgorithmsRepeatBitForBit) {
   const Tensor x = randn({8, 16, 14, 14}), w = randn({32, 16, 3, 3}), b = randn({32}), probe = randn({8, 32, 14, 14});
   const std::vector<Tensor> first = conv_pass(x, w, b, probe, 1, 1, 1);
   const std::vector<Tensor> second = conv_pass(x, w, b, probe, 1, 1, 1);
-  Tensor xc = x.clone().requires_grad_(), wc = w.clone().requires_grad_(), bc = b.clone().requires_grad_();
-  const Tensor out = nn::functional::conv2d(xc, wc, bc, 1, 1, 1);
-  sum(mul(out, probe)).backward();
-  const Tensor on_cpu[] = {out.detach(), xc.grad(), wc.grad(), bc.grad()};
+  const std::vector<Tensor> on_cpu = conv_pass(x, w, b, probe, 1, 1, 1, kCPU);
   const char* names[] = {"out", "grad input", "grad weight", "grad bias"};
   for (int i = 0; i < 4; ++i) {
     EXPECT_TRUE(same_bytes(first[i], second[i])) << names[i];

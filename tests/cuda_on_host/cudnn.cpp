@@ -236,47 +236,31 @@ cudnnStatus_t list_algorithms(cudnnHandle_t handle, cudnnTensorDescriptor_t x_de
   return CUDNN_STATUS_SUCCESS;
 }
 
-template <typename Perf>
-void return_list(const std::vector<Perf>& list, int requested, int* returned, Perf* results) {
+// What cudnnFind* (`timed`) and cudnnGet*_v7 return. The search: runnable algorithms fastest first, then the
+// unsupported ones; it synchronizes the device (the real one times each algorithm), which fails inside a capture.
+// The heuristics: the list in the menu's order (best expected first), nothing run, no sync, no times (-1).
+template <typename Perf, typename AlgoT, std::size_t N>
+cudnnStatus_t return_algorithms(bool timed, cudnnHandle_t handle, cudnnTensorDescriptor_t x_desc,
+                                cudnnFilterDescriptor_t w_desc, cudnnConvolutionDescriptor_t conv_desc,
+                                cudnnTensorDescriptor_t y_desc, const Algorithm (&menu)[N], int requested,
+                                int* returned, Perf* results) {
+  std::vector<Perf> list;
+  if (!results) return CUDNN_STATUS_BAD_PARAM;
+  if (const cudnnStatus_t s = list_algorithms<Perf, AlgoT>(handle, x_desc, w_desc, conv_desc, y_desc, menu, requested,
+                                                          returned, list);
+      s != CUDNN_STATUS_SUCCESS)
+    return s;
+  if (timed) {
+    if (cudaDeviceSynchronize() != cudaSuccess) return CUDNN_STATUS_EXECUTION_FAILED_CUDART;
+    std::stable_sort(list.begin(), list.end(), [](const Perf& a, const Perf& b) {
+      if ((a.status == CUDNN_STATUS_SUCCESS) != (b.status == CUDNN_STATUS_SUCCESS)) return a.status == CUDNN_STATUS_SUCCESS;
+      return a.time < b.time;
+    });
+  } else {
+    for (Perf& p : list) p.time = -1.0f;
+  }
   *returned = std::min<int>(requested, static_cast<int>(list.size()));
   std::copy_n(list.begin(), *returned, results);
-}
-
-// The search: runnable algorithms fastest first, then the unsupported ones. It synchronizes the device (the real
-// one times each algorithm), which fails inside a capture.
-template <typename Perf, typename AlgoT, std::size_t N>
-cudnnStatus_t find_algorithms(cudnnHandle_t handle, cudnnTensorDescriptor_t x_desc, cudnnFilterDescriptor_t w_desc,
-                              cudnnConvolutionDescriptor_t conv_desc, cudnnTensorDescriptor_t y_desc,
-                              const Algorithm (&menu)[N], int requested, int* returned, Perf* results) {
-  std::vector<Perf> list;
-  if (!results) return CUDNN_STATUS_BAD_PARAM;
-  if (const cudnnStatus_t s = list_algorithms<Perf, AlgoT>(handle, x_desc, w_desc, conv_desc, y_desc, menu, requested,
-                                                          returned, list);
-      s != CUDNN_STATUS_SUCCESS)
-    return s;
-  if (cudaDeviceSynchronize() != cudaSuccess) return CUDNN_STATUS_EXECUTION_FAILED_CUDART;
-  std::stable_sort(list.begin(), list.end(), [](const Perf& a, const Perf& b) {
-    if ((a.status == CUDNN_STATUS_SUCCESS) != (b.status == CUDNN_STATUS_SUCCESS)) return a.status == CUDNN_STATUS_SUCCESS;
-    return a.time < b.time;
-  });
-  return_list(list, requested, returned, results);
-  return CUDNN_STATUS_SUCCESS;
-}
-
-// The heuristics: the same list in the menu's order (best expected first), nothing run, no sync, no times (-1).
-template <typename Perf, typename AlgoT, std::size_t N>
-cudnnStatus_t heuristic_algorithms(cudnnHandle_t handle, cudnnTensorDescriptor_t x_desc,
-                                   cudnnFilterDescriptor_t w_desc, cudnnConvolutionDescriptor_t conv_desc,
-                                   cudnnTensorDescriptor_t y_desc, const Algorithm (&menu)[N], int requested,
-                                   int* returned, Perf* results) {
-  std::vector<Perf> list;
-  if (!results) return CUDNN_STATUS_BAD_PARAM;
-  if (const cudnnStatus_t s = list_algorithms<Perf, AlgoT>(handle, x_desc, w_desc, conv_desc, y_desc, menu, requested,
-                                                          returned, list);
-      s != CUDNN_STATUS_SUCCESS)
-    return s;
-  for (Perf& p : list) p.time = -1.0f;
-  return_list(list, requested, returned, results);
   return CUDNN_STATUS_SUCCESS;
 }
 
@@ -564,9 +548,8 @@ cudnnStatus_t cudnnFindConvolutionForwardAlgorithm(cudnnHandle_t handle, const c
                                                    const cudnnConvolutionDescriptor_t conv_desc,
                                                    const cudnnTensorDescriptor_t y_desc, const int requested,
                                                    int* returned, cudnnConvolutionFwdAlgoPerf_t* results) {
-  return find_algorithms<cudnnConvolutionFwdAlgoPerf_t, cudnnConvolutionFwdAlgo_t>(handle, x_desc, w_desc, conv_desc,
-                                                                                   y_desc, kForward, requested, returned,
-                                                                                   results);
+  return return_algorithms<cudnnConvolutionFwdAlgoPerf_t, cudnnConvolutionFwdAlgo_t>(
+      true, handle, x_desc, w_desc, conv_desc, y_desc, kForward, requested, returned, results);
 }
 
 cudnnStatus_t cudnnFindConvolutionBackwardDataAlgorithm(cudnnHandle_t handle, const cudnnFilterDescriptor_t w_desc,
@@ -574,8 +557,8 @@ cudnnStatus_t cudnnFindConvolutionBackwardDataAlgorithm(cudnnHandle_t handle, co
                                                         const cudnnConvolutionDescriptor_t conv_desc,
                                                         const cudnnTensorDescriptor_t dx_desc, const int requested,
                                                         int* returned, cudnnConvolutionBwdDataAlgoPerf_t* results) {
-  return find_algorithms<cudnnConvolutionBwdDataAlgoPerf_t, cudnnConvolutionBwdDataAlgo_t>(
-      handle, dx_desc, w_desc, conv_desc, dy_desc, kBackwardData, requested, returned, results);
+  return return_algorithms<cudnnConvolutionBwdDataAlgoPerf_t, cudnnConvolutionBwdDataAlgo_t>(
+      true, handle, dx_desc, w_desc, conv_desc, dy_desc, kBackwardData, requested, returned, results);
 }
 
 cudnnStatus_t cudnnFindConvolutionBackwardFilterAlgorithm(cudnnHandle_t handle, const cudnnTensorDescriptor_t x_desc,
@@ -584,8 +567,8 @@ cudnnStatus_t cudnnFindConvolutionBackwardFilterAlgorithm(cudnnHandle_t handle, 
                                                           const cudnnFilterDescriptor_t dw_desc, const int requested,
                                                           int* returned,
                                                           cudnnConvolutionBwdFilterAlgoPerf_t* results) {
-  return find_algorithms<cudnnConvolutionBwdFilterAlgoPerf_t, cudnnConvolutionBwdFilterAlgo_t>(
-      handle, x_desc, dw_desc, conv_desc, dy_desc, kBackwardFilter, requested, returned, results);
+  return return_algorithms<cudnnConvolutionBwdFilterAlgoPerf_t, cudnnConvolutionBwdFilterAlgo_t>(
+      true, handle, x_desc, dw_desc, conv_desc, dy_desc, kBackwardFilter, requested, returned, results);
 }
 
 cudnnStatus_t cudnnGetConvolutionForwardAlgorithm_v7(cudnnHandle_t handle, const cudnnTensorDescriptor_t x_desc,
@@ -593,8 +576,8 @@ cudnnStatus_t cudnnGetConvolutionForwardAlgorithm_v7(cudnnHandle_t handle, const
                                                      const cudnnConvolutionDescriptor_t conv_desc,
                                                      const cudnnTensorDescriptor_t y_desc, const int requested,
                                                      int* returned, cudnnConvolutionFwdAlgoPerf_t* results) {
-  return heuristic_algorithms<cudnnConvolutionFwdAlgoPerf_t, cudnnConvolutionFwdAlgo_t>(
-      handle, x_desc, w_desc, conv_desc, y_desc, kForward, requested, returned, results);
+  return return_algorithms<cudnnConvolutionFwdAlgoPerf_t, cudnnConvolutionFwdAlgo_t>(
+      false, handle, x_desc, w_desc, conv_desc, y_desc, kForward, requested, returned, results);
 }
 
 cudnnStatus_t cudnnGetConvolutionBackwardDataAlgorithm_v7(cudnnHandle_t handle, const cudnnFilterDescriptor_t w_desc,
@@ -602,8 +585,8 @@ cudnnStatus_t cudnnGetConvolutionBackwardDataAlgorithm_v7(cudnnHandle_t handle, 
                                                           const cudnnConvolutionDescriptor_t conv_desc,
                                                           const cudnnTensorDescriptor_t dx_desc, const int requested,
                                                           int* returned, cudnnConvolutionBwdDataAlgoPerf_t* results) {
-  return heuristic_algorithms<cudnnConvolutionBwdDataAlgoPerf_t, cudnnConvolutionBwdDataAlgo_t>(
-      handle, dx_desc, w_desc, conv_desc, dy_desc, kBackwardData, requested, returned, results);
+  return return_algorithms<cudnnConvolutionBwdDataAlgoPerf_t, cudnnConvolutionBwdDataAlgo_t>(
+      false, handle, dx_desc, w_desc, conv_desc, dy_desc, kBackwardData, requested, returned, results);
 }
 
 cudnnStatus_t cudnnGetConvolutionBackwardFilterAlgorithm_v7(cudnnHandle_t handle, const cudnnTensorDescriptor_t x_desc,
@@ -612,8 +595,8 @@ cudnnStatus_t cudnnGetConvolutionBackwardFilterAlgorithm_v7(cudnnHandle_t handle
                                                             const cudnnFilterDescriptor_t dw_desc, const int requested,
                                                             int* returned,
                                                             cudnnConvolutionBwdFilterAlgoPerf_t* results) {
-  return heuristic_algorithms<cudnnConvolutionBwdFilterAlgoPerf_t, cudnnConvolutionBwdFilterAlgo_t>(
-      handle, x_desc, dw_desc, conv_desc, dy_desc, kBackwardFilter, requested, returned, results);
+  return return_algorithms<cudnnConvolutionBwdFilterAlgoPerf_t, cudnnConvolutionBwdFilterAlgo_t>(
+      false, handle, x_desc, dw_desc, conv_desc, dy_desc, kBackwardFilter, requested, returned, results);
 }
 
 cudnnStatus_t cudnnGetConvolutionForwardWorkspaceSize(cudnnHandle_t handle, const cudnnTensorDescriptor_t x_desc,
