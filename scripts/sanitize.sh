@@ -20,7 +20,8 @@ jobs=${FERRY_JOBS:-$(nproc)}
 #   cuda_on_host.cli_train              ferry train on the emulated GPU (four runs, two evaluations, a DDP job):
 #                                       minutes under ASan, and Open MPI's allocations would read as leaks;
 #                                       its kernels and loop run under the sanitizers in cuda_on_host.* already.
-excluded='^(cli\.test_bench|SheetExercises\.Ex5_1_LoggingCost|cuda_on_host_(compute_first|copy_first|random)\..*|cuda_on_host\.cli_train)$'
+#   cuda_on_host.gpu_check_rehearsal    scripts/gpu-check on the emulated GPU: a test of the script, not of memory.
+excluded='^(cli\.test_bench|SheetExercises\.Ex5_1_LoggingCost|cuda_on_host_(compute_first|copy_first|random)\..*|cuda_on_host\.(cli_train|gpu_check_rehearsal))$'
 
 started=$SECONDS
 # RelWithDebInfo at -O1 -g1: Debug's -O0 makes the training and gradient-check tests several times slower under

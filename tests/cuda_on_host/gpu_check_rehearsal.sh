@@ -1,0 +1,148 @@
+#!/usr/bin/env bash
+# gpu_check_rehearsal.sh FERRY — scripts/gpu-check from start to end on the emulated GPU, so that a change to the
+# script, or to the JSON of the ferry runs it reads, fails here and not in the GPU machine's few minutes.
+#
+# Real: the script itself (every stage, its limits, its report code), FERRY's runs on the emulated card — `bench
+# golden` for mlp and cnn and the three diagnostic variants, two fmnist epochs, the --deterministic checkpoint
+# check (straight vs resumed, byte for byte), the data-parallel runs under mpirun — and the files it writes.
+# Stand-ins, on PATH ahead of the real ones: `cmake` (FERRY is already built), `ctest` (the suites run on their
+# own), and PyTorch's three scripts and cuda_link_bench (JSON in their formats, with numbers in ANCHORS.md's range:
+# neither can run without a card). FERRY runs cut to the emulator's pace: batch 16 and 2 steps for `bench
+# golden`, 512 training and 200 test images, step limits divided by 5.
+# Not here: any number. Every one printed comes from the emulator or a stand-in; the real ones are the H200's.
+set -euo pipefail
+FERRY=$(realpath "$1")
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+fail() { echo "FAIL: $*"; echo "--- gpu-check's output:"; cat "$work/log"; exit 1; }
+mkdir -p "$work/bin" "$work/build/tools/ferry" "$work/build/bench" "$work/out"
+PYTHON=$(command -v python3)
+if command -v mpirun > /dev/null && "$FERRY" bench allreduce --max-bytes 4KiB 2>&1 | grep -q "without MPI"; then
+  echo "skipped: mpirun is here but FERRY was built without MPI, so gpu-check's data-parallel runs cannot run"
+  exit 77
+fi
+[[ -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz || -n "${FERRY_DATA:-}" ]] \
+  || { echo "skipped: no Fashion-MNIST (Debian package dataset-fashion-mnist)"; exit 77; }
+
+cat > "$work/bin/cmake" <<'EOF'
+#!/usr/bin/env bash
+[[ " $* " == *" --build "* ]] || echo "-- CUDA backend: the emulated card (gpu-check rehearsal; nothing configured)"
+EOF
+cat > "$work/bin/ctest" <<'EOF'
+#!/usr/bin/env bash
+echo "100% tests passed, 0 tests failed out of 1 (gpu-check rehearsal: ctest stands in, the suites run on their own)"
+EOF
+cat > "$work/build/bench/cuda_link_bench" <<'EOF'
+#!/usr/bin/env bash
+m() { echo "\"$1\": {\"ms\": $2, \"bytes\": $3, \"GBps\": $(awk "BEGIN{print $3/($2*1e-3)/1e9}")}"; }
+echo "{\"library\": \"ferry\", \"device\": \"emulated card (rehearsal)\", \"measures\": {$(m h2d_pageable_4MB 0.12 4194304),
+ $(m h2d_pageable_256MB 5.6 268435456), $(m h2d_pinned_4MB 0.08 4194304), $(m h2d_pinned_256MB 4.9 268435456),
+ $(m d2h_pinned_256MB 4.8 268435456), $(m d2h_pageable_256MB 7.5 268435456), $(m d2d_256MB 0.16 536870912),
+ $(m add_3x256MB 0.18 805306368), \"gemm_fp32_4096\": {\"ms\": 2.6, \"TFLOPs\": 52.9}, \"gemm_fp32_8192\": {\"ms\": 21, \"TFLOPs\": 52.4}}}"
+EOF
+# python3: PyTorch's scripts answer with fixed JSON; everything else (the report code) is the real interpreter.
+cat > "$work/bin/python3" <<EOF
+#!/usr/bin/env bash
+case "\${1:-}" in
+  */torch_link_bench.py) cat <<'J'
+{"library": "torch (rehearsal stand-in)", "device": "emulated card", "measures": {
+ "h2d_pageable_4MB": {"ms": 0.6, "GBps": 7.0}, "h2d_pageable_256MB": {"ms": 38, "GBps": 7.1},
+ "h2d_pinned_4MB": {"ms": 0.08, "GBps": 52}, "h2d_pinned_256MB": {"ms": 4.9, "GBps": 55},
+ "d2h_pinned_256MB": {"ms": 4.8, "GBps": 56}, "d2h_pageable_256MB": {"ms": 40, "GBps": 6.7},
+ "d2d_256MB": {"ms": 0.16, "GBps": 3300}, "add_3x256MB": {"ms": 0.19, "GBps": 4200},
+ "gemm_fp32_4096": {"ms": 2.6, "TFLOPs": 52.0}, "gemm_fp32_8192": {"ms": 21, "TFLOPs": 52.0}}}
+J
+  ;;
+  */torch_step_bench.py) cat <<'J'
+{"library": "PyTorch (rehearsal stand-in)", "device": "emulated card", "workloads": {
+ "mlp": {"batch": 512, "resident_s": 0.00106, "item_every_step_s": 0.00129, "peak_device_bytes": 96000000, "peak_device_bytes_warmup": 98000000},
+ "cnn": {"batch": 256, "resident_s": 0.00209, "item_every_step_s": 0.00255, "peak_device_bytes": 472000000, "peak_device_bytes_warmup": 900000000}}}
+J
+  ;;
+  */torch_fmnist.py) cat <<'J'
+{"library": "pytorch (rehearsal stand-in)", "device": "cuda", "epochs": 5, "seconds_per_epoch": 1.18, "test_accuracy": 0.912,
+ "history": [{"epoch": 1, "seconds": 1.5, "train_loss": 0.5, "test_accuracy": 0.86}, {"epoch": 2, "seconds": 1.1, "train_loss": 0.35, "test_accuracy": 0.88},
+  {"epoch": 3, "seconds": 1.1, "train_loss": 0.3, "test_accuracy": 0.89}, {"epoch": 4, "seconds": 1.1, "train_loss": 0.27, "test_accuracy": 0.905},
+  {"epoch": 5, "seconds": 1.1, "train_loss": 0.24, "test_accuracy": 0.912}]}
+J
+  ;;
+  *) exec "$PYTHON" "\$@" ;;
+esac
+EOF
+# ferry, cut to the emulator's pace (see the header).
+cat > "$work/build/tools/ferry/ferry" <<EOF
+#!/usr/bin/env bash
+args=() sub=\$1
+while (( \$# )); do
+  case \$1 in
+    --steps) args+=(--steps 2); shift 2 ;;
+    --max-steps) args+=(--max-steps \$(( \$2 / 5 ))); shift 2 ;;
+    --limit-train|--limit-test) shift 2 ;;
+    *) args+=("\$1"); shift ;;
+  esac
+done
+case \$sub in
+  bench) args+=(--batch 16 --warmup 1) ;;
+  train) args+=(--limit-train 512 --limit-test 200) ;;
+esac
+exec "$FERRY" "\${args[@]}"
+EOF
+chmod +x "$work"/bin/* "$work/build/bench/cuda_link_bench" "$work/build/tools/ferry/ferry"
+
+start=$(date +%s)
+rc=0
+PATH="$work/bin:$PATH" BUILD="$work/build" OUT="$work/out" GPU_CHECK_SECONDS=3000 GPU_CHECK_TIME_SCALE=8 \
+  OMP_NUM_THREADS=1 OMPI_MCA_btl=self,vader,tcp OMPI_MCA_btl_tcp_if_include=lo OMPI_MCA_oob_tcp_if_include=lo \
+  bash "$ROOT/scripts/gpu-check" > "$work/log" 2>&1 || rc=$?
+echo "gpu-check on the emulated card: exit status $rc, $(( $(date +%s) - start )) s"
+
+! grep -q "Traceback" "$work/log" || fail "a report block raised"
+! grep -q "no result" "$work/log" || fail "a run gave no result"
+expect() { grep -qF -- "$1" "$work/log" || fail "no line with: $1"; }
+expect "golden mlp: cpu"
+expect "golden cnn: cpu"
+expect "cnn resident step without cuDNN (FERRY_CUDNN=0)"
+expect "mlp step with the ReLUs unfused"
+expect "cnn step with BatchNorm + ReLU unfused"
+expect "  mlp step graph: one graph of"
+expect "  cnn step graph: one graph of"
+expect "GFLOP per step; at this run's fp32 GEMM rate"
+expect "fmnist on cuda, 5 epochs: epoch 1: ferry"
+expect "--deterministic on cuda: 10 + 10 resumed steps write the checkpoint of 20 straight steps, byte for byte"
+expect "fmnist on cuda, one epoch with --deterministic"
+if command -v mpirun > /dev/null; then
+  expect "ddp nccl: 1 rank(s) on cuda:0, backend nccl"
+  expect "ddp mpi: 2 rank(s) on cuda:0, backend mpi"
+fi
+# Every goal gets its PASS or FAIL line: on the emulated card issue 3's pass (the stand-ins' numbers), the speed
+# goals fail (the emulator runs kernels on host fibers) and the checks that are not about speed pass.
+expect "PASS  issue 3: pageable host->device 256 MB >= 40 GB/s"
+expect "FAIL  issue 9: mlp step <= 0.6 x PyTorch's"
+expect "FAIL  issue 9: cnn step <= 0.6 x PyTorch's"
+expect "PASS  issue 9: mlp peak device memory <= PyTorch's"
+expect "issue 9: cnn item() every step costs <= 2 %"
+expect "FAIL  issue 6: fmnist on cuda, ferry train's defaults: test accuracy >= 0.91"
+expect "issue 9: fmnist test accuracy within 0.003 of PyTorch's"
+expect "PASS  issue 6: --resume --deterministic on cuda continues bit for bit (10 + 10 steps = 20)"
+if command -v mpirun > /dev/null; then
+  expect "PASS  issue 7: ferry train --ddp on cuda over NCCL, world size 1: runs, replicas checked"
+  expect "PASS  issue 7: ferry train --ddp on cuda 2 ranks sharing the GPU over MPI staging: runs, replicas checked"
+fi
+grep -qE "^targets: [0-9]+ of 16 met$" "$work/log" || fail "not every goal has its line (16)"
+! grep -q "goal(s) not checked" "$work/log" || fail "a report block failed before it checked its goals"
+expect "stages: every one ran; targets: one or more missed (FAIL lines above); exit status 1"
+grep -E "^(mlp|cnn) +[0-9.]+ +[0-9.]+ +[0-9.]+ +[0-9.]+ +<=0.60" "$work/log" | wc -l | grep -qx 2 \
+  || fail "the step table does not have its mlp and cnn rows"
+[[ $rc == 1 ]] || fail "gpu-check exited $rc, not 1 (speed goals missed on the emulator)"
+for file in gpu-check.json runs.json ctest.log; do [[ -s "$work/out/$file" ]] || fail "\$OUT/$file was not written"; done
+"$PYTHON" - "$work/out/runs.json" <<'PY' || fail "runs.json lacks a run"
+import json, sys
+runs = json.load(open(sys.argv[1]))
+need = ["golden_mlp.json", "golden_cnn.json", "train_ferry.json", "train_torch.json", "steps_torch.json", "ferry.json",
+        "torch.json", "train_ferry_deterministic.json"]
+missing = [n for n in need if not runs.get(n)]
+sys.exit(f"missing or empty: {missing}" if missing else 0)
+PY
+cat "$work/log"
+echo "gpu-check rehearsal: every stage ran and every report line printed (the numbers above are the emulator's and stand-ins')"
