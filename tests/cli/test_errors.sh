@@ -65,9 +65,14 @@ for bad in gpu cuda:-1 cuda:x cuda:0:1 "" cpu:1 sim: CUDA " cpu" cuda:99 sim:7 $
 done
 expect_failure 2 "--graphs" train --graphs sometimes --data "$scratch/no-data"
 # Whole-number options say what they take, not a range up to the largest double.
-for bad in "--epochs -1" "--epochs 0" "--batch 0" "--batch 1.5" "--log-every abc"; do
+# A limit of 0 once meant "no limit" and trained on all 60000 images.
+for bad in "--epochs -1" "--epochs 0" "--batch 0" "--batch 1.5" "--log-every abc" "--limit-train 0" "--limit-test -5"; do
   read -r option value <<< "$bad"
   expect_failure 2 "$option: expected a whole number >= 1, got $value" train "$option" "$value" --data "$scratch/no-data"
+done
+for bad in "--max-steps -2" "--check-replicas-every -1"; do
+  read -r option value <<< "$bad"
+  expect_failure 2 "$option: expected a whole number >= 0, got $value" train "$option" "$value" --data "$scratch/no-data"
 done
 expect_failure 2 "Devices present: cpu" bench link --device gpu
 expect_failure 2 "Devices present: cpu" bench memory --device cuda:42

@@ -113,7 +113,8 @@ void register_train_command(CLI::App& app) {
                   "auto (on cuda: one launch instead of hundreds) | on (cuda or sim) | off")
       ->capture_default_str()
       ->check(CLI::IsMember({"auto", "on", "off"}));
-  cmd->add_option("--max-steps", o.max_steps, "Stop after this many steps in all (and checkpoint)");
+  cmd->add_option("--max-steps", o.max_steps, "Stop after this many steps in all (and checkpoint)")
+      ->check(whole_number_at_least(0));
   cmd->add_option("--checkpoint", o.checkpoint_path, "Write a safetensors checkpoint at each epoch end");
   cmd->add_option("--resume", o.resume_path,
                   "Continue from a checkpoint, bit for bit (on cuda: when the checkpoint's run used --deterministic,\n"
@@ -126,8 +127,9 @@ void register_train_command(CLI::App& app) {
   cmd->add_option("--plot", a.plot_path, "Write an SVG of the loss curve and accuracy per epoch");
   cmd->add_option("--trace", a.trace_path, "Write the ledger as Chrome trace-event JSON (Perfetto)");
   cmd->add_option("--data", a.data, "Folder with the Fashion-MNIST idx .gz files")->capture_default_str();
-  cmd->add_option("--limit-train", a.limit_train, "Use only the first N training images (quick runs)");
-  cmd->add_option("--limit-test", a.limit_test, "Use only the first N test images");
+  cmd->add_option("--limit-train", a.limit_train, "Use only the first N training images (quick runs)")
+      ->check(whole_number_at_least(1));
+  cmd->add_option("--limit-test", a.limit_test, "Use only the first N test images")->check(whole_number_at_least(1));
   cmd->add_flag("--json", a.json, "Print one JSON object at the end (and nothing else on stdout)");
   cmd->add_option("--model", o.model_name, "fmnist (the CNN) | mlp (784-1024-1024-10, no BatchNorm)")
       ->capture_default_str();
@@ -139,7 +141,8 @@ void register_train_command(CLI::App& app) {
   cmd->add_option("--ddp-timeout", a.ddp_timeout_s, "Seconds a rank waits for a collective before it stops with an error")
       ->capture_default_str();
   cmd->add_option("--check-replicas-every", o.check_replicas_every,
-                  "Compare every rank's parameters every N steps (always at each epoch end and at the stop)");
+                  "Compare every rank's parameters every N steps (always at each epoch end and at the stop)")
+      ->check(whole_number_at_least(0));
   cmd->callback([] {
     auto& o = a.options;
     o.device = ferry::Device::parse(a.device);
