@@ -3,7 +3,7 @@
 # script, or to the JSON of the ferry runs it reads, fails here and not in the GPU machine's few minutes.
 #
 # Real: the script itself (every stage, its limits, its report code), FERRY's runs on the emulated card — `bench
-# golden` for mlp and cnn and the three diagnostic variants, two fmnist epochs, the --deterministic checkpoint
+# golden` for mlp and cnn and the three diagnostic variants, five fmnist epochs, the --deterministic checkpoint
 # check (straight vs resumed, byte for byte), the data-parallel runs under mpirun — and the files it writes.
 # Stand-ins, on PATH ahead of the real ones: `cmake` (FERRY is already built), `ctest` (the suites run on their
 # own), and PyTorch's three scripts and cuda_link_bench (JSON in their formats, with numbers in ANCHORS.md's range:
@@ -103,6 +103,7 @@ echo "gpu-check on the emulated card: exit status $rc, $(( $(date +%s) - start )
 expect() { grep -qF -- "$1" "$work/log" || fail "no line with: $1"; }
 expect "golden mlp: cpu"
 expect "golden cnn: cpu"
+expect "+ one sync bubble"
 expect "cnn resident step without cuDNN (FERRY_CUDNN=0)"
 expect "mlp step with the ReLUs unfused"
 expect "cnn step with BatchNorm + ReLU unfused"
@@ -120,7 +121,7 @@ fi
 # goals fail (the emulator runs kernels on host fibers) and the checks that are not about speed pass.
 expect "PASS  issue 3: pageable host->device 256 MB >= 40 GB/s"
 expect "PASS  issue 3: the test suite passes on the GPU"
-expect "issue 5: cnn: the Golden Rule predicts the sheet's serial copy-then-compute step within 10 %"
+expect "issue 5: cnn: the Golden Rule (or, where it misses, the Golden Rule + one sync bubble) predicts the sheet's serial"
 expect "issue 5: cnn: ferry's own copy-every-step loop predicted within 10 %"
 expect "FAIL  issue 9: mlp step <= 0.6 x PyTorch's"
 expect "FAIL  issue 9: cnn step <= 0.6 x PyTorch's"
