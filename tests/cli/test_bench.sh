@@ -161,7 +161,10 @@ golden_ok='all(j["seconds_per_step"][k] > 0 for k in ("cpu", "resident", "copy",
 # flops_per_step, by hand for batch 16: mlp 784-1024-1024-10: forward 2 * 1861632 per sample, weight gradients as
 # much, input gradients of the last two layers 2 * 1058816; cnn: convolutions 1769472 + 9437184 + 9437184 and
 # the linear layer 40960 per sample forward, the input gradients all but the first convolution's.
-check_json "$golden_ok and j['workload'] == 'mlp' and j['flops_per_step'] == 16 * (4 * 1861632 + 2 * 1058816)" \
+# bytes moved (model): 784 inputs, 4106 outputs (2 x [Linear 1024, ReLU], Linear 10; Flatten is a view) and
+# 1863690 parameters per sample, in 1, 4 and 8 passes of 4 bytes.
+check_json "$golden_ok and j['workload'] == 'mlp' and j['flops_per_step'] == 16 * (4 * 1861632 + 2 * 1058816)
+ and j['bytes_moved_model_per_step'] == 4 * (16 * (784 + 4 * 4106) + 8 * 1863690)" \
   bench golden --workload mlp --device sim:0 --batch 16 --steps 2 --warmup 1 --json
 check_json "$golden_ok and j['workload'] == 'cnn' and j['flops_per_step'] == 16 * (2 * 20684800 + 20684800 - 1769472)" \
   bench golden --workload cnn --device sim:0 --batch 16 --steps 2 --warmup 1 --json

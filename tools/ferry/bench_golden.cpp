@@ -83,6 +83,27 @@ double step_flops(const std::string& workload, std::int64_t batch) {
   return static_cast<double>(batch) * (2 * forward + input_gradients);
 }
 
+// Bytes one SGD step of the workload at `batch` moves through device memory, by a model of the least a plain
+// (unfused) step does, fp32: the input batch read once; every module's output (views aside) written and read once
+// in forward, and its gradient written and read once in backward (four passes); every parameter in eight (read in
+// forward, read in backward for the input gradient, its gradient written; the momentum update reads weight,
+// gradient and momentum and writes weight and momentum). Fusion saves passes below it; GEMM and convolution
+// re-reads add above it. With the device's copy rate, what the step's memory traffic takes (scripts/gpu-check).
+double step_bytes_model(const std::string& workload, std::int64_t batch) {
+  const Workload w = make_workload(workload, 1);
+  ferry::autograd::NoGradGuard no_grad;
+  w.model->eval();
+  ferry::Tensor x = ferry::zeros(w.input);
+  double input = static_cast<double>(x.numel()), activations = 0, parameters = 0;
+  for (std::size_t i = 0; i < w.model->size(); ++i) {
+    const ferry::Tensor y = (*w.model)[i](x);
+    if (y.data_ptr() != x.data_ptr()) activations += static_cast<double>(y.numel());  // a view (Flatten) moves nothing
+    x = y;
+  }
+  for (const ferry::Tensor& p : w.model->parameters()) parameters += static_cast<double>(p.numel());
+  return 4.0 * (static_cast<double>(batch) * (input + 4 * activations) + 8 * parameters);
+}
+
 // One training step's parts on one device: the model there, its optimizer, the step; with `graph`, forward,
 // loss, backward and the SGD update are captured after two eager steps and replayed (ferry/step_graph.h), as
 // ferry train does (the learning rate then lives on the device).
@@ -297,7 +318,8 @@ void run_golden(const GoldenOptions& o) {
               {"extended_model_error_serial_percent", error_extended},
               {"item_cost_s", sync_cost},
               {"peak_device_bytes", peak_bytes},
-              {"flops_per_step", step_flops(o.workload, shape.input[0])}};
+              {"flops_per_step", step_flops(o.workload, shape.input[0])},
+              {"bytes_moved_model_per_step", step_bytes_model(o.workload, shape.input[0])}};
   if (!graph_line.empty()) {
     object["graph"] = graph_line;
     object["peak_device_bytes_graph"] = graph_peak_bytes;
@@ -332,7 +354,10 @@ void run_golden(const GoldenOptions& o) {
   text += fmt::format("loss.item() every step costs {} per step ({:.1f} % of a resident step)\n",
                       ferry::format_seconds(sync_cost), 100 * sync_cost / t_compute);
   text += fmt::format("work per step: {:.3g} GFLOP (forward, weight and input gradients of the convolutions and linear "
-                      "layers; 2 per multiply-add)\n", object["flops_per_step"].get<double>() / 1e9);
+                      "layers; 2 per multiply-add); memory traffic about {} (every module's output written and read "
+                      "once each way, parameters in 8 passes)\n",
+                      object["flops_per_step"].get<double>() / 1e9,
+                      ferry::format_bytes(object["bytes_moved_model_per_step"].get<double>()));
   text += fmt::format("peak {} memory of the resident loop: {}\n", device.str(),
                       ferry::format_bytes(static_cast<double>(peak_bytes)));
   if (!graph_line.empty()) {
