@@ -3,7 +3,8 @@
 // step (and the sheet's serial loop: each copy after the previous step has finished), with pinned prefetch (cuda),
 // and with item() every step; then the measured S and S_real beside the Golden Rule's prediction
 // S / (1 + T_transfer / T_compute) from the measured parts, the overlap model T_cpu / max(T_compute, T_transfer),
-// and the errors in percent.
+// the rule with one sync bubble a step beside the serial loop, and the errors in percent; and the step's work
+// (FLOPs, and a model of the bytes it moves) for the floors scripts/gpu-check prints.
 // Not here: the formulas (ferry/cost_model.h), the other benches (bench_command.cpp).
 #include <fmt/format.h>
 
