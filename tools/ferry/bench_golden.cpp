@@ -56,21 +56,32 @@ Workload make_workload(const std::string& name, std::int64_t batch) {
   throw ferry::InvalidArgument(fmt::format("--workload must be mlp or cnn, got '{}'", name));
 }
 
-// FLOPs of one SGD step of the workload at `batch`, two per multiply-add: every Conv2d and Linear forward, as
-// many again for their weight gradients, and again for the input gradients of each such layer after the first
-// (the first layer's input needs none). The layers' sizes come from one sample passed through them on the cpu.
-// What the step's floor on a device is made of, with the FLOP rate its GEMMs reach (scripts/gpu-check).
-double step_flops(const std::string& workload, std::int64_t batch) {
+// The work of one SGD step of the workload at `batch`, from one walk of a sample through its layers on the cpu:
+// what the step's floors on a device are made of, with the rates the device reaches (scripts/gpu-check).
+struct StepWork {
+  // FLOPs, two per multiply-add: every Conv2d and Linear forward, as many again for their weight gradients, and
+  // again for the input gradients of each such layer after the first (the first layer's input needs none).
+  double flops = 0;
+  // Bytes moved through device memory, by a model of the least a plain (unfused) step does, fp32: the input batch
+  // read once; every module's output (views aside) written and read once in forward, and its gradient written and
+  // read once in backward (four passes); every parameter in eight (read in forward, read in backward for the input
+  // gradient, its gradient written; the momentum update reads weight, gradient and momentum and writes weight and
+  // momentum). Fusion saves passes below it; GEMM and convolution re-reads add above it.
+  double bytes = 0;
+};
+
+StepWork step_work(const std::string& workload, std::int64_t batch) {
   const Workload w = make_workload(workload, 1);
   ferry::autograd::NoGradGuard no_grad;
   w.model->eval();
   ferry::Tensor x = ferry::zeros(w.input);
-  double forward = 0, input_gradients = 0;
+  double forward = 0, input_gradients = 0;  // FLOPs per sample
+  double input = static_cast<double>(x.numel()), activations = 0, parameters = 0;  // elements per sample
   bool first = true;
   for (std::size_t i = 0; i < w.model->size(); ++i) {
     ferry::nn::Module& layer = (*w.model)[i];
     const ferry::Tensor y = layer(x);
-    double flops = 0;  // per sample
+    double flops = 0;
     if (const auto* conv = dynamic_cast<const ferry::nn::Conv2d*>(&layer)) {
       flops = 2.0 * static_cast<double>(y.numel()) * static_cast<double>(conv->weight.numel() / conv->weight.size(0));
     } else if (const auto* linear = dynamic_cast<const ferry::nn::Linear*>(&layer)) {
@@ -79,30 +90,12 @@ double step_flops(const std::string& workload, std::int64_t batch) {
     forward += flops;
     if (!first) input_gradients += flops;
     if (flops > 0) first = false;
-    x = y;
-  }
-  return static_cast<double>(batch) * (2 * forward + input_gradients);
-}
-
-// Bytes one SGD step of the workload at `batch` moves through device memory, by a model of the least a plain
-// (unfused) step does, fp32: the input batch read once; every module's output (views aside) written and read once
-// in forward, and its gradient written and read once in backward (four passes); every parameter in eight (read in
-// forward, read in backward for the input gradient, its gradient written; the momentum update reads weight,
-// gradient and momentum and writes weight and momentum). Fusion saves passes below it; GEMM and convolution
-// re-reads add above it. With the device's copy rate, what the step's memory traffic takes (scripts/gpu-check).
-double step_bytes_model(const std::string& workload, std::int64_t batch) {
-  const Workload w = make_workload(workload, 1);
-  ferry::autograd::NoGradGuard no_grad;
-  w.model->eval();
-  ferry::Tensor x = ferry::zeros(w.input);
-  double input = static_cast<double>(x.numel()), activations = 0, parameters = 0;
-  for (std::size_t i = 0; i < w.model->size(); ++i) {
-    const ferry::Tensor y = (*w.model)[i](x);
     if (y.data_ptr() != x.data_ptr()) activations += static_cast<double>(y.numel());  // a view (Flatten) moves nothing
     x = y;
   }
   for (const ferry::Tensor& p : w.model->parameters()) parameters += static_cast<double>(p.numel());
-  return 4.0 * (static_cast<double>(batch) * (input + 4 * activations) + 8 * parameters);
+  const double b = static_cast<double>(batch);
+  return {.flops = b * (2 * forward + input_gradients), .bytes = 4.0 * (b * (input + 4 * activations) + 8 * parameters)};
 }
 
 // One training step's parts on one device: the model there, its optimizer, the step; with `graph`, forward,
@@ -300,6 +293,7 @@ void run_golden(const GoldenOptions& o) {
   const double s_real_extended = t_cpu / (t_compute + t_transfer + t_bubble);
   const double error_extended = 100 * (s_real_extended - s_real_serial) / s_real_serial;
 
+  const StepWork work = step_work(o.workload, shape.input[0]);
   Json object{{"bench", "golden"},
               {"workload", o.workload},
               {"device", device.str()},
@@ -319,8 +313,8 @@ void run_golden(const GoldenOptions& o) {
               {"extended_model_error_serial_percent", error_extended},
               {"item_cost_s", sync_cost},
               {"peak_device_bytes", peak_bytes},
-              {"flops_per_step", step_flops(o.workload, shape.input[0])},
-              {"bytes_moved_model_per_step", step_bytes_model(o.workload, shape.input[0])}};
+              {"flops_per_step", work.flops},
+              {"bytes_moved_model_per_step", work.bytes}};
   if (!graph_line.empty()) {
     object["graph"] = graph_line;
     object["peak_device_bytes_graph"] = graph_peak_bytes;
@@ -357,8 +351,7 @@ void run_golden(const GoldenOptions& o) {
   text += fmt::format("work per step: {:.3g} GFLOP (forward, weight and input gradients of the convolutions and linear "
                       "layers; 2 per multiply-add); memory traffic about {} (every module's output written and read "
                       "once each way, parameters in 8 passes)\n",
-                      object["flops_per_step"].get<double>() / 1e9,
-                      ferry::format_bytes(object["bytes_moved_model_per_step"].get<double>()));
+                      work.flops / 1e9, ferry::format_bytes(work.bytes));
   text += fmt::format("peak {} memory of the resident loop: {}\n", device.str(),
                       ferry::format_bytes(static_cast<double>(peak_bytes)));
   if (!graph_line.empty()) {
