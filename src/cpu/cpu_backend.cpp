@@ -34,7 +34,9 @@ constexpr std::size_t kAlignment = 64;  // bytes: one cache line, a full AVX-512
 }  // namespace
 
 std::int64_t physical_memory_bytes() {
-  return static_cast<std::int64_t>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGE_SIZE);
+  // Read once: sysconf(_SC_PHYS_PAGES) is a sysinfo() system call, and allocate() passes this on every block.
+  static const std::int64_t bytes = static_cast<std::int64_t>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGE_SIZE);
+  return bytes;
 }
 std::int64_t available_memory_bytes() {
   return static_cast<std::int64_t>(sysconf(_SC_AVPHYS_PAGES)) * sysconf(_SC_PAGE_SIZE);

@@ -37,7 +37,7 @@ if "$FERRY" bench allreduce --max-bytes 4KiB 2>&1 | grep -q "without MPI"; then
 fi
 
 # --- ferry bench allreduce: every size checked, raw MPI timed alongside ---------------------------------
-for n in 2 4; do
+for n in 2 3 4; do  # 2 and 4: recursive doubling below 64 KiB; 3: MPI's own there; the ring above
   if mpi "$n" "$FERRY" bench allreduce --min-bytes 1KiB --max-bytes 4MiB --factor 8 --repeats 1 --warmup 1 \
        --max-seconds 0.05 --json >"$scratch/bench$n.json" 2>"$scratch/bench$n.err" &&
      python3 - "$scratch/bench$n.json" "$n" <<'PY'; then

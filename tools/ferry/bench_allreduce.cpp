@@ -35,8 +35,9 @@ struct AllReduceOptions {
   int factor = 2;               // size multiplier between points
   int iterations = 20;          // timed all-reduces per run, at most
   int warmup = 2;               // untimed all-reduces per size
-  int repeats = 3;              // timed runs per size and path; the best is reported
-  double max_seconds = 0.5;     // s per timed run: fewer iterations for large sizes
+  int repeats = 9;              // timed runs per size and path, interleaved; the best is reported (more,
+                                // shorter runs: noise moves the ratio less; docs/distributed.md)
+  double max_seconds = 0.2;     // s per timed run: fewer iterations for large sizes
   double timeout_s = ferry::dist::kDefaultTimeoutSeconds;
   bool json = false;
 };
