@@ -120,18 +120,28 @@ void add_into(DType dtype, void* destination, const void* source, std::int64_t c
   }
 }
 
-// Ring all-reduce (the algorithm NCCL uses for large messages): the buffer is cut into N segments;
-// N-1 steps of reduce-scatter leave rank r with the full sum of segment r+1, N-1 steps of all-gather
-// pass the sums around. Each rank sends 2(N-1)/N of the buffer in all, the minimum. Within a step,
-// segments travel in pieces so the sum of one piece overlaps the transfer of the next.
-struct RingAllReduce final : Work::Operation {
-  static constexpr std::int64_t kPieceBytes = 1 << 20;  // bytes per message
-
+// What the all-reduces ferry builds from MPI's point-to-point messages share: the buffer (staged for a device
+// tensor), the messages' tag base, and the end (Avg divides, a staged result goes back to the device).
+struct PointToPointAllReduce : Work::Operation {
   HostView view;
   ReduceOp reduce = ReduceOp::Sum;
   MPI_Comm comm = MPI_COMM_NULL;
   int tag = 0;  // this collective's tag base; + step
   DType dtype = DType::Float32;
+
+  void finish() override {
+    scale_for_avg(view, reduce, world_size);
+    copy_back(view, "mpi staging (back)");
+  }
+};
+
+// Ring all-reduce (the algorithm NCCL uses for large messages): the buffer is cut into N segments;
+// N-1 steps of reduce-scatter leave rank r with the full sum of segment r+1, N-1 steps of all-gather
+// pass the sums around. Each rank sends 2(N-1)/N of the buffer in all, the minimum. Within a step,
+// segments travel in pieces so the sum of one piece overlaps the transfer of the next.
+struct RingAllReduce final : PointToPointAllReduce {
+  static constexpr std::int64_t kPieceBytes = 1 << 20;  // bytes per message
+
   std::size_t element = 4;                // bytes
   std::vector<std::int64_t> segment;      // N + 1 boundaries, elements
   Tensor scratch;                         // (largest segment) incoming partial sums, host
@@ -218,11 +228,6 @@ struct RingAllReduce final : Work::Operation {
     }
     return true;
   }
-
-  void finish() override {
-    scale_for_avg(view, reduce, world_size);
-    copy_back(view, "mpi staging (back)");
-  }
 };
 
 // Recursive doubling (what Open MPI's own MPI_Allreduce does for small messages), for a power-of-two
@@ -232,12 +237,7 @@ struct RingAllReduce final : Work::Operation {
 // MPI_Iallreduce builds on every call (16 KiB on 2 ranks: 9.8 us through it, 6.6 us this way;
 // docs/distributed.md). Partners add the same two partial sums in either order, which IEEE addition makes
 // bit-identical: replicas agree.
-struct DoublingAllReduce final : Work::Operation {
-  HostView view;
-  ReduceOp reduce = ReduceOp::Sum;
-  MPI_Comm comm = MPI_COMM_NULL;
-  int tag = 0;  // this collective's tag base; + step
-  DType dtype = DType::Float32;
+struct DoublingAllReduce final : PointToPointAllReduce {
   std::int64_t count = 0;        // elements
   Tensor scratch;                // (count) the partner's partial sum, host
   int distance = 1;              // 2^step: the partner is rank ^ distance
@@ -264,11 +264,6 @@ struct DoublingAllReduce final : Work::Operation {
       posted = false;
     }
     return true;
-  }
-
-  void finish() override {
-    scale_for_avg(view, reduce, world_size);
-    copy_back(view, "mpi staging (back)");
   }
 };
 
@@ -319,28 +314,16 @@ class MpiProcessGroup final : public ProcessGroup {
     const std::int64_t count = tensor.numel();
     const auto bytes = static_cast<std::int64_t>(tensor.nbytes());
     if (world_size() > 1 && bytes >= kRingMinBytes && count >= world_size()) {
-      auto ring = std::make_shared<RingAllReduce>();
-      ring->view = host_view(tensor, true, "mpi staging (all_reduce)");
-      ring->reduce = op;
-      ring->comm = comm_;
-      ring->dtype = tensor.dtype();
+      auto ring = point_to_point<RingAllReduce>(tensor, op, label);
       ring->element = element_size(tensor.dtype());
-      ring->tag = next_tag();
-      fill(*ring, "all_reduce", label, bytes);
       ring->start(count);
       return launch(ring);
     }
     const bool power_of_two = (world_size() & (world_size() - 1)) == 0;
     if (world_size() > 1 && power_of_two && count > 0) {
-      auto doubling = std::make_shared<DoublingAllReduce>();
-      doubling->view = host_view(tensor, true, "mpi staging (all_reduce)");
-      doubling->reduce = op;
-      doubling->comm = comm_;
-      doubling->dtype = tensor.dtype();
+      auto doubling = point_to_point<DoublingAllReduce>(tensor, op, label);
       doubling->count = count;
       doubling->scratch = make_tensor({count}, {.device = kCPU, .dtype = tensor.dtype()});
-      doubling->tag = next_tag();
-      fill(*doubling, "all_reduce", label, bytes);
       return launch(doubling);
     }
     auto request = std::make_shared<RequestOperation>();
@@ -397,9 +380,19 @@ class MpiProcessGroup final : public ProcessGroup {
   }
 
  private:
-  // The tag base of the next all-reduce made of point-to-point messages (+ its step): the same sequence on
-  // every rank, since collectives are launched in the same order.
-  int next_tag() { return static_cast<int>(ring_sequence_++ % ring_tags_) * kTagStride; }
+  // An all-reduce of `tensor` made of point-to-point messages, its shared fields set; the tag base (+ its step)
+  // follows the same sequence on every rank, since collectives are launched in the same order.
+  template <typename AllReduce>
+  std::shared_ptr<AllReduce> point_to_point(const Tensor& tensor, ReduceOp op, const std::string& label) {
+    auto all_reduce = std::make_shared<AllReduce>();
+    all_reduce->view = host_view(tensor, true, "mpi staging (all_reduce)");
+    all_reduce->reduce = op;
+    all_reduce->comm = comm_;
+    all_reduce->dtype = tensor.dtype();
+    all_reduce->tag = static_cast<int>(ring_sequence_++ % ring_tags_) * kTagStride;
+    fill(*all_reduce, "all_reduce", label, static_cast<std::int64_t>(tensor.nbytes()));
+    return all_reduce;
+  }
 
   void fill(Work::Operation& op, const char* name, const std::string& label, std::int64_t bytes) {
     op.op = name;
