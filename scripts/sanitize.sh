@@ -38,7 +38,7 @@ export UBSAN_OPTIONS=${UBSAN_OPTIONS:-halt_on_error=1:print_stacktrace=1}
 status=0
 # Open MPI never frees what MPI_Init allocates (its plugins are unloaded at MPI_Finalize, so LeakSanitizer
 # cannot even name the frames): the tests that start MPI run with every ASan and UBSan check but leak detection.
-mpi_tests='^(ProcessGroup\..*|DistributedDataParallel\..*|cli\.test_ddp|cuda_on_host\.EmulatedNccl\..*|cuda_on_host\.nccl_two_ranks)$'
+mpi_tests='^(ranks\..*|ProcessGroup\..*|DistributedDataParallel\..*|cli\.test_ddp|cuda_on_host\.EmulatedNccl\..*|cuda_on_host\.nccl_two_ranks)$'
 ctest --test-dir "$build_dir" --output-on-failure -j "$jobs" -E "$excluded|$mpi_tests" || status=$?
 ASAN_OPTIONS="$ASAN_OPTIONS:detect_leaks=0" \
   ctest --test-dir "$build_dir" --output-on-failure -j "$jobs" -R "$mpi_tests" -E "$excluded" || status=$?

@@ -1,0 +1,172 @@
+// test_collectives.cpp — ferry's collectives across real ranks: run under mpirun -np N (ctest runs N = 2, 3, 4;
+// tests/CMakeLists.txt). Every all-reduce algorithm the mpi backend picks by size and rank count (recursive
+// doubling, MPI's own, the ring), every dtype, Sum and Avg, on cpu tensors and on the sim device's staged ones;
+// every element checked on every rank, and the replicas compared bit for bit. Not here: one rank
+// (tests/test_dist.cpp), training (tests/cli/test_ddp.sh).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <vector>
+
+#include "ferry/dist/process_group.h"
+#include "ferry/factories.h"
+#include "ferry/ops.h"
+
+namespace ferry {
+namespace {
+
+dist::ProcessGroup* g_cpu = nullptr;  // the job's groups, made once in main()
+dist::ProcessGroup* g_sim = nullptr;
+
+// Element counts on both sides of the algorithm choices: 64 KiB of float32 is 16384 elements (below: doubling
+// for 2 and 4 ranks, MPI's own for 3; from it: the ring), the ring's 1 MiB pieces, and counts that no rank
+// count divides.
+const std::vector<std::int64_t> kCounts = {1, 7, 1000, 1024, 16383, 16384, 16385, 300001, 1 << 20};
+
+// Rank r's element i: r + 1 + (i mod 7). The sum over N ranks, N (N + 1) / 2 + N (i mod 7), is exact in
+// every dtype (at most 34 for N = 4: uint8 too).
+Tensor pattern(std::int64_t count, DType dtype, int rank, Device device) {
+  std::vector<double> values(static_cast<std::size_t>(count));
+  for (std::int64_t i = 0; i < count; ++i) values[static_cast<std::size_t>(i)] = rank + 1 + static_cast<double>(i % 7);
+  return from_vector(values, {.dtype = DType::Float64}).to(dtype).to(device);
+}
+double expected_sum(std::int64_t i, int n) { return n * (n + 1) / 2.0 + n * static_cast<double>(i % 7); }
+
+// Values whose float sums round: sin(0.37 i + r) x 1000 (replicas must agree bit for bit all the same).
+Tensor awkward(std::int64_t count, int rank) {
+  std::vector<float> values(static_cast<std::size_t>(count));
+  for (std::int64_t i = 0; i < count; ++i) {
+    values[static_cast<std::size_t>(i)] = static_cast<float>(std::sin(0.37 * static_cast<double>(i) + rank) * 1000.0);
+  }
+  return from_vector(values);
+}
+
+// Elements where `t` differs from the expected sum, counted on this rank.
+std::int64_t wrong_sums(const Tensor& t, int n, double divide_by = 1) {
+  const std::vector<double> got = t.to(kCPU).to(DType::Float64).to_vector<double>();
+  std::int64_t wrong = 0;
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    const double want = expected_sum(static_cast<std::int64_t>(i), n) / divide_by;
+    if (std::abs(got[i] - want) > 1e-6 * std::abs(want)) ++wrong;
+  }
+  return wrong;
+}
+
+TEST(Collectives, AllReduceSumIsExactForEveryCountAndDtype) {
+  dist::ProcessGroup& g = *g_cpu;
+  for (DType dtype : {DType::Float32, DType::Float64, DType::Int32, DType::Int64, DType::UInt8}) {
+    for (std::int64_t count : kCounts) {
+      Tensor t = pattern(count, dtype, g.rank(), kCPU);
+      g.all_reduce(t, dist::ReduceOp::Sum);
+      EXPECT_EQ(wrong_sums(t, g.world_size()), 0)
+          << count << " elements of " << dtype_name(dtype) << " on rank " << g.rank() << " of " << g.world_size();
+    }
+  }
+}
+
+TEST(Collectives, AllReduceAvgDividesTheSumByTheWorldSize) {
+  dist::ProcessGroup& g = *g_cpu;
+  for (DType dtype : {DType::Float32, DType::Float64}) {
+    for (std::int64_t count : kCounts) {
+      Tensor t = pattern(count, dtype, g.rank(), kCPU);
+      g.all_reduce(t, dist::ReduceOp::Avg);
+      EXPECT_EQ(wrong_sums(t, g.world_size(), g.world_size()), 0)
+          << count << " elements of " << dtype_name(dtype) << " on rank " << g.rank();
+    }
+  }
+}
+
+// Every rank must hold the same bits afterwards, or data-parallel replicas drift apart.
+TEST(Collectives, EveryRankHoldsTheSameBitsAfterAnAllReduce) {
+  dist::ProcessGroup& g = *g_cpu;
+  for (std::int64_t count : {std::int64_t{1000}, std::int64_t{16383}, std::int64_t{300001}}) {
+    Tensor t = awkward(count, g.rank());
+    g.all_reduce(t, dist::ReduceOp::Avg);
+    Tensor everyone = zeros({g.world_size() * count});
+    g.all_gather(everyone, t);
+    const float* all = everyone.data<float>();
+    for (int r = 1; r < g.world_size(); ++r) {
+      EXPECT_EQ(std::memcmp(all, all + r * count, static_cast<std::size_t>(count) * sizeof(float)), 0)
+          << count << " elements: rank " << r << " differs from rank 0";
+    }
+  }
+}
+
+// Device tensors cross to host memory and back (the sim device stands in for cuda here).
+TEST(Collectives, StagedDeviceTensorsAreReducedToo) {
+  dist::ProcessGroup& g = *g_sim;
+  for (std::int64_t count : {std::int64_t{7}, std::int64_t{16383}, std::int64_t{300001}}) {
+    Tensor t = pattern(count, DType::Float32, g.rank(), g.device());
+    g.all_reduce(t, dist::ReduceOp::Sum);
+    EXPECT_EQ(t.device(), g.device());
+    EXPECT_EQ(wrong_sums(t, g.world_size()), 0) << count << " elements on " << g.device().str();
+  }
+}
+
+// Several all-reduces of different algorithms in flight at once, waited for in reverse order (DDP's buckets
+// do this): each completes with its own sum, none takes another's messages.
+TEST(Collectives, AllReducesInFlightTogetherEachGetTheirOwnSum) {
+  dist::ProcessGroup& g = *g_cpu;
+  std::vector<Tensor> tensors;
+  std::vector<dist::Work> works;
+  for (std::int64_t count : {std::int64_t{100}, std::int64_t{300001}, std::int64_t{5}, std::int64_t{16384},
+                             std::int64_t{2000}}) {
+    tensors.push_back(pattern(count, DType::Float32, g.rank(), kCPU));
+    works.push_back(g.all_reduce_async(tensors.back(), dist::ReduceOp::Sum));
+  }
+  for (std::size_t i = works.size(); i-- > 0;) {
+    works[i].wait();
+    EXPECT_EQ(wrong_sums(tensors[i], g.world_size()), 0) << "all-reduce " << i << " of " << tensors[i].numel();
+  }
+}
+
+TEST(Collectives, BroadcastAllGatherReduceScatterAndBarrier) {
+  dist::ProcessGroup& g = *g_cpu;
+  const int n = g.world_size(), root = n - 1;
+  Tensor b = full({1000}, g.rank() == root ? 42.0 : -1.0);
+  g.broadcast(b, root);
+  EXPECT_EQ(sum(b).item<double>(), 42000.0);
+
+  Tensor mine = full({5}, static_cast<double>(g.rank()));
+  Tensor gathered = zeros({5 * n});
+  g.all_gather(gathered, mine);
+  const std::vector<float> all = gathered.to_vector<float>();
+  for (int r = 0; r < n; ++r) {
+    for (int i = 0; i < 5; ++i) EXPECT_EQ(all[static_cast<std::size_t>(5 * r + i)], static_cast<float>(r));
+  }
+
+  Tensor slices = arange(0, 3.0 * n, 1);  // every rank the same: slice r sums to N x its values
+  Tensor out = zeros({3});
+  g.reduce_scatter(out, slices, dist::ReduceOp::Sum);
+  const std::vector<float> got = out.to_vector<float>();
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(got[static_cast<std::size_t>(i)], static_cast<float>(n * (3 * g.rank() + i)));
+  g.barrier();
+}
+
+}  // namespace
+}  // namespace ferry
+
+int main(int argc, char** argv) {
+  ::testing::InitGoogleTest(&argc, argv);
+  auto cpu = ferry::dist::init_process_group({.device = ferry::kCPU, .timeout_s = 60});
+  auto sim = ferry::dist::init_process_group({.backend = ferry::dist::CommBackend::MPI,
+                                              .device = ferry::Device(ferry::DeviceType::Sim, 0), .timeout_s = 60});
+  if (cpu->world_size() < 2) {
+    std::fprintf(stderr, "test_collectives: run it under mpirun -np N with N >= 2 (world size is 1)\n");
+    return 1;
+  }
+  ferry::g_cpu = cpu.get();
+  ferry::g_sim = sim.get();
+  if (cpu->rank() != 0) {  // one report: rank 0's (a failure on another rank still fails the job's exit status)
+    auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
+    delete listeners.Release(listeners.default_result_printer());
+  }
+  const int status = RUN_ALL_TESTS();
+  sim.reset();
+  cpu.reset();
+  ferry::dist::finalize();
+  return status;
+}
