@@ -230,7 +230,7 @@ struct RingAllReduce final : PointToPointAllReduce {
   }
 };
 
-// Recursive doubling (what Open MPI's own MPI_Allreduce does for small messages), for a power-of-two
+// Recursive doubling (the textbook small-message all-reduce, among those MPI libraries pick from), for a power-of-two
 // number of ranks: in step k each rank swaps its whole buffer with rank ^ 2^k and adds what it got, so
 // log2(N) exchanges leave the sum everywhere. A small all-reduce is bound by message latency, and this
 // takes log2(N) round trips where the ring takes 2(N-1), and none of the schedule MPI's non-blocking
