@@ -200,6 +200,7 @@ TEST(ProcessGroup, WorldSizeOneCollectivesOnCpu) {
   ASSERT_NE(it, records.end());
   EXPECT_EQ(it->op, "all_reduce");
   EXPECT_EQ(it->backend, "mpi");
+  EXPECT_EQ(it->algorithm, "MPI_Iallreduce");  // one rank: nothing to exchange, MPI's own call
   EXPECT_EQ(it->bytes, 400000);
   EXPECT_GE(it->duration_ms, it->wait_ms);
 }

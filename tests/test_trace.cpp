@@ -1,5 +1,5 @@
 // test_trace.cpp — the Chrome trace export: it parses as JSON, holds one complete event per transfer,
-// sync, phase and step with the right arguments, in microseconds, on one track per device and kind.
+// sync, phase, step and collective with the right arguments, in microseconds, on one track per device and kind.
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -162,6 +162,38 @@ TEST(Trace, MicrosecondsFromMilliseconds) {
   EXPECT_EQ(copies[0].at("args").at("step"), 7);
   EXPECT_EQ(track_name(trace, copies[0].at("pid"), -1), "sim:1");  // device->device: the source's track
   EXPECT_EQ(track_name(trace, copies[0].at("pid"), copies[0].at("tid")), "copies device->device");
+}
+
+// A data-parallel step's all-reduces are drawn on their device's "collectives" track, launch to completion,
+// with how they moved the bytes and how long the host waited for them.
+TEST(Trace, CollectivesHaveATrackOfTheirOwn) {
+  LedgerSnapshot s;
+  CollectiveRecord c;
+  c.op = "all_reduce";
+  c.backend = "mpi";
+  c.algorithm = "ring";
+  c.device = kCPU;
+  c.bytes = 418600;
+  c.world_size = 4;
+  c.start_ms = 10;
+  c.duration_ms = 3;
+  c.wait_ms = 1.25;
+  c.step = 2;
+  c.label = "gradient bucket 0";
+  s.collectives.push_back(c);
+  const Json trace = Json::parse(chrome_trace_json(s));
+  const auto collectives = events_of(trace, "X", "collective");
+  ASSERT_EQ(collectives.size(), 1u);
+  const Json& e = collectives[0];
+  EXPECT_EQ(e.at("name"), "all_reduce: gradient bucket 0");
+  EXPECT_DOUBLE_EQ(e.at("ts").get<double>(), 10000.0);
+  EXPECT_DOUBLE_EQ(e.at("dur").get<double>(), 3000.0);
+  EXPECT_EQ(e.at("args").at("algorithm"), "ring");
+  EXPECT_EQ(e.at("args").at("bytes"), 418600);
+  EXPECT_EQ(e.at("args").at("world_size"), 4);
+  EXPECT_DOUBLE_EQ(e.at("args").at("host_wait_ms").get<double>(), 1.25);
+  EXPECT_EQ(track_name(trace, e.at("pid"), -1), "cpu");
+  EXPECT_EQ(track_name(trace, e.at("pid"), e.at("tid")), "collectives");
 }
 
 TEST(Trace, EmptyLedgerIsAValidTrace) {

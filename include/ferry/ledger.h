@@ -42,6 +42,7 @@ struct SyncRecord {
 struct CollectiveRecord {
   std::string op;          // "all_reduce", "broadcast", "all_gather", "reduce_scatter", "barrier"
   std::string backend;     // "mpi", "nccl"
+  std::string algorithm;   // how the bytes moved: "ring", "recursive doubling", "MPI_Iallreduce", ..., "NCCL"
   Device device;           // where the tensor lives (mpi stages non-host tensors through host memory)
   std::int64_t bytes = 0;  // payload on this rank: the tensor's bytes (all_gather/reduce_scatter: the larger side)
   int world_size = 1;      // ranks taking part

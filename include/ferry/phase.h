@@ -110,6 +110,7 @@ struct LedgerSnapshot {
   std::vector<SyncRecord> syncs;
   std::vector<PhaseRecord> phases;
   std::vector<StepRecord> steps;
+  std::vector<CollectiveRecord> collectives;
 };
 LedgerSnapshot ledger_snapshot();
 

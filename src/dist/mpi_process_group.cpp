@@ -140,6 +140,7 @@ struct PointToPointAllReduce : Work::Operation {
 // pass the sums around. Each rank sends 2(N-1)/N of the buffer in all, the minimum. Within a step,
 // segments travel in pieces so the sum of one piece overlaps the transfer of the next.
 struct RingAllReduce final : PointToPointAllReduce {
+  static constexpr const char* kAlgorithm = "ring";
   static constexpr std::int64_t kPieceBytes = 1 << 20;  // bytes per message
 
   std::size_t element = 4;                // bytes
@@ -238,6 +239,7 @@ struct RingAllReduce final : PointToPointAllReduce {
 // docs/distributed.md). Partners add the same two partial sums in either order, which IEEE addition makes
 // bit-identical: replicas agree.
 struct DoublingAllReduce final : PointToPointAllReduce {
+  static constexpr const char* kAlgorithm = "recursive doubling";
   std::int64_t count = 0;        // elements
   Tensor scratch;                // (count) the partner's partial sum, host
   int distance = 1;              // 2^step: the partner is rank ^ distance
@@ -330,7 +332,7 @@ class MpiProcessGroup final : public ProcessGroup {
     request->result = host_view(tensor, true, "mpi staging (all_reduce)");
     request->has_result = true;
     request->reduce = op;
-    fill(*request, "all_reduce", label, bytes);
+    fill(*request, "all_reduce", "MPI_Iallreduce", label, bytes);
     FERRY_COMM_CHECK(MPI_Iallreduce(MPI_IN_PLACE, request->result.data(), mpi_count("all_reduce", count),
                                     mpi_type(tensor.dtype()), MPI_SUM, comm_, &request->request));
     return launch(request);
@@ -340,7 +342,7 @@ class MpiProcessGroup final : public ProcessGroup {
     auto request = std::make_shared<RequestOperation>();
     request->result = host_view(tensor, rank() == root, "mpi staging (broadcast)");
     request->has_result = rank() != root;
-    fill(*request, "broadcast", label, static_cast<std::int64_t>(tensor.nbytes()));
+    fill(*request, "broadcast", "MPI_Ibcast", label, static_cast<std::int64_t>(tensor.nbytes()));
     FERRY_COMM_CHECK(MPI_Ibcast(request->result.data(), mpi_count("broadcast", tensor.numel()),
                                 mpi_type(tensor.dtype()), root, comm_, &request->request));
     return launch(request);
@@ -351,7 +353,7 @@ class MpiProcessGroup final : public ProcessGroup {
     request->input = host_view(input, true, "mpi staging (all_gather)");
     request->result = host_view(output, false, "mpi staging (all_gather)");
     request->has_result = true;
-    fill(*request, "all_gather", label, static_cast<std::int64_t>(output.nbytes()));
+    fill(*request, "all_gather", "MPI_Iallgather", label, static_cast<std::int64_t>(output.nbytes()));
     const int count = mpi_count("all_gather", input.numel());
     const MPI_Datatype type = mpi_type(input.dtype());
     FERRY_COMM_CHECK(MPI_Iallgather(request->input.data(), count, type, request->result.data(), count, type, comm_,
@@ -365,7 +367,7 @@ class MpiProcessGroup final : public ProcessGroup {
     request->result = host_view(output, false, "mpi staging (reduce_scatter)");
     request->has_result = true;
     request->reduce = op;
-    fill(*request, "reduce_scatter", label, static_cast<std::int64_t>(input.nbytes()));
+    fill(*request, "reduce_scatter", "MPI_Ireduce_scatter_block", label, static_cast<std::int64_t>(input.nbytes()));
     FERRY_COMM_CHECK(MPI_Ireduce_scatter_block(request->input.data(), request->result.data(),
                                                mpi_count("reduce_scatter", output.numel()), mpi_type(input.dtype()),
                                                MPI_SUM, comm_, &request->request));
@@ -374,7 +376,7 @@ class MpiProcessGroup final : public ProcessGroup {
 
   Work do_barrier() override {
     auto request = std::make_shared<RequestOperation>();
-    fill(*request, "barrier", "", 0);
+    fill(*request, "barrier", "MPI_Ibarrier", "", 0);
     FERRY_COMM_CHECK(MPI_Ibarrier(comm_, &request->request));
     return launch(request);
   }
@@ -390,12 +392,14 @@ class MpiProcessGroup final : public ProcessGroup {
     all_reduce->comm = comm_;
     all_reduce->dtype = tensor.dtype();
     all_reduce->tag = static_cast<int>(ring_sequence_++ % ring_tags_) * kTagStride;
-    fill(*all_reduce, "all_reduce", label, static_cast<std::int64_t>(tensor.nbytes()));
+    fill(*all_reduce, "all_reduce", AllReduce::kAlgorithm, label, static_cast<std::int64_t>(tensor.nbytes()));
     return all_reduce;
   }
 
-  void fill(Work::Operation& op, const char* name, const std::string& label, std::int64_t bytes) {
+  void fill(Work::Operation& op, const char* name, const char* algorithm, const std::string& label,
+            std::int64_t bytes) {
     op.op = name;
+    op.algorithm = algorithm;
     op.label = label;
     op.backend = "mpi";
     op.device = device();

@@ -161,6 +161,7 @@ class NcclProcessGroup final : public ProcessGroup {
     op->op = name;
     op->label = label;
     op->backend = "nccl";
+    op->algorithm = "NCCL";  // NCCL picks ring or tree itself
     op->device = device();
     op->bytes = bytes;
     op->rank = rank();

@@ -26,6 +26,7 @@ struct Work::Operation {
   std::string op;     // "all_reduce", ...
   std::string label;  // "gradient bucket 0", or ""
   std::string backend;
+  std::string algorithm;  // CollectiveRecord::algorithm
   Device device;
   std::int64_t bytes = 0;  // payload, bytes
   int rank = 0, world_size = 1;

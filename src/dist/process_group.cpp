@@ -114,6 +114,7 @@ void complete(Work::Operation& op) {
   CollectiveRecord record;
   record.op = op.op;
   record.backend = op.backend;
+  record.algorithm = op.algorithm;
   record.device = op.device;
   record.bytes = op.bytes;
   record.world_size = op.world_size;

@@ -116,6 +116,7 @@ LedgerSnapshot ledger_snapshot() {
   snapshot.syncs = Ledger::global().syncs();
   snapshot.phases = PhaseLog::global().phases();
   snapshot.steps = PhaseLog::global().steps();
+  snapshot.collectives = Ledger::global().collectives();
   return snapshot;
 }
 

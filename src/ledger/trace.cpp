@@ -22,7 +22,7 @@ using Json = nlohmann::ordered_json;
 enum Track : int {
   kPhaseTransfer = 1, kPhaseCompute, kPhaseSync,
   kCopiesHostToDevice, kCopiesDeviceToHost, kCopiesDeviceToDevice, kCopiesHostToHost,
-  kHostSyncs,
+  kHostSyncs, kCollectives,
 };
 const char* track_name(int track) {
   switch (track) {
@@ -34,6 +34,7 @@ const char* track_name(int track) {
     case kCopiesDeviceToDevice: return "copies device->device";
     case kCopiesHostToHost: return "copies host->host";
     case kHostSyncs: return "host syncs";
+    case kCollectives: return "collectives";
   }
   return "?";
 }
@@ -160,6 +161,20 @@ std::string chrome_trace_json(const LedgerSnapshot& snapshot) {
     events.push_back(complete_event(s.reason.empty() ? "sync" : s.reason, "sync", s.start_ms, s.duration_ms, pid,
                                     kHostSyncs,
                                     {{"reason", s.reason}, {"device", s.device.str()}, {"step", s.step}}));
+  }
+  for (const CollectiveRecord& c : snapshot.collectives) {  // launch to completion; wait_ms of it blocked the host
+    const int pid = tracks.pid(c.device);
+    tracks.use(pid, kCollectives);
+    events.push_back(complete_event(c.label.empty() ? c.op : c.op + ": " + c.label, "collective", c.start_ms,
+                                    c.duration_ms, pid, kCollectives,
+                                    {{"op", c.op},
+                                     {"backend", c.backend},
+                                     {"algorithm", c.algorithm},
+                                     {"bytes", c.bytes},
+                                     {"world_size", c.world_size},
+                                     {"host_wait_ms", c.wait_ms},
+                                     {"label", c.label},
+                                     {"step", c.step}}));
   }
   tracks.name_tracks(events, !snapshot.steps.empty());
   Json trace;

@@ -13,6 +13,7 @@
 
 #include "ferry/dist/process_group.h"
 #include "ferry/factories.h"
+#include "ferry/ledger.h"
 #include "ferry/ops.h"
 
 namespace ferry {
@@ -64,6 +65,23 @@ TEST(Collectives, AllReduceSumIsExactForEveryCountAndDtype) {
       EXPECT_EQ(wrong_sums(t, g.world_size()), 0)
           << count << " elements of " << dtype_name(dtype) << " on rank " << g.rank() << " of " << g.world_size();
     }
+  }
+}
+
+// The algorithm, as the ledger records it: by size (64 KiB) and by whether N is a power of two.
+TEST(Collectives, TheLedgerNamesTheAlgorithmEachSizeTook) {
+  dist::ProcessGroup& g = *g_cpu;
+  const bool power_of_two = (g.world_size() & (g.world_size() - 1)) == 0;
+  for (std::int64_t count : {std::int64_t{1000}, std::int64_t{16383}, std::int64_t{16384}, std::int64_t{300001}}) {
+    Tensor t = pattern(count, DType::Float32, g.rank(), kCPU);
+    g.all_reduce(t, dist::ReduceOp::Sum, "which algorithm");
+    const std::vector<CollectiveRecord> records = Ledger::global().collectives();
+    ASSERT_FALSE(records.empty());
+    const CollectiveRecord& last = records.back();
+    EXPECT_EQ(last.label, "which algorithm");
+    EXPECT_EQ(last.bytes, 4 * count);
+    const char* expected = count * 4 >= 64 * 1024 ? "ring" : power_of_two ? "recursive doubling" : "MPI_Iallreduce";
+    EXPECT_EQ(last.algorithm, expected) << count << " float32 over " << g.world_size() << " ranks";
   }
 }
 

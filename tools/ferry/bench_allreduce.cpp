@@ -17,6 +17,7 @@
 #include "ferry/dist/process_group.h"
 #include "ferry/error.h"
 #include "ferry/factories.h"
+#include "ferry/ledger.h"
 #include "ferry/units.h"
 
 #ifdef FERRY_HAVE_MPI
@@ -46,6 +47,7 @@ struct Point {
   std::int64_t bytes = 0, count = 0;
   double seconds = 0, raw_seconds = 0;  // s per all-reduce, best run, slowest rank
   std::int64_t wrong = 0, raw_wrong = 0;  // elements that differ from the expected sum
+  std::string algorithm;                  // the one ferry chose for this size (the ledger's record)
 };
 
 #ifdef FERRY_HAVE_MPI
@@ -95,6 +97,8 @@ Point measure(ferry::dist::ProcessGroup& group, std::int64_t bytes, const AllRed
   fill_pattern(h, p.count, rank);
   data.copy_(host);
   group.all_reduce(data);
+  const std::vector<ferry::CollectiveRecord> records = ferry::Ledger::global().collectives();
+  if (!records.empty()) p.algorithm = records.back().algorithm;
   p.wrong = wrong_on_any_rank(count_wrong(data.cpu().data<float>(), p.count, n));
   fill_pattern(h, p.count, rank);
   MPI_Allreduce(MPI_IN_PLACE, h, static_cast<int>(p.count), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
@@ -160,20 +164,23 @@ void run(const AllReduceOptions& o) {
   std::string text = fmt::format(
       "all-reduce (sum, float32) over {} ranks, {} backend, {} tensors; best of {} runs per size.\n"
       "algbw = bytes / time; busbw = algbw x 2(N-1)/N (nccl-tests); raw = MPI_Allreduce on host memory, same run.\n"
-      "{:>10} {:>10} {:>10} {:>10} {:>10} | {:>10} {:>10} | {:>6} {:>6}\n",
-      n, backend, device, o.repeats, "size", "count", "time", "algbw", "busbw", "raw time", "raw busbw", "ratio", "check");
+      "{:>10} {:>10} {:>18} {:>10} {:>10} {:>10} | {:>10} {:>10} | {:>6} {:>6}\n",
+      n, backend, device, o.repeats, "size", "count", "ferry's algorithm", "time", "algbw", "busbw", "raw time",
+      "raw busbw", "ratio", "check");
   for (const Point& p : points) {
     const double algbw = static_cast<double>(p.bytes) / p.seconds, raw_algbw = static_cast<double>(p.bytes) / p.raw_seconds;
     const double busbw = algbw * bus_factor(n), raw_busbw = raw_algbw * bus_factor(n);
     const double ratio = p.seconds > 0 ? p.raw_seconds / p.seconds : 0;  // = busbw / raw busbw
     if (p.bytes >= 1000000) large_ratios.push_back(ratio);
     wrong += p.wrong + p.raw_wrong;
-    text += fmt::format("{:>10} {:>10} {:>10} {:>10} {:>10} | {:>10} {:>10} | {:>6.2f} {:>6}\n",
-                        ferry::format_bytes(static_cast<double>(p.bytes)), p.count, ferry::format_seconds(p.seconds),
+    text += fmt::format("{:>10} {:>10} {:>18} {:>10} {:>10} {:>10} | {:>10} {:>10} | {:>6.2f} {:>6}\n",
+                        ferry::format_bytes(static_cast<double>(p.bytes)), p.count, p.algorithm,
+                        ferry::format_seconds(p.seconds),
                         ferry::format_bandwidth(algbw), n > 1 ? ferry::format_bandwidth(busbw) : "-",
                         ferry::format_seconds(p.raw_seconds), n > 1 ? ferry::format_bandwidth(raw_busbw) : "-", ratio,
                         p.wrong == 0 && p.raw_wrong == 0 ? "ok" : "WRONG");
-    rows.push_back({{"bytes", p.bytes}, {"count", p.count}, {"seconds", p.seconds}, {"algbw", algbw},
+    rows.push_back({{"bytes", p.bytes}, {"count", p.count}, {"algorithm", p.algorithm}, {"seconds", p.seconds},
+                    {"algbw", algbw},
                     {"busbw", busbw}, {"raw_seconds", p.raw_seconds}, {"raw_algbw", raw_algbw},
                     {"raw_busbw", raw_busbw}, {"ratio", ratio}, {"wrong", p.wrong}, {"raw_wrong", p.raw_wrong}});
   }
