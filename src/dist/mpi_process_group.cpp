@@ -143,7 +143,6 @@ struct RingAllReduce final : PointToPointAllReduce {
   static constexpr const char* kAlgorithm = "ring";
   static constexpr std::int64_t kPieceBytes = 1 << 20;  // bytes per message
 
-  std::size_t element = 4;                // bytes
   std::vector<std::int64_t> segment;      // N + 1 boundaries, elements
   Tensor scratch;                         // (largest segment) incoming partial sums, host
   int step = 0;                           // 0 .. 2(N-1)
@@ -161,8 +160,10 @@ struct RingAllReduce final : PointToPointAllReduce {
     scratch = make_tensor({largest}, {.device = kCPU, .dtype = dtype});
   }
 
+  std::int64_t element() const { return static_cast<std::int64_t>(element_size(dtype)); }  // bytes
+
   char* at(std::int64_t element_index) const {
-    return static_cast<char*>(view.data()) + element_index * static_cast<std::int64_t>(element);
+    return static_cast<char*>(view.data()) + element_index * element();
   }
 
   void post() {
@@ -172,7 +173,7 @@ struct RingAllReduce final : PointToPointAllReduce {
     const int send_segment = ((reducing ? r - s : r + 1 - s) % n + n) % n;
     const int receive_segment = ((reducing ? r - s - 1 : r - s) % n + n) % n;
     const int right = (r + 1) % n, left = (r - 1 + n) % n;
-    const std::int64_t piece = std::max<std::int64_t>(1, kPieceBytes / static_cast<std::int64_t>(element));
+    const std::int64_t piece = std::max<std::int64_t>(1, kPieceBytes / element());
     const MPI_Datatype type = mpi_type(dtype);
     receives.clear();
     sends.clear();
@@ -180,7 +181,7 @@ struct RingAllReduce final : PointToPointAllReduce {
     const std::int64_t receive_begin = segment[receive_segment], receive_length = segment[receive_segment + 1] - receive_begin;
     for (std::int64_t offset = 0; offset < receive_length; offset += piece) {
       const std::int64_t count = std::min(piece, receive_length - offset);
-      void* into = reducing ? static_cast<char*>(scratch.data_ptr()) + offset * static_cast<std::int64_t>(element)
+      void* into = reducing ? static_cast<char*>(scratch.data_ptr()) + offset * element()
                             : at(receive_begin + offset);
       receives.push_back(MPI_REQUEST_NULL);
       FERRY_COMM_CHECK(MPI_Irecv(into, static_cast<int>(count), type, left, tag + step, comm, &receives.back()));
@@ -216,7 +217,7 @@ struct RingAllReduce final : PointToPointAllReduce {
         if (reducing) {
           const auto [offset, count] = pieces[i];
           add_into(dtype, at(segment[receive_segment] + offset),
-                   static_cast<char*>(scratch.data_ptr()) + offset * static_cast<std::int64_t>(element), count);
+                   static_cast<char*>(scratch.data_ptr()) + offset * element(), count);
         }
       }
       int sent = 1;
@@ -317,7 +318,6 @@ class MpiProcessGroup final : public ProcessGroup {
     const auto bytes = static_cast<std::int64_t>(tensor.nbytes());
     if (world_size() > 1 && bytes >= kRingMinBytes && count >= world_size()) {
       auto ring = point_to_point<RingAllReduce>(tensor, op, label);
-      ring->element = element_size(tensor.dtype());
       ring->start(count);
       return launch(ring);
     }
