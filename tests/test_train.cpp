@@ -1,5 +1,6 @@
 // test_train.cpp — the data loader's placements and order, checkpoints, and the training loop:
 // loss goes down, resume continues bit for bit, and the loop reads values back only at log steps.
+#include <atomic>
 #include <filesystem>
 #include <sstream>
 
@@ -253,6 +254,100 @@ TEST(Trainer, ResumeIsBitForBit) {
   for (std::size_t i = 0; i < a.size(); ++i)
     EXPECT_TRUE(testing::all_close(a[i].second, b[i].second, 0, 0)) << a[i].first;
   std::filesystem::remove(path);
+}
+
+// A log that asks the run to stop (as ferry train's SIGINT handler does) once `text` has been written to it: the
+// request arrives mid-run, at a point that does not depend on timing.
+class StopWhenLogged : public std::stringbuf {
+ public:
+  StopWhenLogged(std::string text, std::atomic<int>& request, int signal)
+      : text_(std::move(text)), request_(request), signal_(signal) {}
+
+ protected:
+  int sync() override {
+    if (str().find(text_) != std::string::npos) request_.store(signal_);
+    return 0;
+  }
+
+ private:
+  std::string text_;
+  std::atomic<int>& request_;
+  int signal_;
+};
+
+// A stop request (Ctrl-C, SIGTERM) ends the run after the step in progress with a checkpoint there, and --resume
+// continues bit for bit: a stop mid-epoch, and one after an epoch's last step (where the resumed run has no step
+// left in that epoch: once it failed with "the mean training loss of epoch 1 is nan").
+TEST(Trainer, StopRequestCheckpointsWhereItStoppedAndResumeIsBitForBit) {
+  const Dataset train_set = quadrant_dataset(96, 24), test_set = quadrant_dataset(16, 25);
+  TrainOptions o = quick_options(kCPU);
+  o.epochs = 3;  // 6 steps per epoch, 18 in all
+  o.log_every = 1;
+  std::ostringstream quiet;
+  manual_seed(3);
+  auto straight = make_fmnist_model();
+  train(*straight, train_set, test_set, o, quiet);
+
+  // The loss of step k is logged once step k + 1 is queued; the request is seen before step k + 2.
+  for (const auto& [logged, stop_at] : {std::pair<std::string, std::int64_t>{"epoch 2 step 2/6", 9},
+                                        std::pair<std::string, std::int64_t>{"epoch 1 step 5/6", 6}}) {
+    SCOPED_TRACE(logged);
+    const std::string path = temp_path("stopped.safetensors");
+    std::atomic<int> request{0};
+    StopWhenLogged buffer(logged, request, 15);
+    std::ostream log(&buffer);
+    log << std::unitbuf;  // sync after every write
+    TrainOptions part = o;
+    part.checkpoint_path = path;
+    part.stop_request = &request;
+    manual_seed(3);
+    auto first = make_fmnist_model();
+    const TrainResult stopped = train(*first, train_set, test_set, part, log);
+    EXPECT_EQ(stopped.stopped_by, 15);
+    EXPECT_EQ(stopped.steps, stop_at);
+    EXPECT_NE(buffer.str().find("stopped on request (signal 15) after " + std::to_string(stop_at) + " steps"),
+              std::string::npos)
+        << buffer.str();
+    auto probe = make_fmnist_model();
+    const CheckpointContents written = load_checkpoint(path, *probe, nullptr);
+    EXPECT_EQ(written.progress.global_step, stop_at);
+    EXPECT_EQ(written.progress.epoch * 6 + written.progress.batch_in_epoch, stop_at);
+
+    manual_seed(999);
+    auto resumed = make_fmnist_model();
+    TrainOptions rest = o;
+    rest.resume_path = path;
+    std::ostringstream rest_log;
+    const TrainResult r = train(*resumed, train_set, test_set, rest, rest_log);
+    EXPECT_EQ(r.steps, 18);
+    EXPECT_EQ(r.stopped_by, 0);
+    EXPECT_EQ(r.epochs, 3);
+    const auto a = straight->state_dict(), b = resumed->state_dict();
+    ASSERT_EQ(a.size(), b.size());
+    for (std::size_t i = 0; i < a.size(); ++i)
+      EXPECT_TRUE(testing::all_close(a[i].second, b[i].second, 0, 0)) << a[i].first;
+    std::filesystem::remove(path);
+  }
+}
+
+// A request that comes during an epoch's test pass stops the run at that epoch's end, its checkpoint already written.
+TEST(Trainer, StopRequestAtAnEpochEndStopsBeforeTheNextEpoch) {
+  const Dataset train_set = quadrant_dataset(48, 26), test_set = quadrant_dataset(16, 27);
+  TrainOptions o = quick_options(kCPU);
+  o.epochs = 4;  // 3 steps per epoch
+  o.log_every = 100;
+  std::atomic<int> request{0};
+  StopWhenLogged buffer("epoch 2/4", request, 2);
+  std::ostream log(&buffer);
+  log << std::unitbuf;
+  o.stop_request = &request;
+  manual_seed(4);
+  auto model = make_fmnist_model();
+  const TrainResult r = train(*model, train_set, test_set, o, log);
+  EXPECT_EQ(r.stopped_by, 2);
+  EXPECT_EQ(r.epochs, 2);
+  EXPECT_EQ(r.steps, 6);
+  EXPECT_NE(buffer.str().find("stopped on request (signal 2) at the end of epoch 2"), std::string::npos) << buffer.str();
 }
 
 // --deterministic is written into the checkpoint's settings, and a resumed run takes it from there (on cuda that

@@ -40,6 +40,16 @@ class NotSupported : public Error { using Error::Error; };
 class GraphCaptureError : public Error { using Error::Error; };
 // A broken internal invariant: a bug in ferry, not a user mistake.
 class InternalError : public Error { using Error::Error; };
+// The user asked a long run to stop (Ctrl-C, or a scheduler's SIGTERM) and it stopped cleanly, its progress
+// saved where it was asked to be. Not a failure of ferry's: main() exits 128 + signal, as a shell expects.
+class Interrupted : public Error {
+ public:
+  Interrupted(const std::string& message, int signal) : Error(message), signal_(signal) {}
+  int signal() const { return signal_; }  // the POSIX signal number (SIGINT 2, SIGTERM 15)
+
+ private:
+  int signal_;
+};
 
 namespace detail {
 template <typename... Parts>

@@ -3,6 +3,7 @@
 // split into transfer / compute / sync. Not here: the CLI (tools/ferry), the model's layers (nn).
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <iosfwd>
@@ -48,6 +49,11 @@ struct TrainOptions {
   // same bits twice and to --resume bit for bit. Also on when the process-wide switch is, or when the checkpoint
   // resumed from was written by a deterministic run.
   bool deterministic = false;
+  // Set to a nonzero value (a signal number: `ferry train` sets it from its SIGINT / SIGTERM handler) to stop after
+  // the step in progress, as --max-steps would: the checkpoint is written where the run stopped and --resume
+  // continues it bit for bit. Data-parallel ranks agree at the next log step or epoch end, so all stop at the same
+  // step even when only one was signalled. nullptr: never asked.
+  const std::atomic<int>* stop_request = nullptr;
 };
 
 struct EpochStats {
@@ -73,6 +79,7 @@ struct TrainResult {
   std::int64_t graph_replays = 0, graph_operations = 0;
   std::string graph;
   bool deterministic = false;  // the run used deterministic algorithms only
+  int stopped_by = 0;          // the stop_request value that ended the run early (0: it ran to its end)
   // Data-parallel runs only (world_size 1 otherwise).
   int world_size = 1;
   std::string comm_backend;                   // "mpi", "nccl"

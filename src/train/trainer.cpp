@@ -234,6 +234,18 @@ TrainResult train(nn::Module& model, const Dataset& train_set, const Dataset& te
     result.replica_checks += 1;
   };
   std::int64_t timed_epochs = 0;
+  // A stop asked for (options.stop_request, set by a signal handler): one process stops before its next step; the
+  // ranks of a data-parallel run first agree (a small all-reduce at log steps and epoch ends) so that all of them
+  // stop after the same step and the checkpoint holds it.
+  auto stop_asked = [&]() -> int { return o.stop_request ? o.stop_request->load(std::memory_order_relaxed) : 0; };
+  auto agree_on_stop = [&]() -> int {  // the signal the asking ranks got (0: none asked)
+    const int own = stop_asked();
+    const std::vector<double> asked = sum_over_ranks(*group, {own != 0 ? 1.0 : 0.0, static_cast<double>(own)});
+    if (asked[0] == 0) return 0;
+    return own != 0 ? own : static_cast<int>(std::lround(asked[1] / asked[0]));
+  };
+  int stop_agreed = 0;  // data-parallel: every rank stops before its next step
+  const std::string written_to = o.checkpoint_path.empty() ? "" : "; checkpoint written to " + o.checkpoint_path;
   // The step: forward, loss, backward (data-parallel: the gradients averaged) and the update. The running sums
   // are updated in place (made once, zeroed each epoch), so a captured graph keeps adding into the same tensors.
   Tensor loss_sum = zeros({}, {.device = o.device});
@@ -304,6 +316,11 @@ TrainResult train(nn::Module& model, const Dataset& train_set, const Dataset& te
         stopped = true;
         break;
       }
+      if (const int asked = ddp ? stop_agreed : stop_asked(); asked != 0) {
+        result.stopped_by = asked;
+        stopped = true;
+        break;
+      }
       ledger.begin_step(result.steps);
       auto phase_start = Clock::now();
       Batch batch;
@@ -337,6 +354,7 @@ TrainResult train(nn::Module& model, const Dataset& train_set, const Dataset& te
           Tensor mean_loss = loss.reshape({1}).clone();
           group->all_reduce(mean_loss, dist::ReduceOp::Avg, "logged loss");
           const double value = mean_loss.item<double>();
+          if (o.stop_request) stop_agreed = agree_on_stop();
           sync_s += seconds_since(phase_start);
           report_loss(value);
         } else {  // queued behind this step; read when the next one is queued, so the device never waits
@@ -349,8 +367,14 @@ TrainResult train(nn::Module& model, const Dataset& train_set, const Dataset& te
     bar.clear();
     if (stopped) {
       check_replicas();
-      save({epoch, batches + (epoch == progress.epoch ? progress.batch_in_epoch : 0), result.steps});
-      out << "stopped after " << result.steps << " steps (--max-steps)\n";
+      const std::int64_t batch_in_epoch = batches + (epoch == progress.epoch ? progress.batch_in_epoch : 0);
+      save({epoch, batch_in_epoch, result.steps});
+      if (result.stopped_by == 0) {
+        out << "stopped after " << result.steps << " steps (--max-steps)\n";
+      } else {
+        out << "stopped on request (signal " << result.stopped_by << ") after " << result.steps << " steps, in epoch "
+            << epoch + 1 << " at batch " << batch_in_epoch << " of " << steps_per_epoch << written_to << "\n";
+      }
       break;
     }
     // Epoch end: one sync for the sums, then the test pass.
@@ -373,8 +397,11 @@ TrainResult train(nn::Module& model, const Dataset& train_set, const Dataset& te
       train_seconds += stats.seconds;
       ++timed_epochs;
     }
-    FERRY_CHECK(std::isfinite(stats.train_loss), Error, "The mean training loss of epoch ", epoch + 1, " is ",
-                stats.train_loss, "; stopping");
+    // A run stopped after an epoch's last step (--max-steps, a signal) and resumed from there has no step left in
+    // that epoch: its training sums are in the first run's log; the test pass and the checkpoint follow as usual.
+    const bool resumed_at_epoch_end = seen == 0 && epoch == progress.epoch && progress.batch_in_epoch > 0;
+    FERRY_CHECK(resumed_at_epoch_end || std::isfinite(stats.train_loss), Error, "The mean training loss of epoch ",
+                epoch + 1, " is ", stats.train_loss, "; stopping");
     if (ddp) {  // each rank tests its shard with rank 0's BatchNorm statistics; the counts are summed
       ddp->broadcast_buffers();
       const double shard_correct = std::round(evaluate_accuracy(model, test_loader) * static_cast<double>(test_loader.size()));
@@ -386,10 +413,15 @@ TrainResult train(nn::Module& model, const Dataset& train_set, const Dataset& te
     result.history.push_back(stats);
     result.epochs = epoch + 1;
     result.test_accuracy = stats.test_accuracy;
-    out << "epoch " << stats.epoch << "/" << o.epochs << "  train loss " << std::fixed << std::setprecision(4)
-        << stats.train_loss << "  train acc " << std::setprecision(2) << 100 * stats.train_accuracy << " %  test acc "
-        << 100 * stats.test_accuracy << " %  " << std::setprecision(1) << stats.seconds << " s\n"
-        << std::defaultfloat;
+    if (resumed_at_epoch_end) {
+      out << "epoch " << stats.epoch << "/" << o.epochs << "  (every step of it ran before the resume)  test acc "
+          << std::fixed << std::setprecision(2) << 100 * stats.test_accuracy << " %\n" << std::defaultfloat;
+    } else {
+      out << "epoch " << stats.epoch << "/" << o.epochs << "  train loss " << std::fixed << std::setprecision(4)
+          << stats.train_loss << "  train acc " << std::setprecision(2) << 100 * stats.train_accuracy
+          << " %  test acc " << 100 * stats.test_accuracy << " %  " << std::setprecision(1) << stats.seconds << " s\n"
+          << std::defaultfloat;
+    }
     if (metrics.is_open()) {
       metrics << nlohmann::json{{"kind", "epoch"}, {"epoch", stats.epoch}, {"train_loss", stats.train_loss},
                                 {"train_accuracy", stats.train_accuracy}, {"test_accuracy", stats.test_accuracy},
@@ -397,6 +429,11 @@ TrainResult train(nn::Module& model, const Dataset& train_set, const Dataset& te
               << "\n";
     }
     save({epoch + 1, 0, result.steps});
+    if (const int asked = ddp && o.stop_request ? agree_on_stop() : stop_asked(); asked != 0 && epoch + 1 < o.epochs) {
+      result.stopped_by = asked;
+      out << "stopped on request (signal " << asked << ") at the end of epoch " << epoch + 1 << written_to << "\n";
+      break;
+    }
   }
 
   const auto totals = ledger.totals();

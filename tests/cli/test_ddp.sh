@@ -105,6 +105,42 @@ else
   fail "fmnist --ddp: $(tail -c 600 "$scratch/cnn.err") $(tail -c 600 "$scratch/cnn.out")"
 fi
 
+# --- a stop request on one rank (SIGTERM to rank 1 alone): the ranks agree at the next log step, all stop after the
+# same step, rank 0 writes the checkpoint there, and --resume under mpirun goes on as one unbroken run would -------
+stop_args=(train --model mlp --device cpu --batch 64 --limit-train 1024 --limit-test 64 --epochs 100 --log-every 2
+           --data "$data_dir")
+mpi 2 "$FERRY" "${stop_args[@]}" --ddp --metrics "$scratch/stop.jsonl" --checkpoint "$scratch/stop.safetensors" \
+  >"$scratch/stop.out" 2>"$scratch/stop.err" &
+background_pid=$!
+rank1=""
+for _ in $(seq 600); do  # up to 30 s for rank 1 to start and rank 0 to log a step
+  for pid in $(pgrep -f "ferry train --model mlp --device cpu --batch 64 --limit-train 1024" 2>/dev/null); do
+    tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=1" && rank1=$pid
+  done
+  [[ -n "$rank1" ]] && grep -q '"kind":"step"' "$scratch/stop.jsonl" 2>/dev/null && break
+  sleep 0.05
+done
+rc=0
+[[ -n "$rank1" ]] && kill -TERM "$rank1"
+wait "$background_pid" || rc=$?
+background_pid=""
+stop_steps="$(sed -n 's/^stopped on request (signal 15) after \([0-9]*\) steps.*/\1/p' "$scratch/stop.out")"
+if [[ -n "$rank1" && $rc -ne 0 && -n "$stop_steps" ]] && grep -q "checkpoint written to" "$scratch/stop.out" &&
+   "$FERRY" inspect "$scratch/stop.safetensors" --json | grep -q "\"global_step\":\"$stop_steps\""; then
+  ok "SIGTERM to rank 1 alone: both ranks stopped after step $stop_steps, rank 0's checkpoint holds it (mpirun exit $rc)"
+  if mpi 2 "$FERRY" "${stop_args[@]}" --ddp --resume "$scratch/stop.safetensors" --max-steps $((stop_steps + 2)) \
+       --check-replicas-every 1 --checkpoint "$scratch/resumed.safetensors" >"$scratch/resumed.out" 2>"$scratch/resumed.err" &&
+     mpi 2 "$FERRY" "${stop_args[@]}" --ddp --max-steps $((stop_steps + 2)) --checkpoint "$scratch/straight.safetensors" \
+       >"$scratch/straight.out" 2>"$scratch/straight.err" &&
+     compare "$scratch/resumed.safetensors" "$scratch/straight.safetensors"; then
+    ok "mpirun -np 2 --resume: 2 steps more, the parameters of $((stop_steps + 2)) steps straight"
+  else
+    fail "resume after the stop: $(tail -c 600 "$scratch/resumed.err") $(tail -c 400 "$scratch/straight.err")"
+  fi
+else
+  fail "stop on rank 1 (pid '$rank1', mpirun exit $rc, steps '$stop_steps'): $(tail -c 600 "$scratch/stop.err") $(tail -c 400 "$scratch/stop.out")"
+fi
+
 # --- Exercise 5.2: N must divide B --------------------------------------------------------------------------
 rc=0
 mpi 4 "$FERRY" train --ddp --device cpu --batch 30 --max-steps 1 --limit-train 64 --limit-test 64 --data "$data_dir" \

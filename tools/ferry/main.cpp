@@ -1,5 +1,6 @@
 // main.cpp — the ferry command line. The one place where errors become exit codes:
-// 0 success, 1 a runtime failure (file, device, numerics), 2 bad usage or bad input.
+// 0 success, 1 a runtime failure (file, device, numerics), 2 bad usage or bad input, 128 + N a run stopped
+// cleanly by signal N (130 for Ctrl-C, 143 for SIGTERM), its progress saved.
 #include <cblas.h>
 
 #include <cstdio>
@@ -64,6 +65,9 @@ int main(int argc, char** argv) {
     if (e.get_exit_code() == 0) return app.exit(e);
     std::fprintf(stderr, "ferry: error: %s (see ferry --help)\n", e.what());
     return 2;
+  } catch (const ferry::Interrupted& e) {  // stopped cleanly on request: the shell's status for that signal
+    if (*e.what() != '\0') std::fprintf(stderr, "ferry: %s\n", e.what());
+    return 128 + e.signal();
   } catch (const ferry::InvalidArgument& e) {
     std::fprintf(stderr, "ferry: error: %s\n", e.what());
     return 2;

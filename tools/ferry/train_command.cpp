@@ -3,8 +3,13 @@
 #include <fmt/format.h>
 #include <omp.h>
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <atomic>
 #include <cmath>
+#include <csignal>
+#include <cstring>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -40,6 +45,46 @@ struct TrainArgs {
   double ddp_timeout_s = ferry::dist::kDefaultTimeoutSeconds;
   ferry::TrainOptions options;
 };
+
+// Ctrl-C (SIGINT) or a scheduler's SIGTERM during `ferry train`: the first asks the loop to stop after the step in
+// progress and to write the checkpoint there (TrainOptions::stop_request); the handler then reverts to the default,
+// so a second one ends the process at once.
+std::atomic<int> stop_request{0};
+
+extern "C" void ask_training_to_stop(int signal) {
+  stop_request.store(signal, std::memory_order_relaxed);
+  static const char message[] = "\nferry: stopping after this step (again to quit at once)\n";
+  const ssize_t ignored = write(STDERR_FILENO, message, sizeof message - 1);  // async-signal-safe
+  (void)ignored;
+}
+
+// Installs the handler for SIGINT and SIGTERM while it lives; restores what was there before.
+class StopOnSignal {
+ public:
+  StopOnSignal() {
+    struct sigaction action {};
+    action.sa_handler = ask_training_to_stop;
+    sigemptyset(&action.sa_mask);
+    action.sa_flags = SA_RESETHAND | SA_RESTART;  // one-shot: the second signal has its default effect
+    sigaction(SIGINT, &action, &old_int_);
+    sigaction(SIGTERM, &action, &old_term_);
+  }
+  ~StopOnSignal() {
+    sigaction(SIGINT, &old_int_, nullptr);
+    sigaction(SIGTERM, &old_term_, nullptr);
+  }
+  StopOnSignal(const StopOnSignal&) = delete;
+  StopOnSignal& operator=(const StopOnSignal&) = delete;
+
+ private:
+  struct sigaction old_int_ {}, old_term_ {};
+};
+
+std::string signal_name(int signal) {
+  if (signal == SIGINT) return "SIGINT (Ctrl-C)";
+  if (signal == SIGTERM) return "SIGTERM";
+  return "signal " + std::to_string(signal);
+}
 
 // Data-parallel part of the report: what the all-reduces carried and cost, against Exercise 4.1's figure.
 void print_ddp_report(const ferry::TrainResult& r, std::FILE* out) {
@@ -85,6 +130,47 @@ void print_report(const ferry::TrainResult& r, std::FILE* out) {
   }
 }
 
+// What rank 0 prints at the end (the JSON object, or the accuracy and the ledger's report), and the files asked for.
+void print_results(const ferry::TrainResult& r, const TrainArgs& a, std::FILE* out) {
+  if (!a.plot_path.empty()) write_training_plot(a.plot_path, r);
+  if (!a.trace_path.empty()) write_trace_file(a.trace_path);
+  if (a.json) {
+    nlohmann::json epochs = nlohmann::json::array();
+    for (const auto& e : r.history)
+      epochs.push_back({{"epoch", e.epoch}, {"train_loss", e.train_loss}, {"train_accuracy", e.train_accuracy},
+                        {"test_accuracy", e.test_accuracy}, {"seconds", e.seconds}});
+    const nlohmann::json summary{{"device", r.device.str()}, {"epochs", r.epochs}, {"steps", r.steps},
+                                 {"test_accuracy", r.test_accuracy}, {"seconds_per_epoch", r.seconds_per_epoch},
+                                 {"t_transfer_s", r.t_transfer_s}, {"t_compute_s", r.t_compute_s},
+                                 {"t_sync_s", r.t_sync_s}, {"syncs", r.syncs},
+                                 {"bytes_host_to_device", r.bytes_host_to_device},
+                                 {"bytes_device_to_host", r.bytes_device_to_host},
+                                 {"placement", a.placement}, {"history", epochs},
+                                 {"world_size", r.world_size}, {"comm_backend", r.comm_backend},
+                                 {"parameters", r.parameters},
+                                 {"gradient_bytes_per_step", r.gradient_bytes_per_step},
+                                 {"collectives", r.collectives}, {"collective_bytes", r.collective_bytes},
+                                 {"collective_s", r.collective_s}, {"t_comm_s", r.t_comm_s},
+                                 {"replica_checks", r.replica_checks},
+                                 {"graph_replays", r.graph_replays}, {"graph_operations", r.graph_operations},
+                                 {"graph", r.graph}, {"deterministic", r.deterministic},
+                                 {"stopped_by_signal", r.stopped_by}};
+    fmt::print(out, "{}\n", summary.dump());
+  } else {
+    if (r.history.empty()) {
+      fmt::print(out, "\nno epoch ended in this run, so no test accuracy yet ({} steps on {})\n", r.steps, r.device.str());
+    } else {
+      fmt::print(out, "\n{} test accuracy {:.2f} %{}, {:.1f} s per epoch on {}\n",
+                 r.epochs == a.options.epochs ? "final" : "latest", 100 * r.test_accuracy,
+                 r.epochs == a.options.epochs ? "" : fmt::format(" (after epoch {} of {})", r.epochs, a.options.epochs),
+                 r.seconds_per_epoch, r.device.str());
+    }
+    print_report(r, out);
+    if (!r.comm_backend.empty()) print_ddp_report(r, out);
+  }
+  std::fflush(out);
+}
+
 }  // namespace
 
 void register_train_command(CLI::App& app) {
@@ -115,7 +201,9 @@ void register_train_command(CLI::App& app) {
       ->check(CLI::IsMember({"auto", "on", "off"}));
   cmd->add_option("--max-steps", o.max_steps, "Stop after this many steps in all (and checkpoint)")
       ->check(whole_number_at_least(0));
-  cmd->add_option("--checkpoint", o.checkpoint_path, "Write a safetensors checkpoint at each epoch end");
+  cmd->add_option("--checkpoint", o.checkpoint_path, "Write a safetensors checkpoint at each epoch end, and where the run stops\n"
+                                                   "(--max-steps, or Ctrl-C / SIGTERM: the first stops after the step in "
+                                                   "progress, exit status 130 / 143)");
   cmd->add_option("--resume", o.resume_path,
                   "Continue from a checkpoint, bit for bit (on cuda: when the checkpoint's run used --deterministic,\n"
                   "which the resumed run then does too)");
@@ -174,40 +262,28 @@ void register_train_command(CLI::App& app) {
     auto model = o.model_name == "mlp" ? ferry::make_mlp_model() : ferry::make_fmnist_model();
     std::ostringstream sink;
     std::ostream& log = a.json || !is_rank0 ? static_cast<std::ostream&>(sink) : std::cout;
-    const ferry::TrainResult r = ferry::train(*model, train_set, test_set, o, log);
+    o.stop_request = &stop_request;
+    ferry::TrainResult r;
+    {
+      const StopOnSignal stop_on_signal;
+      r = ferry::train(*model, train_set, test_set, o, log);
+    }
+    // Rank 0 alone reports, before MPI ends: under mpirun, Ctrl-C reaches the ranks as SIGTERM, and mpirun ends
+    // what is left of them soon after.
+    if (is_rank0) print_results(r, a, stdout);
     if (group) {  // a clean end: every rank leaves MPI together
       group.reset();
       ferry::dist::finalize();
     }
-    if (!is_rank0) return;  // rank 0 alone reports
-    if (!a.plot_path.empty()) write_training_plot(a.plot_path, r);
-    if (!a.trace_path.empty()) write_trace_file(a.trace_path);
-    if (a.json) {
-      nlohmann::json epochs = nlohmann::json::array();
-      for (const auto& e : r.history)
-        epochs.push_back({{"epoch", e.epoch}, {"train_loss", e.train_loss}, {"train_accuracy", e.train_accuracy},
-                          {"test_accuracy", e.test_accuracy}, {"seconds", e.seconds}});
-      fmt::print("{}\n", nlohmann::json{{"device", r.device.str()}, {"epochs", r.epochs}, {"steps", r.steps},
-                                        {"test_accuracy", r.test_accuracy}, {"seconds_per_epoch", r.seconds_per_epoch},
-                                        {"t_transfer_s", r.t_transfer_s}, {"t_compute_s", r.t_compute_s},
-                                        {"t_sync_s", r.t_sync_s}, {"syncs", r.syncs},
-                                        {"bytes_host_to_device", r.bytes_host_to_device},
-                                        {"bytes_device_to_host", r.bytes_device_to_host},
-                                        {"placement", a.placement}, {"history", epochs},
-                                        {"world_size", r.world_size}, {"comm_backend", r.comm_backend},
-                                        {"parameters", r.parameters},
-                                        {"gradient_bytes_per_step", r.gradient_bytes_per_step},
-                                        {"collectives", r.collectives}, {"collective_bytes", r.collective_bytes},
-                                        {"collective_s", r.collective_s}, {"t_comm_s", r.t_comm_s},
-                                        {"replica_checks", r.replica_checks},
-                                        {"graph_replays", r.graph_replays}, {"graph_operations", r.graph_operations},
-                                        {"graph", r.graph}, {"deterministic", r.deterministic}}
-                             .dump());
-    } else {
-      fmt::print("\nfinal test accuracy {:.2f} %, {:.1f} s per epoch on {}\n", 100 * r.test_accuracy,
-                 r.seconds_per_epoch, r.device.str());
-      print_report(r, stdout);
-      if (!r.comm_backend.empty()) print_ddp_report(r, stdout);
+    if (r.stopped_by != 0) {
+      throw ferry::Interrupted(
+          !is_rank0 ? "" /* the same exit status, said once */
+                    : "stopped by " + signal_name(r.stopped_by) + " after " + std::to_string(r.steps) + " steps; " +
+                          (o.checkpoint_path.empty()
+                               ? std::string("no --checkpoint was given, so the progress is not saved")
+                               : o.checkpoint_path + " holds it: continue with ferry train --resume " +
+                                     o.checkpoint_path + " (and the same options)"),
+          r.stopped_by);
     }
   });
 }
