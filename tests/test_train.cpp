@@ -350,6 +350,47 @@ TEST(Trainer, StopRequestAtAnEpochEndStopsBeforeTheNextEpoch) {
   EXPECT_NE(buffer.str().find("stopped on request (signal 2) at the end of epoch 2"), std::string::npos) << buffer.str();
 }
 
+// The run's settings are in the checkpoint exactly (a learning rate of 0.0123456789 reads back as itself, not as
+// std::to_string's "0.012346"), read without building a model; a run resumed within an epoch must cut the same
+// batches from the same data, or it stops with the numbers of both.
+TEST(Trainer, CheckpointHoldsTheRunsSettingsAndAMidEpochResumeNeedsTheSameBatches) {
+  const Dataset train_set = quadrant_dataset(64, 28), test_set = quadrant_dataset(16, 29);
+  std::ostringstream log;
+  const std::string path = temp_path("settings.safetensors");
+  TrainOptions part = quick_options(kCPU);  // batch 16: 4 steps per epoch
+  part.lr = 0.0123456789;
+  part.max_steps = 3;
+  part.checkpoint_path = path;
+  manual_seed(5);
+  auto model = make_fmnist_model();
+  train(*model, train_set, test_set, part, log);
+  const CheckpointContents c = read_checkpoint_contents(path);
+  EXPECT_EQ(c.progress.global_step, 3);
+  EXPECT_EQ(c.progress.batch_in_epoch, 3);
+  EXPECT_EQ(std::stod(c.settings.at("lr")), 0.0123456789);
+  EXPECT_EQ(c.settings.at("batch"), "16");
+  EXPECT_EQ(c.settings.at("train_images"), "64");
+  EXPECT_EQ(c.settings.at("test_images"), "16");
+  EXPECT_EQ(c.settings.at("model"), "fmnist");
+
+  TrainOptions rest = quick_options(kCPU);
+  rest.resume_path = path;
+  rest.batch_size = 32;
+  auto resumed = make_fmnist_model();
+  try {
+    train(*resumed, train_set, test_set, rest, log);
+    ADD_FAILURE() << "a resume with other batches went on";
+  } catch (const InvalidArgument& e) {
+    const std::string message = e.what();
+    EXPECT_NE(message.find("after 3 batches of 16 over 64 training images; this run has batches of 32 over 64"),
+              std::string::npos) << message;
+  }
+  rest.batch_size = 16;
+  EXPECT_THROW(train(*resumed, quadrant_dataset(48, 30), test_set, rest, log), InvalidArgument);  // other data
+  EXPECT_EQ(train(*resumed, train_set, test_set, rest, log).steps, 8);
+  std::filesystem::remove(path);
+}
+
 // --deterministic is written into the checkpoint's settings, and a resumed run takes it from there (on cuda that
 // is what makes the continuation bit for bit); the process-wide switch is put back after each run.
 TEST(Trainer, ResumeTakesDeterministicAlgorithmsFromTheCheckpoint) {

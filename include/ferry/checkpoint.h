@@ -35,6 +35,10 @@ void save_checkpoint(const std::string& path, const nn::Module& model, const opt
 // the caller decides. Throws FormatError (malformed file), IoError, or nn::StateDictError.
 CheckpointContents load_checkpoint(const std::string& path, nn::Module& model, optim::Optimizer* optimizer);
 
+// A checkpoint's progress, generator state and settings, its tensors loaded nowhere: which model and options
+// wrote it, before a model is built for it (`ferry train --resume`, `ferry eval`). Throws as load_checkpoint.
+CheckpointContents read_checkpoint_contents(const std::string& path);
+
 // The tensors of a safetensors file as host tensors, by name (for `ferry inspect`, tools, tests).
 nn::NamedTensors read_tensors(const std::string& path, std::map<std::string, std::string>* metadata = nullptr);
 

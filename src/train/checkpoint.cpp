@@ -45,6 +45,16 @@ std::int64_t metadata_int(const std::map<std::string, std::string>& metadata, co
                                      it->second, "'"));
   }
 }
+CheckpointContents contents_from_metadata(const std::map<std::string, std::string>& metadata, const std::string& path) {
+  CheckpointContents contents;
+  contents.progress.epoch = metadata_int(metadata, "epoch", path);
+  contents.progress.batch_in_epoch = metadata_int(metadata, "batch_in_epoch", path);
+  contents.progress.global_step = metadata_int(metadata, "global_step", path);
+  contents.generator.seed = static_cast<std::uint64_t>(metadata_int(metadata, "generator_seed", path));
+  contents.generator.offset = static_cast<std::uint64_t>(metadata_int(metadata, "generator_offset", path));
+  contents.settings = metadata;
+  return contents;
+}
 }  // namespace
 
 void save_checkpoint(const std::string& path, const nn::Module& model, const optim::Optimizer* optimizer,
@@ -83,14 +93,11 @@ CheckpointContents load_checkpoint(const std::string& path, nn::Module& model, o
   }
   model.load_state_dict(model_state, true);
   if (optimizer) optimizer->load_state_dict(optimizer_state);
-  CheckpointContents contents;
-  contents.progress.epoch = metadata_int(metadata, "epoch", path);
-  contents.progress.batch_in_epoch = metadata_int(metadata, "batch_in_epoch", path);
-  contents.progress.global_step = metadata_int(metadata, "global_step", path);
-  contents.generator.seed = static_cast<std::uint64_t>(metadata_int(metadata, "generator_seed", path));
-  contents.generator.offset = static_cast<std::uint64_t>(metadata_int(metadata, "generator_offset", path));
-  contents.settings = metadata;
-  return contents;
+  return contents_from_metadata(metadata, path);
+}
+
+CheckpointContents read_checkpoint_contents(const std::string& path) {
+  return contents_from_metadata(read_safetensors(path).metadata, path);
 }
 
 }  // namespace ferry

@@ -4,6 +4,7 @@
 
 #include <unistd.h>
 
+#include <charconv>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -74,6 +75,13 @@ std::vector<double> sum_over_ranks(dist::ProcessGroup& group, const std::vector<
   if (!group.device().is_cpu()) packed = packed.to(group.device());
   group.all_reduce(packed, dist::ReduceOp::Sum, "epoch totals");
   return packed.cpu().to_vector<double>();
+}
+
+// A double as the shortest text that reads back as the same double ("0.05", not std::to_string's "0.050000").
+std::string exact_text(double value) {
+  char text[32];
+  const auto [end, error] = std::to_chars(text, text + sizeof text, value);
+  return error == std::errc() ? std::string(text, end) : std::to_string(value);
 }
 
 double schedule_lr(const TrainOptions& o, std::int64_t step, std::int64_t total_steps) {
@@ -152,9 +160,28 @@ TrainResult train(nn::Module& model, const Dataset& train_set, const Dataset& te
   if (!o.resume_path.empty()) {
     const CheckpointContents contents = load_checkpoint(o.resume_path, model, &optimizer);
     progress = contents.progress;
+    // Within an epoch, the batches already taken are counted in the checkpoint's batches of its data.
+    if (progress.batch_in_epoch > 0) {
+      const auto setting = [&](const char* key) {
+        const auto it = contents.settings.find(key);
+        return it == contents.settings.end() ? std::string() : it->second;
+      };
+      const std::string batch = setting("batch"), images = setting("train_images");
+      FERRY_CHECK((batch.empty() || batch == std::to_string(o.batch_size)) &&
+                      (images.empty() || images == std::to_string(train_set.size())),
+                  InvalidArgument, "The checkpoint '", o.resume_path, "' stopped in epoch ", progress.epoch + 1,
+                  " after ", progress.batch_in_epoch, " batches of ", batch.empty() ? "?" : batch, " over ",
+                  images.empty() ? "?" : images, " training images; this run has batches of ", o.batch_size,
+                  " over ", train_set.size(), ", so it cannot continue that epoch: resume with --batch ",
+                  batch.empty() ? "?" : batch, " and the same data, or from a checkpoint written at an epoch end");
+    }
     set_generator_state(contents.generator);
     out << "resumed from " << o.resume_path << " at epoch " << progress.epoch + 1 << ", batch "
         << progress.batch_in_epoch << " (step " << progress.global_step << ")\n";
+    if (progress.epoch >= o.epochs) {
+      out << "the run has done its " << o.epochs << " epochs: nothing to train (--epochs " << progress.epoch + 1
+          << " or more trains on)\n";
+    }
     // Continuing bit for bit needs the algorithms the checkpoint's run used.
     const auto written = contents.settings.find("deterministic");
     if (written != contents.settings.end() && written->second == "true" && !deterministic) {
@@ -213,11 +240,13 @@ TrainResult train(nn::Module& model, const Dataset& train_set, const Dataset& te
     CheckpointContents contents;
     contents.progress = at;
     contents.generator = generator_state();
-    contents.settings = {{"model", o.model_name}, {"lr", std::to_string(o.lr)}, {"momentum", std::to_string(o.momentum)},
-                         {"weight_decay", std::to_string(o.weight_decay)}, {"batch", std::to_string(o.batch_size)},
+    contents.settings = {{"model", o.model_name}, {"lr", exact_text(o.lr)}, {"momentum", exact_text(o.momentum)},
+                         {"weight_decay", exact_text(o.weight_decay)}, {"batch", std::to_string(o.batch_size)},
                          {"epochs", std::to_string(o.epochs)}, {"seed", std::to_string(o.seed)},
                          {"schedule", o.schedule}, {"placement", std::string(placement_name(o.placement))},
-                         {"deterministic", deterministic ? "true" : "false"}};
+                         {"deterministic", deterministic ? "true" : "false"},
+                         {"train_images", std::to_string(train_set.size())},
+                         {"test_images", std::to_string(test_set.size())}};
     save_checkpoint(o.checkpoint_path, model, &optimizer, contents);
   };
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # tests/cli/test_stop.sh PATH/TO/FERRY — Ctrl-C and SIGTERM during `ferry train`: the run stops after the step in
-# progress, writes its checkpoint there, says how to continue, exits 128 + the signal, and --resume goes on from
-# that step. Not here: that the continuation is bit for bit (tests/test_train.cpp, Trainer.StopRequest*, where the
+# progress, writes its checkpoint there, says how to continue, exits 128 + the signal, and --resume alone (the
+# run's settings come from the checkpoint) goes on from that step; ferry eval knows the checkpoint's model. Not here: that the continuation is bit for bit (tests/test_train.cpp, Trainer.StopRequest*, where the
 # request comes at a step that does not depend on timing); data-parallel ranks (tests/cli/test_ddp.sh).
 set -u
 
@@ -32,7 +32,8 @@ fi
 long_run=(train --device cpu --model mlp --batch 32 --limit-train 1024 --limit-test 64 --epochs 100 --log-every 1
           --data "$data_dir")
 
-# start_and_signal NAME SIGNAL ARGS...: starts `ferry ARGS --metrics` in the background, sends SIGNAL once 3 steps
+# start_and_signal NAME SIGNAL ARGS...: starts `ferry ARGS --metrics` in the background (under `timeout`, which
+# forwards a signal to ferry and then to its process group: ferry gets it twice), sends SIGNAL twice once 3 steps
 # are logged, and sets `rc` to its exit status (stdout and stderr in $scratch/NAME.out, .err).
 start_and_signal() {
   local name="$1" signal="$2"
@@ -46,6 +47,7 @@ start_and_signal() {
     if [[ $waited -gt 2400 ]] || ! kill -0 "$run_pid" 2>/dev/null; then break; fi
   done
   kill "-$signal" "$run_pid" 2>/dev/null
+  kill "-$signal" "$run_pid" 2>/dev/null  # twice at once, as wrappers deliver it: still one clean stop
   rc=0
   wait "$run_pid" || rc=$?
   run_pid=""
@@ -64,27 +66,49 @@ else
 fi
 steps="$(sed -n 's/^stopped on request (signal 2) after \([0-9]*\) steps.*/\1/p' "$scratch/int.out")"
 if [[ -n "$steps" ]] && "$FERRY" inspect "$checkpoint" --json >"$scratch/inspect.json" 2>"$scratch/inspect.err" &&
-   python3 - "$scratch/inspect.json" "$steps" <<'PY'; then
+   python3 - "$scratch/inspect.json" "$steps" >"$scratch/batch_in_epoch" <<'PY'; then
 import json, sys
 m = json.load(open(sys.argv[1]))["metadata"]
 steps = int(sys.argv[2])
 assert int(m["global_step"]) == steps, (m, steps)
 assert int(m["epoch"]) * 32 + int(m["batch_in_epoch"]) == steps, m  # 32 steps per epoch
+print(m["batch_in_epoch"])
 PY
   ok "the checkpoint holds step $steps, where the run stopped"
 else
   fail "checkpoint after SIGINT (steps '$steps'): $(tail -c 400 "$scratch/inspect.err") $(head -c 600 "$scratch/inspect.json")"
 fi
 
-# --- --resume from it: goes on from that step (to 3 steps more) --------------------------------------------------
+# --- --resume alone (no model, batch or data options: the checkpoint's run's) goes on from that step ---------------
 if [[ -n "$steps" ]] &&
-   timeout 300 "$FERRY" "${long_run[@]}" --resume "$checkpoint" --max-steps $((steps + 3)) --json \
-     >"$scratch/resumed.json" 2>"$scratch/resumed.err" &&
-   python3 -c 'import json, sys; j = json.load(open(sys.argv[1])); assert j["steps"] == int(sys.argv[2]) and j["stopped_by_signal"] == 0, j' \
-     "$scratch/resumed.json" $((steps + 3)); then
-  ok "--resume went on from step $steps to $((steps + 3))"
+   timeout 300 "$FERRY" train --device cpu --data "$data_dir" --resume "$checkpoint" --max-steps $((steps + 3)) \
+     >"$scratch/resumed.out" 2>"$scratch/resumed.err" &&
+   grep -q "^the run's settings, from $checkpoint: --model mlp --batch 32 --epochs 100 .*--limit-train 1024 --limit-test 64" \
+     "$scratch/resumed.out" &&
+   grep -q "^resumed from $checkpoint at epoch [0-9]*, batch [0-9]* (step $steps)" "$scratch/resumed.out" &&
+   grep -q "^stopped after $((steps + 3)) steps (--max-steps)" "$scratch/resumed.out"; then
+  ok "--resume alone took the run's settings and went on from step $steps to $((steps + 3))"
 else
-  fail "--resume after SIGINT: $(tail -c 600 "$scratch/resumed.err") $(head -c 400 "$scratch/resumed.json")"
+  fail "--resume after SIGINT: $(tail -c 600 "$scratch/resumed.err") $(head -c 600 "$scratch/resumed.out")"
+fi
+
+# --- within an epoch, other batches cannot continue it: exit 2, one line with both; ferry eval knows the model -------
+rc=0
+"$FERRY" train --device cpu --data "$data_dir" --resume "$checkpoint" --batch 64 >"$scratch/other.out" \
+  2>"$scratch/other.err" || rc=$?
+if [[ "$(cat "$scratch/batch_in_epoch" 2>/dev/null)" == 0 ]]; then
+  echo "skip (other batches): the signal came during a test pass, so the checkpoint is at an epoch end"
+elif [[ $rc -eq 2 && $(wc -l <"$scratch/other.err") -eq 1 ]] &&
+   grep -q "batches of 32 over 1024 training images; this run has batches of 64 over 1024" "$scratch/other.err"; then
+  ok "--resume within an epoch with --batch 64 (the run's was 32): exit 2, one line naming both"
+else
+  fail "--resume --batch 64: exit $rc, $(head -c 600 "$scratch/other.err")"
+fi
+if "$FERRY" eval --checkpoint "$checkpoint" --device cpu --data "$data_dir" --json >"$scratch/eval.json" \
+     2>"$scratch/eval.err" && grep -q '"model":"mlp"' "$scratch/eval.json"; then
+  ok "ferry eval reads the model (mlp) from the checkpoint"
+else
+  fail "ferry eval of an mlp checkpoint: $(head -c 600 "$scratch/eval.err")"
 fi
 
 # --- SIGTERM (a scheduler's stop) without --checkpoint: exit 143, and it says the progress is not saved -------------

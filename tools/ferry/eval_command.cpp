@@ -22,14 +22,25 @@ void register_eval_command(CLI::App& app) {
   cmd->add_flag("--json", json, "Print {\"test_accuracy\": ...}");
   cmd->callback([] {
     const ferry::Device device = ferry::Device::parse(device_text);
-    auto model = ferry::make_fmnist_model();
+    // The model the checkpoint's run trained (its "model" setting; fmnist when the file does not say).
+    const auto settings = ferry::read_checkpoint_contents(checkpoint).settings;
+    const auto named = settings.find("model");
+    const std::string model_name = named == settings.end() ? "fmnist" : named->second;
+    FERRY_CHECK(model_name == "fmnist" || model_name == "mlp", FormatError, "Checkpoint '", checkpoint,
+                "' was written for the model '", model_name, "'; ferry eval knows fmnist and mlp");
+    auto model = model_name == "mlp" ? ferry::make_mlp_model() : ferry::make_fmnist_model();
     ferry::load_checkpoint(checkpoint, *model, nullptr);
     model->to(device);
     ferry::DataLoader loader(ferry::load_fashion_mnist(data, false),
                              {.batch_size = 1000, .shuffle = false, .placement = ferry::Placement::Resident, .device = device});
     const double accuracy = ferry::evaluate_accuracy(*model, loader);
-    if (json) fmt::print("{}\n", nlohmann::json{{"test_accuracy", accuracy}, {"device", device.str()}}.dump());
-    else fmt::print("test accuracy {:.2f} % ({} images, {})\n", 100 * accuracy, loader.size(), device.str());
+    if (json) {
+      fmt::print("{}\n",
+                 nlohmann::json{{"test_accuracy", accuracy}, {"device", device.str()}, {"model", model_name}}.dump());
+    } else {
+      fmt::print("test accuracy {:.2f} % ({} images, {} model, {})\n", 100 * accuracy, loader.size(), model_name,
+                 device.str());
+    }
   });
 }
 

@@ -7,9 +7,11 @@
 
 #include <algorithm>
 #include <atomic>
+#include <charconv>
 #include <cmath>
 #include <csignal>
 #include <cstring>
+#include <ctime>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -47,14 +49,28 @@ struct TrainArgs {
 };
 
 // Ctrl-C (SIGINT) or a scheduler's SIGTERM during `ferry train`: the first asks the loop to stop after the step in
-// progress and to write the checkpoint there (TrainOptions::stop_request); the handler then reverts to the default,
-// so a second one ends the process at once.
+// progress and to write the checkpoint there (TrainOptions::stop_request); the same signal again, a second or more
+// later, ends the process at once. Repeats within that second are the same request delivered twice: `timeout`, for
+// one, forwards a signal to its command and then to its whole process group.
 std::atomic<int> stop_request{0};
+std::atomic<std::int64_t> first_signal_ns{0};  // CLOCK_MONOTONIC of the first signal; 0: none yet
+constexpr std::int64_t kRepeatIgnoredNs = 1'000'000'000;
 
-extern "C" void ask_training_to_stop(int signal) {
+extern "C" void ask_training_to_stop(int signal) {  // async-signal-safe: clock_gettime, write, signal, raise
+  timespec now {};
+  clock_gettime(CLOCK_MONOTONIC, &now);
+  const std::int64_t ns = static_cast<std::int64_t>(now.tv_sec) * 1'000'000'000 + now.tv_nsec;
+  const std::int64_t first = first_signal_ns.load(std::memory_order_relaxed);
+  if (first != 0) {
+    if (ns - first < kRepeatIgnoredNs) return;
+    std::signal(signal, SIG_DFL);
+    std::raise(signal);
+    return;
+  }
+  first_signal_ns.store(ns, std::memory_order_relaxed);
   stop_request.store(signal, std::memory_order_relaxed);
   static const char message[] = "\nferry: stopping after this step (again to quit at once)\n";
-  const ssize_t ignored = write(STDERR_FILENO, message, sizeof message - 1);  // async-signal-safe
+  const ssize_t ignored = write(STDERR_FILENO, message, sizeof message - 1);
   (void)ignored;
 }
 
@@ -65,7 +81,7 @@ class StopOnSignal {
     struct sigaction action {};
     action.sa_handler = ask_training_to_stop;
     sigemptyset(&action.sa_mask);
-    action.sa_flags = SA_RESETHAND | SA_RESTART;  // one-shot: the second signal has its default effect
+    action.sa_flags = SA_RESTART;
     sigaction(SIGINT, &action, &old_int_);
     sigaction(SIGTERM, &action, &old_term_);
   }
@@ -84,6 +100,52 @@ std::string signal_name(int signal) {
   if (signal == SIGINT) return "SIGINT (Ctrl-C)";
   if (signal == SIGTERM) return "SIGTERM";
   return "signal " + std::to_string(signal);
+}
+
+// --resume: each option this command line leaves out takes the value of the run that wrote the checkpoint, so
+// `ferry train --resume F --checkpoint F` alone continues that run. An option given with another value is used,
+// and named in a note (the run then differs from the one that stopped). Returns the lines to print.
+std::vector<std::string> take_run_settings(const CLI::App& cmd, TrainArgs& a, const ferry::CheckpointContents& c) {
+  std::vector<std::string> taken, notes;
+  auto& o = a.options;
+  auto apply = [&]<typename T>(const char* flag, const char* key, T& value) {
+    const auto it = c.settings.find(key);
+    if (it == c.settings.end()) return;  // an older checkpoint, without this setting
+    T stored{};
+    if constexpr (std::is_same_v<T, std::string>) {
+      stored = it->second;
+    } else {
+      const char* first = it->second.data();
+      const char* last = first + it->second.size();
+      const auto [end, error] = std::from_chars(first, last, stored);
+      FERRY_CHECK(error == std::errc() && end == last, FormatError, "Checkpoint '", o.resume_path, "': its setting '",
+                  key, "' is not a number: '", it->second, "'");
+    }
+    if (cmd.count(flag) == 0) {
+      value = stored;
+      taken.push_back(fmt::format("{} {}", flag, it->second));
+    } else if (value != stored) {
+      notes.push_back(fmt::format("note: {} {} is not the {} of the run that wrote {}: this run differs from it",
+                                  flag, value, it->second, o.resume_path));
+    }
+  };
+  apply("--model", "model", o.model_name);
+  apply("--batch", "batch", o.batch_size);
+  apply("--epochs", "epochs", o.epochs);
+  apply("--lr", "lr", o.lr);
+  apply("--momentum", "momentum", o.momentum);
+  apply("--weight-decay", "weight_decay", o.weight_decay);
+  apply("--schedule", "schedule", o.schedule);
+  apply("--seed", "seed", o.seed);
+  apply("--placement", "placement", a.placement);
+  apply("--limit-train", "train_images", a.limit_train);
+  apply("--limit-test", "test_images", a.limit_test);
+  if (!taken.empty()) {
+    std::string line = "the run's settings, from " + o.resume_path + ":";
+    for (const auto& t : taken) line += " " + t;
+    notes.insert(notes.begin(), line);
+  }
+  return notes;
 }
 
 // Data-parallel part of the report: what the all-reduces carried and cost, against Exercise 4.1's figure.
@@ -205,8 +267,10 @@ void register_train_command(CLI::App& app) {
                                                    "(--max-steps, or Ctrl-C / SIGTERM: the first stops after the step in "
                                                    "progress, exit status 130 / 143)");
   cmd->add_option("--resume", o.resume_path,
-                  "Continue from a checkpoint, bit for bit (on cuda: when the checkpoint's run used --deterministic,\n"
-                  "which the resumed run then does too)");
+                  "Continue the run that wrote a checkpoint, bit for bit: the options not given here take that\n"
+                  "run's values (model, batch, epochs, lr, momentum, weight decay, schedule, seed, placement, image\n"
+                  "counts). On cuda bit for bit when that run used --deterministic, which this one then does too.\n"
+                  "Example: ferry train --resume run.safetensors --checkpoint run.safetensors");
   cmd->add_flag("--deterministic", o.deterministic,
                 "Only algorithms that sum in a fixed order, chosen without timing: on cuda the same bits every run\n"
                 "(cuDNN's heuristics instead of its timed search; no atomics); maybe slower. The cpu always is.\n"
@@ -231,9 +295,12 @@ void register_train_command(CLI::App& app) {
   cmd->add_option("--check-replicas-every", o.check_replicas_every,
                   "Compare every rank's parameters every N steps (always at each epoch end and at the stop)")
       ->check(whole_number_at_least(0));
-  cmd->callback([] {
+  cmd->callback([cmd] {
     auto& o = a.options;
     o.device = ferry::Device::parse(a.device);
+    const std::vector<std::string> resume_notes =
+        o.resume_path.empty() ? std::vector<std::string>{}
+                              : take_run_settings(*cmd, a, ferry::read_checkpoint_contents(o.resume_path));
     o.placement = ferry::parse_placement(a.placement);
     std::unique_ptr<ferry::dist::ProcessGroup> group;
     if (a.ddp) {
@@ -262,6 +329,7 @@ void register_train_command(CLI::App& app) {
     auto model = o.model_name == "mlp" ? ferry::make_mlp_model() : ferry::make_fmnist_model();
     std::ostringstream sink;
     std::ostream& log = a.json || !is_rank0 ? static_cast<std::ostream&>(sink) : std::cout;
+    for (const auto& line : resume_notes) log << line << "\n";
     o.stop_request = &stop_request;
     ferry::TrainResult r;
     {
@@ -282,7 +350,7 @@ void register_train_command(CLI::App& app) {
                           (o.checkpoint_path.empty()
                                ? std::string("no --checkpoint was given, so the progress is not saved")
                                : o.checkpoint_path + " holds it: continue with ferry train --resume " +
-                                     o.checkpoint_path + " (and the same options)"),
+                                     o.checkpoint_path + " --checkpoint " + o.checkpoint_path),
           r.stopped_by);
     }
   });
