@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""interop_check.py — load a `ferry train` checkpoint into PyTorch's equivalent nn.Sequential and
-evaluate it on Fashion-MNIST's test set; the accuracy must equal `ferry eval`'s.
+"""interop_check.py — load a `ferry train` checkpoint into PyTorch's equivalent nn.Sequential (the fmnist CNN or
+the mlp, as its metadata says) and evaluate it on Fashion-MNIST's test set; the accuracy must equal `ferry eval`'s.
 
 Usage: /usr/bin/python3 tools/interop_check.py fmnist.safetensors [--data DIR] [--expect ACCURACY]
 Needs Debian's python3-torch (or any torch); parses safetensors with json + numpy, no other package.
@@ -42,6 +42,14 @@ def fmnist_model():
     return nn.Sequential(*layers)
 
 
+def mlp_model():
+    return nn.Sequential(nn.Flatten(), nn.Linear(784, 1024), nn.ReLU(), nn.Linear(1024, 1024), nn.ReLU(),
+                         nn.Linear(1024, 10))
+
+
+MODELS = {"fmnist": fmnist_model, "mlp": mlp_model}
+
+
 def read_idx(path):
     with gzip.open(path, "rb") as f:
         data = f.read()
@@ -59,7 +67,11 @@ def main():
 
     tensors, metadata = read_safetensors(args.checkpoint)
     weights = {k: v for k, v in tensors.items() if not k.startswith("optimizer.")}
-    model = fmnist_model()
+    name = metadata.get("model", "fmnist")  # the model `ferry train --model` trained
+    if name not in MODELS:
+        print(f"{args.checkpoint}: model '{name}' has no PyTorch twin here ({', '.join(MODELS)})", file=sys.stderr)
+        return 2
+    model = MODELS[name]()
     model.load_state_dict(weights, strict=True)  # ferry's names are PyTorch's
     model.eval()
 
@@ -71,7 +83,7 @@ def main():
     with torch.no_grad():
         predictions = torch.cat([model(x[i : i + 1000]).argmax(1) for i in range(0, len(x), 1000)])
     accuracy = (predictions == labels).float().mean().item()
-    print(json.dumps({"test_accuracy": accuracy, "tensors": len(weights), "epoch": metadata.get("epoch")}))
+    print(json.dumps({"test_accuracy": accuracy, "model": name, "tensors": len(weights), "epoch": metadata.get("epoch")}))
     if args.expect is not None and abs(accuracy - args.expect) > 1e-4:
         print(f"PyTorch's accuracy {accuracy:.4f} differs from ferry's {args.expect:.4f}", file=sys.stderr)
         return 1

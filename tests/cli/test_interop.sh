@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# tests/cli/test_interop.sh PATH/TO/FERRY — a ferry checkpoint in PyTorch (issue 6, point 6): tools/interop_check.py
+# loads it into PyTorch's own nn.Sequential with strict names and evaluates Fashion-MNIST's 10000 test images; the
+# accuracy must be ferry eval's, for the fmnist CNN (BatchNorm buffers included) and the mlp. Skips with a reason
+# where Debian's python3-torch is absent. Not here: layer-by-layer parity (tests/test_nn_parity.cpp, fixtures).
+set -u
+
+FERRY="${1:?usage: test_interop.sh path/to/ferry}"
+root="$(cd "$(dirname "$0")/../.." && pwd)"
+failures=0
+scratch="$(mktemp -d)"
+trap 'rm -rf "$scratch"' EXIT
+START=$(date +%s)
+
+fail() {
+  echo "FAIL: $*" >&2
+  failures=$((failures + 1))
+}
+ok() { echo "ok: $*"; }
+
+python=/usr/bin/python3  # Debian's, where python3-torch installs (not a pyenv or venv one first on PATH)
+if ! "$python" -c "import torch, numpy" 2>/dev/null; then
+  echo "SKIP: $python cannot import torch and numpy (apt-get install python3-torch)"
+  exit 0
+fi
+data_dir=/usr/share/datasets/fashion-mnist
+if [[ ! -f "$data_dir/t10k-images-idx3-ubyte.gz" ]]; then
+  echo "SKIP: Fashion-MNIST not found in $data_dir (apt-get install dataset-fashion-mnist)"
+  exit 0
+fi
+
+for model in fmnist mlp; do
+  checkpoint="$scratch/$model.safetensors"
+  if ! "$FERRY" train --device cpu --model "$model" --max-steps 40 --data "$data_dir" --checkpoint "$checkpoint" --json \
+       >"$scratch/$model.train.json" 2>"$scratch/$model.train.err"; then
+    fail "$model: ferry train: $(tail -c 600 "$scratch/$model.train.err")"
+    continue
+  fi
+  accuracy="$("$FERRY" eval --checkpoint "$checkpoint" --device cpu --data "$data_dir" --json 2>"$scratch/$model.eval.err" |
+              "$python" -c 'import json, sys; print(json.load(sys.stdin)["test_accuracy"])')"
+  if [[ -z "$accuracy" ]]; then
+    fail "$model: ferry eval: $(tail -c 600 "$scratch/$model.eval.err")"
+    continue
+  fi
+  if "$python" "$root/tools/interop_check.py" "$checkpoint" --data "$data_dir" --expect "$accuracy" \
+       >"$scratch/$model.torch.json" 2>"$scratch/$model.torch.err" &&
+     grep -q "\"model\": \"$model\"" "$scratch/$model.torch.json"; then
+    ok "$model after 40 steps: PyTorch $(head -c 200 "$scratch/$model.torch.json"), ferry eval $accuracy"
+  else
+    fail "$model: PyTorch's accuracy is not ferry's $accuracy: $(tail -c 600 "$scratch/$model.torch.err") $(head -c 300 "$scratch/$model.torch.json")"
+  fi
+done
+
+echo "test_interop: $failures failure(s), $(( $(date +%s) - START )) s"
+exit $(( failures > 0 ))
