@@ -2,6 +2,8 @@
 // loss goes down, resume continues bit for bit, and the loop reads values back only at log steps.
 #include <atomic>
 #include <filesystem>
+#include <functional>
+#include <utility>
 #include <sstream>
 
 #include "ferry/checkpoint.h"
@@ -256,23 +258,21 @@ TEST(Trainer, ResumeIsBitForBit) {
   std::filesystem::remove(path);
 }
 
-// A log that asks the run to stop (as ferry train's SIGINT handler does) once `text` has been written to it: the
-// request arrives mid-run, at a point that does not depend on timing.
-class StopWhenLogged : public std::stringbuf {
+// A log that does `action` once, when `text` has been written to it: something happens mid-run at a point that
+// does not depend on timing (a stop request, as ferry train's SIGINT handler makes; a copy of the checkpoint).
+class WhenLogged : public std::stringbuf {
  public:
-  StopWhenLogged(std::string text, std::atomic<int>& request, int signal)
-      : text_(std::move(text)), request_(request), signal_(signal) {}
+  WhenLogged(std::string text, std::function<void()> action) : text_(std::move(text)), action_(std::move(action)) {}
 
  protected:
   int sync() override {
-    if (str().find(text_) != std::string::npos) request_.store(signal_);
+    if (action_ && str().find(text_) != std::string::npos) std::exchange(action_, nullptr)();
     return 0;
   }
 
  private:
   std::string text_;
-  std::atomic<int>& request_;
-  int signal_;
+  std::function<void()> action_;
 };
 
 // A stop request (Ctrl-C, SIGTERM) ends the run after the step in progress with a checkpoint there, and --resume
@@ -294,7 +294,7 @@ TEST(Trainer, StopRequestCheckpointsWhereItStoppedAndResumeIsBitForBit) {
     SCOPED_TRACE(logged);
     const std::string path = temp_path("stopped.safetensors");
     std::atomic<int> request{0};
-    StopWhenLogged buffer(logged, request, 15);
+    WhenLogged buffer(logged, [&] { request = 15; });
     std::ostream log(&buffer);
     log << std::unitbuf;  // sync after every write
     TrainOptions part = o;
@@ -330,6 +330,44 @@ TEST(Trainer, StopRequestCheckpointsWhereItStoppedAndResumeIsBitForBit) {
   }
 }
 
+// --checkpoint-every: the checkpoint of step 5, taken from the folder while the run goes on (as a kill -9 would
+// leave it), resumes to the unbroken run's parameters bit for bit.
+TEST(Trainer, CheckpointEveryNStepsResumesBitForBit) {
+  const Dataset train_set = quadrant_dataset(96, 31), test_set = quadrant_dataset(16, 32);
+  TrainOptions o = quick_options(kCPU);  // 6 steps per epoch, 12 in all
+  o.log_every = 1;
+  std::ostringstream quiet;
+  manual_seed(6);
+  auto straight = make_fmnist_model();
+  train(*straight, train_set, test_set, o, quiet);
+
+  const std::string path = temp_path("every.safetensors"), kept = temp_path("every_step5.safetensors");
+  TrainOptions every = o;
+  every.checkpoint_path = path;
+  every.checkpoint_every = 5;
+  // Step 5's loss is logged while step 6 runs: the file then holds step 5 (step 6 is not a multiple of 5).
+  WhenLogged buffer("epoch 1 step 5/6", [&] { std::filesystem::copy_file(path, kept); });
+  std::ostream log(&buffer);
+  log << std::unitbuf;
+  manual_seed(6);
+  auto first = make_fmnist_model();
+  train(*first, train_set, test_set, every, log);
+  ASSERT_TRUE(std::filesystem::exists(kept)) << buffer.str();
+  EXPECT_EQ(read_checkpoint_contents(kept).progress.global_step, 5);
+
+  manual_seed(77);
+  auto resumed = make_fmnist_model();
+  TrainOptions rest = o;
+  rest.resume_path = kept;
+  EXPECT_EQ(train(*resumed, train_set, test_set, rest, quiet).steps, 12);
+  const auto a = straight->state_dict(), b = resumed->state_dict();
+  ASSERT_EQ(a.size(), b.size());
+  for (std::size_t i = 0; i < a.size(); ++i)
+    EXPECT_TRUE(testing::all_close(a[i].second, b[i].second, 0, 0)) << a[i].first;
+  std::filesystem::remove(path);
+  std::filesystem::remove(kept);
+}
+
 // A request that comes during an epoch's test pass stops the run at that epoch's end, its checkpoint already written.
 TEST(Trainer, StopRequestAtAnEpochEndStopsBeforeTheNextEpoch) {
   const Dataset train_set = quadrant_dataset(48, 26), test_set = quadrant_dataset(16, 27);
@@ -337,7 +375,7 @@ TEST(Trainer, StopRequestAtAnEpochEndStopsBeforeTheNextEpoch) {
   o.epochs = 4;  // 3 steps per epoch
   o.log_every = 100;
   std::atomic<int> request{0};
-  StopWhenLogged buffer("epoch 2/4", request, 2);
+  WhenLogged buffer("epoch 2/4", [&] { request = 2; });
   std::ostream log(&buffer);
   log << std::unitbuf;
   o.stop_request = &request;

@@ -32,6 +32,7 @@ struct TrainOptions {
   Placement placement = Placement::Resident;
   std::int64_t max_steps = -1;   // stop after this many optimizer steps in all (-1: run every epoch)
   std::string checkpoint_path;   // written at each epoch end and at the stop
+  std::int64_t checkpoint_every = 0;  // also every N steps (each a host sync and a copy of the state); 0: never
   std::string resume_path;
   std::string metrics_path;      // JSON lines
   bool progress_bar = true;      // on a terminal; plain lines otherwise

@@ -390,6 +390,11 @@ TrainResult train(nn::Module& model, const Dataset& train_set, const Dataset& te
           pending_loss = PendingRead(loss, "logged loss");
         }
       }
+      if (o.checkpoint_every > 0 && result.steps % o.checkpoint_every == 0) {  // what a kill -9 cannot take away
+        phase_start = Clock::now();
+        save({epoch, batches + (epoch == progress.epoch ? progress.batch_in_epoch : 0), result.steps});
+        sync_s += seconds_since(phase_start);
+      }
       ledger.end_step();
     }
     if (pending_loss.pending()) read_logged_loss();

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # tests/cli/test_stop.sh PATH/TO/FERRY — Ctrl-C and SIGTERM during `ferry train`: the run stops after the step in
 # progress, writes its checkpoint there, says how to continue, exits 128 + the signal, and --resume alone (the
-# run's settings come from the checkpoint) goes on from that step; ferry eval knows the checkpoint's model. Not here: that the continuation is bit for bit (tests/test_train.cpp, Trainer.StopRequest*, where the
-# request comes at a step that does not depend on timing); data-parallel ranks (tests/cli/test_ddp.sh).
+# run's settings come from the checkpoint) goes on from that step; ferry eval knows the checkpoint's model; with
+# --checkpoint-every, a kill -9 loses at most that many steps. Not here: that the continuation is bit for bit
+# (tests/test_train.cpp, Trainer.StopRequest* and CheckpointEveryNSteps*, where things happen at steps that do not
+# depend on timing); data-parallel ranks (tests/cli/test_ddp.sh).
 set -u
 
 FERRY="${1:?usage: test_stop.sh path/to/ferry}"
@@ -33,21 +35,26 @@ long_run=(train --device cpu --model mlp --batch 32 --limit-train 1024 --limit-t
           --data "$data_dir")
 
 # start_and_signal NAME SIGNAL ARGS...: starts `ferry ARGS --metrics` in the background (under `timeout`, which
-# forwards a signal to ferry and then to its process group: ferry gets it twice), sends SIGNAL twice once 3 steps
-# are logged, and sets `rc` to its exit status (stdout and stderr in $scratch/NAME.out, .err).
+# forwards a signal to ferry and then to its process group: ferry gets it twice), sends SIGNAL twice to timeout
+# (KILL: once, to ferry) once 3 steps are logged (and the file $WAIT_FOR exists, when set), and sets `rc` to the
+# exit status (stdout and stderr in $scratch/NAME.out, .err).
 start_and_signal() {
   local name="$1" signal="$2"
   shift 2
   timeout -s KILL 300 "$FERRY" "$@" --metrics "$scratch/$name.jsonl" >"$scratch/$name.out" 2>"$scratch/$name.err" &
   run_pid=$!
   local waited=0
-  until [[ $(grep -c '"kind":"step"' "$scratch/$name.jsonl" 2>/dev/null) -ge 3 ]]; do
+  until [[ $(grep -c '"kind":"step"' "$scratch/$name.jsonl" 2>/dev/null) -ge 3 && ( -z "${WAIT_FOR:-}" || -f "${WAIT_FOR:-}" ) ]]; do
     sleep 0.05
     waited=$((waited + 1))
     if [[ $waited -gt 2400 ]] || ! kill -0 "$run_pid" 2>/dev/null; then break; fi
   done
-  kill "-$signal" "$run_pid" 2>/dev/null
-  kill "-$signal" "$run_pid" 2>/dev/null  # twice at once, as wrappers deliver it: still one clean stop
+  if [[ $signal == KILL ]]; then  # timeout cannot pass on a SIGKILL: ferry itself gets it
+    kill -KILL "$(pgrep -P "$run_pid" | head -n 1)" 2>/dev/null
+  else
+    kill "-$signal" "$run_pid" 2>/dev/null
+    kill "-$signal" "$run_pid" 2>/dev/null  # twice at once, as wrappers deliver it: still one clean stop
+  fi
   rc=0
   wait "$run_pid" || rc=$?
   run_pid=""
@@ -118,6 +125,24 @@ if [[ $rc -eq 143 ]] &&
   ok "SIGTERM without --checkpoint: exit 143, says nothing was saved"
 else
   fail "SIGTERM: exit $rc, stderr: $(tail -c 600 "$scratch/term.err")"
+fi
+
+# --- --checkpoint-every 5, then kill -9 (nothing to catch): the checkpoint holds a multiple of 5 steps and resumes ---
+every="$scratch/every.safetensors"
+WAIT_FOR="$every" start_and_signal killed KILL "${long_run[@]}" --checkpoint "$every" --checkpoint-every 5
+if "$FERRY" inspect "$every" --json >"$scratch/every.json" 2>"$scratch/every.err" &&
+   python3 - "$scratch/every.json" >"$scratch/every_steps" <<'PY' &&
+import json, sys
+m = json.load(open(sys.argv[1]))["metadata"]
+step = int(m["global_step"])
+assert step > 0 and (step % 5 == 0 or m["batch_in_epoch"] == "0"), m
+print(step)
+PY
+   timeout 300 "$FERRY" train --device cpu --data "$data_dir" --resume "$every" --max-steps $(( $(cat "$scratch/every_steps") + 1 )) \
+     >"$scratch/every_resumed.out" 2>"$scratch/every_resumed.err"; then
+  ok "--checkpoint-every 5 and kill -9 (exit $rc): the checkpoint held step $(cat "$scratch/every_steps"), and --resume went on"
+else
+  fail "--checkpoint-every 5 and kill -9 (exit $rc): $(tail -c 300 "$scratch/every.err") $(head -c 300 "$scratch/every.json") $(tail -c 300 "$scratch/every_resumed.err")"
 fi
 
 echo "test_stop: $failures failure(s), $(( $(date +%s) - START )) s"

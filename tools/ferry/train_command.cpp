@@ -266,6 +266,10 @@ void register_train_command(CLI::App& app) {
   cmd->add_option("--checkpoint", o.checkpoint_path, "Write a safetensors checkpoint at each epoch end, and where the run stops\n"
                                                    "(--max-steps, or Ctrl-C / SIGTERM: the first stops after the step in "
                                                    "progress, exit status 130 / 143)");
+  cmd->add_option("--checkpoint-every", o.checkpoint_every,
+                  "Also write the checkpoint every N steps, so that a kill -9 or a crash loses at most N steps\n"
+                  "(each write waits for the device and copies the model and optimizer state to the host)")
+      ->check(whole_number_at_least(1));
   cmd->add_option("--resume", o.resume_path,
                   "Continue the run that wrote a checkpoint, bit for bit: the options not given here take that\n"
                   "run's values (model, batch, epochs, lr, momentum, weight decay, schedule, seed, placement, image\n"
@@ -298,6 +302,8 @@ void register_train_command(CLI::App& app) {
   cmd->callback([cmd] {
     auto& o = a.options;
     o.device = ferry::Device::parse(a.device);
+    FERRY_CHECK(o.checkpoint_every == 0 || !o.checkpoint_path.empty(), InvalidArgument,
+                "--checkpoint-every needs --checkpoint FILE (where to write)");
     const std::vector<std::string> resume_notes =
         o.resume_path.empty() ? std::vector<std::string>{}
                               : take_run_settings(*cmd, a, ferry::read_checkpoint_contents(o.resume_path));
