@@ -339,6 +339,8 @@ TrainResult train(nn::Module& model, const Dataset& train_set, const Dataset& te
     correct.zero_();
     seen = 0;
     std::int64_t batches = 0;
+    // Batches of this epoch done so far, those before a resume included: where a checkpoint written now resumes.
+    auto batch_in_epoch = [&] { return batches + (epoch == progress.epoch ? progress.batch_in_epoch : 0); };
     bool stopped = false;
     while (true) {
       if (o.max_steps >= 0 && result.steps >= o.max_steps) {
@@ -392,7 +394,7 @@ TrainResult train(nn::Module& model, const Dataset& train_set, const Dataset& te
       }
       if (o.checkpoint_every > 0 && result.steps % o.checkpoint_every == 0) {  // what a kill -9 cannot take away
         phase_start = Clock::now();
-        save({epoch, batches + (epoch == progress.epoch ? progress.batch_in_epoch : 0), result.steps});
+        save({epoch, batch_in_epoch(), result.steps});
         sync_s += seconds_since(phase_start);
       }
       ledger.end_step();
@@ -401,13 +403,12 @@ TrainResult train(nn::Module& model, const Dataset& train_set, const Dataset& te
     bar.clear();
     if (stopped) {
       check_replicas();
-      const std::int64_t batch_in_epoch = batches + (epoch == progress.epoch ? progress.batch_in_epoch : 0);
-      save({epoch, batch_in_epoch, result.steps});
+      save({epoch, batch_in_epoch(), result.steps});
       if (result.stopped_by == 0) {
         out << "stopped after " << result.steps << " steps (--max-steps)\n";
       } else {
         out << "stopped on request (signal " << result.stopped_by << ") after " << result.steps << " steps, in epoch "
-            << epoch + 1 << " at batch " << batch_in_epoch << " of " << steps_per_epoch << written_to << "\n";
+            << epoch + 1 << " at batch " << batch_in_epoch() << " of " << steps_per_epoch << written_to << "\n";
       }
       break;
     }
