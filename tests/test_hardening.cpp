@@ -370,6 +370,33 @@ TEST(HardeningMessages, MalformedCheckpointNamesAreOneLine) {
   }
 }
 
+// A checkpoint's metadata value holding a newline (progress that is not a number, a model ferry does not know) is
+// quoted with the newline as \x0a: one line, as every other message.
+TEST(HardeningMessages, CheckpointMetadataValuesAreQuotedOnOneLine) {
+  const std::string path = (fs::temp_directory_path() / ("ferry_metadata_" + std::to_string(getpid()))).string();
+  SafetensorsFile file;
+  file.metadata = {{"epoch", "1\nx"}, {"batch_in_epoch", "0"}, {"global_step", "0"}, {"generator_seed", "0"},
+                   {"generator_offset", "0"}};
+  write_safetensors(path, file);
+  try {
+    read_checkpoint_contents(path);
+    ADD_FAILURE() << "read";
+  } catch (const FormatError& error) {
+    const std::string message = error.what();
+    EXPECT_EQ(message.find('\n'), std::string::npos) << message;
+    EXPECT_NE(message.find("'1\\x0ax'"), std::string::npos) << message;
+  }
+  try {
+    make_model("fmnist\nmlp");
+    ADD_FAILURE() << "made";
+  } catch (const InvalidArgument& error) {
+    const std::string message = error.what();
+    EXPECT_EQ(message.find('\n'), std::string::npos) << message;
+    EXPECT_NE(message.find("'fmnist\\x0amlp': expected fmnist or mlp"), std::string::npos) << message;
+  }
+  fs::remove(path);
+}
+
 TEST(HardeningMessages, EmptyTensorWhoseSizesOverflowIsRefusedNotComputed) {
   // Found by fuzz/fuzz_safetensors.cpp under UBSan: shape [0, 2^62, 4] is a valid safetensors entry (no
   // bytes), but its strides overflowed int64 when `ferry inspect` made it a tensor.

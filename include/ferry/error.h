@@ -5,6 +5,7 @@
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 
 namespace ferry {
 
@@ -57,6 +58,24 @@ std::string concat(const Parts&... parts) {
   std::ostringstream out;
   (out << ... << parts);
   return out.str();
+}
+
+// Text from a user or a file as quoted in an error: control bytes written as \xNN, so that the message stays one
+// line whatever the text holds (a newline in a --device string, in a checkpoint's metadata).
+inline std::string printable(std::string_view text) {
+  constexpr char kDigits[] = "0123456789abcdef";
+  std::string out;
+  for (const char c : text) {
+    const auto byte = static_cast<unsigned char>(c);
+    if (byte < 0x20 || byte == 0x7F) {
+      out += "\\x";
+      out += kDigits[byte >> 4];
+      out += kDigits[byte & 0xF];
+    } else {
+      out += c;
+    }
+  }
+  return out;
 }
 }  // namespace detail
 

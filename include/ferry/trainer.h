@@ -104,6 +104,10 @@ std::shared_ptr<nn::Sequential> make_cnn_model(std::int64_t in_channels, std::in
 // ReLU, Linear 1024 -> 10. No BatchNorm, no dropout: data-parallel runs match one process to rounding.
 std::shared_ptr<nn::Sequential> make_mlp_model(const TensorOptions& options = {});
 
+// The model `ferry train --model NAME` trains on Fashion-MNIST's 28 x 28 images: "fmnist" or "mlp". Any other
+// name is an InvalidArgument that lists these.
+std::shared_ptr<nn::Sequential> make_model(const std::string& name, const TensorOptions& options = {});
+
 // Fraction of `loader`'s samples that `model` classifies right (eval mode, no grad, one sync).
 double evaluate_accuracy(nn::Module& model, DataLoader& loader);
 

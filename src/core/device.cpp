@@ -50,24 +50,7 @@ std::string available_devices_text() {
   return text;
 }
 
-namespace {
-// The text as quoted in an error: control bytes written as \xNN, so that the message stays one line.
-std::string printable(std::string_view text) {
-  constexpr char kDigits[] = "0123456789abcdef";
-  std::string out;
-  for (const char c : text) {
-    const auto byte = static_cast<unsigned char>(c);
-    if (byte < 0x20 || byte == 0x7F) {
-      out += "\\x";
-      out += kDigits[byte >> 4];
-      out += kDigits[byte & 0xF];
-    } else {
-      out += c;
-    }
-  }
-  return out;
-}
-}  // namespace
+using detail::printable;
 
 Device Device::parse(std::string_view text) {
   auto malformed = [&]() {

@@ -68,18 +68,7 @@ std::string all_safetensors_dtype_names() {
 // control bytes (a JSON "\n" in a name) are written as \xNN so that the message stays one line.
 std::string quoted_name(std::string_view text) {
   constexpr std::size_t kMaxShown = 80;
-  constexpr char kDigits[] = "0123456789abcdef";
-  std::string shown = "'";
-  for (const char c : text.substr(0, kMaxShown)) {
-    const auto byte = static_cast<unsigned char>(c);
-    if (byte < 0x20 || byte == 0x7F) {
-      shown += "\\x";
-      shown += kDigits[byte >> 4];
-      shown += kDigits[byte & 0xF];
-    } else {
-      shown += c;
-    }
-  }
+  const std::string shown = "'" + detail::printable(text.substr(0, kMaxShown));
   if (text.size() <= kMaxShown) return shown + "'";
   return detail::concat(shown, "...' (", text.size(), " bytes)");
 }

@@ -41,8 +41,8 @@ std::int64_t metadata_int(const std::map<std::string, std::string>& metadata, co
     if (used != it->second.size()) throw std::invalid_argument("trailing");
     return value;
   } catch (const std::exception&) {
-    throw FormatError(detail::concat("Checkpoint '", path, "': metadata '", key, "' is not an integer: '",
-                                     it->second, "'"));
+    throw FormatError(detail::concat("Checkpoint '", detail::printable(path), "': metadata '", key,
+                                     "' is not an integer: '", detail::printable(it->second), "'"));
   }
 }
 CheckpointContents contents_from_metadata(const std::map<std::string, std::string>& metadata, const std::string& path) {

@@ -119,6 +119,12 @@ std::shared_ptr<nn::Sequential> make_mlp_model(const TensorOptions& options) {
   return model;
 }
 
+std::shared_ptr<nn::Sequential> make_model(const std::string& name, const TensorOptions& options) {
+  if (name == "fmnist") return make_fmnist_model(options);
+  if (name == "mlp") return make_mlp_model(options);
+  throw InvalidArgument(detail::concat("Unknown model '", detail::printable(name), "': expected fmnist or mlp"));
+}
+
 double evaluate_accuracy(nn::Module& model, DataLoader& loader) {
   const bool was_training = model.is_training();
   model.eval();
@@ -164,7 +170,7 @@ TrainResult train(nn::Module& model, const Dataset& train_set, const Dataset& te
     if (progress.batch_in_epoch > 0) {
       const auto setting = [&](const char* key) {
         const auto it = contents.settings.find(key);
-        return it == contents.settings.end() ? std::string() : it->second;
+        return it == contents.settings.end() ? std::string() : detail::printable(it->second);
       };
       const std::string batch = setting("batch"), images = setting("train_images");
       FERRY_CHECK((batch.empty() || batch == std::to_string(o.batch_size)) &&

@@ -26,9 +26,7 @@ void register_eval_command(CLI::App& app) {
     const auto settings = ferry::read_checkpoint_contents(checkpoint).settings;
     const auto named = settings.find("model");
     const std::string model_name = named == settings.end() ? "fmnist" : named->second;
-    FERRY_CHECK(model_name == "fmnist" || model_name == "mlp", FormatError, "Checkpoint '", checkpoint,
-                "' was written for the model '", model_name, "'; ferry eval knows fmnist and mlp");
-    auto model = model_name == "mlp" ? ferry::make_mlp_model() : ferry::make_fmnist_model();
+    auto model = ferry::make_model(model_name);
     ferry::load_checkpoint(checkpoint, *model, nullptr);
     model->to(device);
     ferry::DataLoader loader(ferry::load_fashion_mnist(data, false),

@@ -118,15 +118,16 @@ std::vector<std::string> take_run_settings(const CLI::App& cmd, TrainArgs& a, co
       const char* first = it->second.data();
       const char* last = first + it->second.size();
       const auto [end, error] = std::from_chars(first, last, stored);
-      FERRY_CHECK(error == std::errc() && end == last, FormatError, "Checkpoint '", o.resume_path, "': its setting '",
-                  key, "' is not a number: '", it->second, "'");
+      FERRY_CHECK(error == std::errc() && end == last, FormatError, "Checkpoint '",
+                  ferry::detail::printable(o.resume_path), "': its setting '", key, "' is not a number: '",
+                  ferry::detail::printable(it->second), "'");
     }
     if (cmd.count(flag) == 0) {
       value = stored;
-      taken.push_back(fmt::format("{} {}", flag, it->second));
+      taken.push_back(fmt::format("{} {}", flag, ferry::detail::printable(it->second)));
     } else if (value != stored) {
       notes.push_back(fmt::format("note: {} {} is not the {} of the run that wrote {}: this run differs from it",
-                                  flag, value, it->second, o.resume_path));
+                                  flag, value, ferry::detail::printable(it->second), o.resume_path));
     }
   };
   apply("--model", "model", o.model_name);
@@ -330,9 +331,7 @@ void register_train_command(CLI::App& app) {
     ferry::Dataset test_set = ferry::load_fashion_mnist(a.data, false);
     if (a.limit_train > 0) train_set = ferry::take(train_set, a.limit_train);
     if (a.limit_test > 0) test_set = ferry::take(test_set, a.limit_test);
-    FERRY_CHECK(o.model_name == "fmnist" || o.model_name == "mlp", InvalidArgument, "--model must be fmnist or mlp, got '",
-                o.model_name, "'");
-    auto model = o.model_name == "mlp" ? ferry::make_mlp_model() : ferry::make_fmnist_model();
+    auto model = ferry::make_model(o.model_name);
     std::ostringstream sink;
     std::ostream& log = a.json || !is_rank0 ? static_cast<std::ostream&>(sink) : std::cout;
     for (const auto& line : resume_notes) log << line << "\n";
