@@ -328,7 +328,7 @@ TrainResult train(nn::Module& model, const Dataset& train_set, const Dataset& te
     if (metrics.is_open()) {
       metrics << nlohmann::json{{"kind", "step"}, {"epoch", logged.epoch + 1}, {"step", logged.step}, {"loss", last_loss},
                                 {"lr", logged.lr}, {"images_per_s", rate}}.dump()
-              << "\n";
+              << std::endl;  // flushed: a reader tailing the file sees each line when it is logged
     }
   };
   auto read_logged_loss = [&] {
@@ -467,7 +467,7 @@ TrainResult train(nn::Module& model, const Dataset& train_set, const Dataset& te
       metrics << nlohmann::json{{"kind", "epoch"}, {"epoch", stats.epoch}, {"train_loss", stats.train_loss},
                                 {"train_accuracy", stats.train_accuracy}, {"test_accuracy", stats.test_accuracy},
                                 {"seconds", stats.seconds}}.dump()
-              << "\n";
+              << std::endl;
     }
     save({epoch + 1, 0, result.steps});
     if (const int asked = ddp && o.stop_request ? agree_on_stop() : stop_asked(); asked != 0 && epoch + 1 < o.epochs) {

@@ -228,6 +228,12 @@ void print_results(const ferry::TrainResult& r, const TrainArgs& a, std::FILE* o
                  r.epochs == a.options.epochs ? "" : fmt::format(" (after epoch {} of {})", r.epochs, a.options.epochs),
                  r.seconds_per_epoch, r.device.str());
     }
+    if (!a.options.checkpoint_path.empty()) {
+      const std::string& path = a.options.checkpoint_path;
+      fmt::print(out, "checkpoint {} holds step {}: ferry eval --checkpoint {}{}\n", path, r.steps, path,
+                 r.epochs < a.options.epochs ? "; ferry train --resume " + path + " --checkpoint " + path + " goes on"
+                                             : std::string());
+    }
     print_report(r, out);
     if (!r.comm_backend.empty()) print_ddp_report(r, out);
   }
