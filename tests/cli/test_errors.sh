@@ -106,6 +106,18 @@ expect_failure 1 "bad-trailing" eval --checkpoint "$corpus/bad-trailing" --devic
 expect_failure 1 "dataset-fashion-mnist|--data|$scratch/nonexistent" train --device cpu --data "$scratch/nonexistent"
 expect_failure 1 "dataset-fashion-mnist" train --device cpu --data /nonexistent
 
+# --- output files whose folder is missing, or that name a folder: exit 2 before any training (the data is not even
+# read: --data points nowhere), not after the first epoch or at the end.
+expect_failure 2 "--checkpoint $scratch/absent/run.safetensors: the folder '$scratch/absent' does not exist" \
+  train --device cpu --data "$scratch/nonexistent" --checkpoint "$scratch/absent/run.safetensors"
+expect_failure 2 "--plot $scratch/absent/run.svg: the folder" train --device cpu --data "$scratch/nonexistent" \
+  --plot "$scratch/absent/run.svg"
+expect_failure 2 "--trace $scratch is a folder" train --device cpu --data "$scratch/nonexistent" --trace "$scratch"
+expect_failure 2 "--checkpoint-every needs --checkpoint" train --device cpu --data "$scratch/nonexistent" \
+  --checkpoint-every 10
+expect_failure 2 "Unknown model 'resnet': expected fmnist or mlp" train --device cpu --model resnet \
+  --data "$scratch/nonexistent"
+
 # --- and the one flag that is not an error: --version, exit 0, the version and what the build holds.
 version_rc=0
 "$FERRY" --version >"$scratch/out" 2>"$scratch/err" || version_rc=$?

@@ -12,6 +12,7 @@
 #include <csignal>
 #include <cstring>
 #include <ctime>
+#include <filesystem>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -147,6 +148,23 @@ std::vector<std::string> take_run_settings(const CLI::App& cmd, TrainArgs& a, co
     notes.insert(notes.begin(), line);
   }
   return notes;
+}
+
+// An output file asked for must have a writable folder before the run starts, not at the end of its first epoch
+// (a checkpoint) or of all of them (a plot, a trace), when the error would cost the work.
+void check_writable(const std::string& path, const char* option) {
+  if (path.empty()) return;
+  const std::filesystem::path parent = std::filesystem::path(path).parent_path();
+  const std::filesystem::path folder = parent.empty() ? std::filesystem::path(".") : parent;
+  std::error_code error;
+  FERRY_CHECK(std::filesystem::is_directory(folder, error), InvalidArgument, option, " ",
+              ferry::detail::printable(path), ": the folder '", ferry::detail::printable(folder.string()),
+              "' does not exist");
+  FERRY_CHECK(access(folder.c_str(), W_OK) == 0, InvalidArgument, option, " ", ferry::detail::printable(path),
+              ": the folder '", ferry::detail::printable(folder.string()), "' is not writable (",
+              std::strerror(errno), ")");
+  FERRY_CHECK(!std::filesystem::is_directory(path, error), InvalidArgument, option, " ",
+              ferry::detail::printable(path), " is a folder; give a file name");
 }
 
 // Data-parallel part of the report: what the all-reduces carried and cost, against Exercise 4.1's figure.
@@ -311,6 +329,10 @@ void register_train_command(CLI::App& app) {
     o.device = ferry::Device::parse(a.device);
     FERRY_CHECK(o.checkpoint_every == 0 || !o.checkpoint_path.empty(), InvalidArgument,
                 "--checkpoint-every needs --checkpoint FILE (where to write)");
+    check_writable(o.checkpoint_path, "--checkpoint");
+    check_writable(o.metrics_path, "--metrics");
+    check_writable(a.plot_path, "--plot");
+    check_writable(a.trace_path, "--trace");
     const std::vector<std::string> resume_notes =
         o.resume_path.empty() ? std::vector<std::string>{}
                               : take_run_settings(*cmd, a, ferry::read_checkpoint_contents(o.resume_path));
@@ -333,11 +355,11 @@ void register_train_command(CLI::App& app) {
     }
     const bool is_rank0 = !group || group->rank() == 0;
     ferry::manual_seed(o.seed);
+    auto model = ferry::make_model(o.model_name);  // before the data (reading it draws no random numbers)
     ferry::Dataset train_set = ferry::load_fashion_mnist(a.data, true);
     ferry::Dataset test_set = ferry::load_fashion_mnist(a.data, false);
     if (a.limit_train > 0) train_set = ferry::take(train_set, a.limit_train);
     if (a.limit_test > 0) test_set = ferry::take(test_set, a.limit_test);
-    auto model = ferry::make_model(o.model_name);
     std::ostringstream sink;
     std::ostream& log = a.json || !is_rank0 ? static_cast<std::ostream&>(sink) : std::cout;
     for (const auto& line : resume_notes) log << line << "\n";
