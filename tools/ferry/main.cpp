@@ -47,8 +47,9 @@ int main(int argc, char** argv) {
       "Try: ferry devices | ferry plan golden --speedup 250 --compute 0.1s --transfer 0.7s | ferry train",
       "ferry"};
   app.set_version_flag("--version", version_text());
-  app.footer("Exit status: 0 done; 1 a runtime failure (a file, a device, a non-finite loss); 2 bad usage or input;\n"
-             "130 / 143 ferry train stopped by Ctrl-C / SIGTERM after the step in progress (with --checkpoint, saved there).");
+  app.footer(
+      "Exit status: 0 done; 1 a runtime failure (a file, a device, a non-finite loss); 2 bad usage or input;\n"
+      "130 / 143 ferry train stopped by Ctrl-C / SIGTERM after the step in progress (with --checkpoint, saved there).");
   app.require_subcommand(1);
   app.fallthrough(false);
   register_devices_command(app);

@@ -288,9 +288,9 @@ void register_train_command(CLI::App& app) {
       ->check(CLI::IsMember({"auto", "on", "off"}));
   cmd->add_option("--max-steps", o.max_steps, "Stop after this many steps in all (and checkpoint)")
       ->check(whole_number_at_least(0));
-  cmd->add_option("--checkpoint", o.checkpoint_path, "Write a safetensors checkpoint at each epoch end, and where the run stops\n"
-                                                   "(--max-steps, or Ctrl-C / SIGTERM: the first stops after the step in "
-                                                   "progress, exit status 130 / 143)");
+  cmd->add_option("--checkpoint", o.checkpoint_path,
+                  "Write a safetensors checkpoint at each epoch end, and where the run stops (--max-steps, or\n"
+                  "Ctrl-C / SIGTERM: the first stops after the step in progress, exit status 130 / 143)");
   cmd->add_option("--checkpoint-every", o.checkpoint_every,
                   "Also write the checkpoint every N steps, so that a kill -9 or a crash loses at most N steps\n"
                   "(each write waits for the device and copies the model and optimizer state to the host)")
