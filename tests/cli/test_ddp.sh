@@ -124,9 +124,13 @@ rc=0
 [[ -n "$rank1" ]] && kill -TERM "$rank1"
 wait "$background_pid" || rc=$?
 background_pid=""
-stop_steps="$(sed -n 's/^stopped on request (signal 15) after \([0-9]*\) steps.*/\1/p' "$scratch/stop.out")"
-if [[ -n "$rank1" && $rc -ne 0 && -n "$stop_steps" ]] && grep -q "checkpoint written to" "$scratch/stop.out" &&
-   "$FERRY" inspect "$scratch/stop.safetensors" --json | grep -q "\"global_step\":\"$stop_steps\""; then
+# The ranks agree at a log step ("after N steps, in epoch ...") or, when the signal lands after an epoch's last log
+# step, at its end ("at the end of epoch ..."): the checkpoint says which step either way.
+stop_steps="$("$FERRY" inspect "$scratch/stop.safetensors" --json 2>/dev/null |
+              python3 -c 'import json, sys; print(json.load(sys.stdin)["metadata"]["global_step"])' 2>/dev/null)"
+if [[ -n "$rank1" && $rc -ne 0 && -n "$stop_steps" ]] &&
+   grep -Eq "^stopped on request \(signal 15\) (after $stop_steps steps|at the end of epoch).*checkpoint written to" \
+     "$scratch/stop.out"; then
   ok "SIGTERM to rank 1 alone: both ranks stopped after step $stop_steps, rank 0's checkpoint holds it (mpirun exit $rc)"
   if mpi 2 "$FERRY" "${stop_args[@]}" --ddp --resume "$scratch/stop.safetensors" --max-steps $((stop_steps + 2)) \
        --check-replicas-every 1 --checkpoint "$scratch/resumed.safetensors" >"$scratch/resumed.out" 2>"$scratch/resumed.err" &&
