@@ -45,6 +45,7 @@ std::int64_t metadata_int(const std::map<std::string, std::string>& metadata, co
                                      "' is not an integer: '", detail::printable(it->second), "'"));
   }
 }
+
 CheckpointContents contents_from_metadata(const std::map<std::string, std::string>& metadata, const std::string& path) {
   CheckpointContents contents;
   contents.progress.epoch = metadata_int(metadata, "epoch", path);
