@@ -164,6 +164,15 @@ TEST(Checkpoint, RoundTripsModelOptimizerAndProgress) {
   EXPECT_THROW(load_checkpoint(path, *other, nullptr), IoError);
 }
 
+// Every parameter and buffer of `actual` equals `expected`'s bit for bit (a resumed or replayed run against the
+// unbroken one).
+void expect_same_bits(const nn::Module& expected, const nn::Module& actual) {
+  const auto a = expected.state_dict(), b = actual.state_dict();
+  ASSERT_EQ(a.size(), b.size());
+  for (std::size_t i = 0; i < a.size(); ++i)
+    EXPECT_TRUE(testing::all_close(b[i].second, a[i].second, 0, 0)) << a[i].first;
+}
+
 TrainOptions quick_options(Device device) {
   TrainOptions o;
   o.device = device;
@@ -220,10 +229,7 @@ TEST(Trainer, StepGraphGivesTheEagerLoopsParametersBitForBit) {
     EXPECT_EQ(a.history[e].train_accuracy, b.history[e].train_accuracy);
     EXPECT_EQ(a.history[e].test_accuracy, b.history[e].test_accuracy);
   }
-  const auto pa = eager->state_dict(), pb = graphed->state_dict();
-  ASSERT_EQ(pa.size(), pb.size());
-  for (std::size_t i = 0; i < pa.size(); ++i)
-    EXPECT_TRUE(testing::all_close(pb[i].second, pa[i].second, 0, 0)) << pa[i].first;
+  expect_same_bits(*eager, *graphed);
   EXPECT_THROW({ o.graphs = "sometimes"; train(*graphed, train_set, test_set, o, log); }, InvalidArgument);
   nn::functional::set_fused_host_kernels(true);
 }
@@ -251,10 +257,7 @@ TEST(Trainer, ResumeIsBitForBit) {
   rest.resume_path = path;
   const TrainResult r = train(*resumed, train_set, test_set, rest, log);
   EXPECT_EQ(r.steps, 12);
-  const auto a = straight->state_dict(), b = resumed->state_dict();
-  ASSERT_EQ(a.size(), b.size());
-  for (std::size_t i = 0; i < a.size(); ++i)
-    EXPECT_TRUE(testing::all_close(a[i].second, b[i].second, 0, 0)) << a[i].first;
+  expect_same_bits(*straight, *resumed);
   std::filesystem::remove(path);
 }
 
@@ -322,10 +325,7 @@ TEST(Trainer, StopRequestCheckpointsWhereItStoppedAndResumeIsBitForBit) {
     EXPECT_EQ(r.steps, 18);
     EXPECT_EQ(r.stopped_by, 0);
     EXPECT_EQ(r.epochs, 3);
-    const auto a = straight->state_dict(), b = resumed->state_dict();
-    ASSERT_EQ(a.size(), b.size());
-    for (std::size_t i = 0; i < a.size(); ++i)
-      EXPECT_TRUE(testing::all_close(a[i].second, b[i].second, 0, 0)) << a[i].first;
+    expect_same_bits(*straight, *resumed);
     std::filesystem::remove(path);
   }
 }
@@ -360,10 +360,7 @@ TEST(Trainer, CheckpointEveryNStepsResumesBitForBit) {
   TrainOptions rest = o;
   rest.resume_path = kept;
   EXPECT_EQ(train(*resumed, train_set, test_set, rest, quiet).steps, 12);
-  const auto a = straight->state_dict(), b = resumed->state_dict();
-  ASSERT_EQ(a.size(), b.size());
-  for (std::size_t i = 0; i < a.size(); ++i)
-    EXPECT_TRUE(testing::all_close(a[i].second, b[i].second, 0, 0)) << a[i].first;
+  expect_same_bits(*straight, *resumed);
   std::filesystem::remove(path);
   std::filesystem::remove(kept);
 }
