@@ -88,20 +88,32 @@ void Ledger::record_transfer(TransferRecord record) {
   totals_.transfers += 1;
   totals_.transfer_ms += record.duration_ms;
   const bool in_step = step_ >= 0;
-  const std::int64_t h2d = step_h2d_bytes_, d2h = step_d2h_bytes_;
-  const StepBudget budget = budget_;
-  const std::int64_t step = step_;
+  const bool over_h2d = in_step && budget_.max_host_to_device_bytes >= 0 &&
+                        step_h2d_bytes_ > budget_.max_host_to_device_bytes;
+  const bool over_d2h = in_step && budget_.max_device_to_host_bytes >= 0 &&
+                        step_d2h_bytes_ > budget_.max_device_to_host_bytes;
+  if (!over_h2d && !over_d2h) {
+    transfers_.push_back(std::move(record));
+    return;
+  }
+  // Over a budget: the copy happened and stays recorded. The error names the step, the bytes, the budget, and the
+  // copy that went over as a user finds it in the code ("4 bytes cpu -> sim:0 from pageable memory, blocking,
+  // label 'to()'").
+  const std::string last_copy = detail::concat(
+      "; the last copy: ", record.bytes, " bytes ", record.source.str(), " -> ", record.target.str(),
+      record.pinned ? " from pinned memory" : "",
+      record.direction == Direction::HostToDevice && !record.pinned ? " from pageable memory" : "",
+      record.blocking ? ", blocking" : ", non-blocking", ", label '", detail::printable(record.label), "'");
   transfers_.push_back(std::move(record));
-  if (in_step && budget.max_host_to_device_bytes >= 0 && h2d > budget.max_host_to_device_bytes) {
-    throw SyncPolicyViolation(detail::concat("Step ", step, " moved ", h2d,
+  if (over_h2d)
+    throw SyncPolicyViolation(detail::concat("Step ", step_, " moved ", step_h2d_bytes_,
                                              " bytes host->device, over its budget of ",
-                                             budget.max_host_to_device_bytes, " bytes"));
-  }
-  if (in_step && budget.max_device_to_host_bytes >= 0 && d2h > budget.max_device_to_host_bytes) {
-    throw SyncPolicyViolation(detail::concat("Step ", step, " moved ", d2h,
-                                             " bytes device->host, over its budget of ",
-                                             budget.max_device_to_host_bytes, " bytes"));
-  }
+                                             budget_.max_host_to_device_bytes, " bytes", last_copy,
+                                             ". Keep the data resident on the device, or raise the budget"));
+  throw SyncPolicyViolation(detail::concat("Step ", step_, " moved ", step_d2h_bytes_,
+                                           " bytes device->host, over its budget of ",
+                                           budget_.max_device_to_host_bytes, " bytes", last_copy,
+                                           ". Read values back only at log steps, or raise the budget"));
 }
 
 void Ledger::check_sync_allowed(Device device, const std::string& reason) {

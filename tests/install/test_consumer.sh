@@ -1,0 +1,93 @@
+#!/usr/bin/env bash
+# tests/install/test_consumer.sh BUILD_DIR — ferry as another project's dependency (docs/library.md): installs
+# BUILD_DIR into a scratch prefix with `cmake --install`, builds examples/ against it with find_package(ferry)
+# as an outside project would, then trains with examples/train_mlp, classifies with examples/classify, and
+# checks that `ferry eval` (the installed one) reads the same accuracy from the same checkpoint. Also: bad
+# command lines exit 2 with one line. Skips with a reason where Fashion-MNIST is absent.
+set -u
+
+build_dir="$(cd "${1:?usage: test_consumer.sh BUILD_DIR}" && pwd)"
+root="$(cd "$(dirname "$0")/../.." && pwd)"
+failures=0
+scratch="$(mktemp -d)"
+trap 'rm -rf "$scratch"' EXIT
+START=$(date +%s)
+
+fail() {
+  echo "FAIL: $*" >&2
+  failures=$((failures + 1))
+}
+ok() { echo "ok: $*"; }
+
+data_dir=/usr/share/datasets/fashion-mnist
+if [[ ! -f "$data_dir/train-images-idx3-ubyte.gz" ]]; then
+  echo "SKIP: Fashion-MNIST not found in $data_dir (apt-get install dataset-fashion-mnist)"
+  exit 0
+fi
+
+prefix="$scratch/prefix"
+if ! cmake --install "$build_dir" --prefix "$prefix" >"$scratch/install.log" 2>&1; then
+  fail "cmake --install: $(tail -c 800 "$scratch/install.log")"
+  exit 1
+fi
+for installed in include/ferry/ferry.h lib/libferry.a lib/cmake/ferry/ferryConfig.cmake \
+                 lib/cmake/ferry/ferryConfigVersion.cmake lib/cmake/ferry/ferryTargets.cmake bin/ferry; do
+  [[ -f "$prefix/$installed" ]] || fail "cmake --install left out $installed"
+done
+ok "installed into a scratch prefix: $(find "$prefix/include/ferry" -name '*.h' | wc -l) headers, libferry.a, ferry"
+
+# The examples as an outside project: only the prefix tells CMake where ferry is.
+if ! cmake -S "$root/examples" -B "$scratch/build" -DCMAKE_PREFIX_PATH="$prefix" >"$scratch/configure.log" 2>&1; then
+  fail "find_package(ferry) from the installed prefix: $(tail -c 1200 "$scratch/configure.log")"
+  exit 1
+fi
+if ! cmake --build "$scratch/build" -j 2 >"$scratch/build.log" 2>&1; then
+  fail "building examples/ against the installed ferry: $(grep -m 5 -E 'error|undefined' "$scratch/build.log")"
+  exit 1
+fi
+ok "examples/ configured with find_package(ferry) and built against the installed library"
+
+checkpoint="$scratch/mlp.safetensors"
+if "$scratch/build/train_mlp" --device cpu --train-images 2048 --data "$data_dir" --out "$checkpoint" \
+     >"$scratch/train.out" 2>"$scratch/train.err" && [[ -s "$checkpoint" ]]; then
+  ok "train_mlp: $(grep -m 1 'test accuracy' "$scratch/train.out")"
+else
+  fail "train_mlp: $(tail -c 600 "$scratch/train.err")"
+fi
+# The budget held: no host->device bytes inside a step (the data is resident), so the report says 0 B.
+grep -q "bytes per step: host->device 0 B" "$scratch/train.out" ||
+  fail "train_mlp's report does not show 0 host->device bytes per step: $(grep -m 1 'bytes per step' "$scratch/train.out")"
+
+if "$scratch/build/classify" "$checkpoint" --device cpu --show 3 --data "$data_dir" \
+     >"$scratch/classify.out" 2>"$scratch/classify.err"; then
+  ours="$(sed -n 's/.*test accuracy \([0-9.]*\) .*/\1/p' "$scratch/classify.out")"
+  shown="$(grep -c '^  image ' "$scratch/classify.out")"
+  theirs="$("$prefix/bin/ferry" eval --checkpoint "$checkpoint" --device cpu --data "$data_dir" --json 2>&1 |
+            sed -n 's/.*"test_accuracy": *\([0-9.]*\).*/\1/p')"
+  if [[ -n "$ours" && "$shown" == 3 ]] && awk -v a="$ours" -v b="$theirs" 'BEGIN { exit !(b != "" && a == b) }'; then
+    ok "classify and the installed ferry eval agree on the checkpoint: test accuracy $ours"
+  else
+    fail "classify ($ours, $shown images shown) and ferry eval ($theirs) disagree: $(cat "$scratch/classify.out" "$scratch/classify.err" | tail -c 600)"
+  fi
+else
+  fail "classify: $(tail -c 600 "$scratch/classify.err")"
+fi
+
+# Bad command lines: status 2 and one line on stderr.
+expect_usage_error() {
+  local what="$1"
+  shift
+  "$@" >"$scratch/bad.out" 2>"$scratch/bad.err"
+  local status=$?
+  if [[ $status == 2 && $(wc -l <"$scratch/bad.err") == 1 ]]; then
+    ok "$what: exit 2, $(cat "$scratch/bad.err")"
+  else
+    fail "$what: exit $status, stderr: $(head -c 400 "$scratch/bad.err")"
+  fi
+}
+expect_usage_error "train_mlp --epochs 0" "$scratch/build/train_mlp" --epochs 0
+expect_usage_error "classify without a checkpoint" "$scratch/build/classify"
+expect_usage_error "classify --device cuda:7" "$scratch/build/classify" "$checkpoint" --device cuda:7
+
+echo "test_consumer: $failures failure(s), $(( $(date +%s) - START )) s"
+exit $(( failures > 0 ))
