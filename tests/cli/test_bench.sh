@@ -5,16 +5,9 @@
 set -u
 
 FERRY="${1:?usage: test_bench.sh path/to/ferry}"
-failures=0
-scratch="$(mktemp -d)"
-trap 'rm -rf "$scratch"' EXIT
+source "$(dirname "$0")/../script_lib.sh"
 export FERRY_SIM_LINK=16GB/s
 unset FERRY_PROFILE
-
-fail() {
-  echo "FAIL: $*" >&2
-  failures=$((failures + 1))
-}
 
 # check_json 'PYTHON_CONDITION' ARGS...: `ferry ARGS` must exit 0 and print one line of JSON on stdout for
 # which the Python expression (over `j`, the parsed object) is true.
@@ -172,8 +165,4 @@ expect_status 2 "cuda[:N] or sim[:N]" bench golden --device cpu --steps 1
 expect_status 2 "mlp or cnn" bench golden --workload resnet --steps 1
 expect_status 2 "--steps" bench golden --workload mlp --batch 4 --steps 0
 
-if [[ $failures -ne 0 ]]; then
-  echo "$failures check(s) failed" >&2
-  exit 1
-fi
-echo "all bench checks passed"
+finish test_bench

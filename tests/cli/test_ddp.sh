@@ -5,21 +5,9 @@ set -u
 
 FERRY="${1:?usage: test_ddp.sh path/to/ferry}"
 FERRY="$(cd "$(dirname "$FERRY")" && pwd)/$(basename "$FERRY")"
-failures=0
-scratch="$(mktemp -d)"
+source "$(dirname "$0")/../script_lib.sh"
 background_pid=""
-cleanup() {
-  [[ -n "$background_pid" ]] && kill "$background_pid" 2>/dev/null  # mpirun stops its ranks on SIGTERM
-  rm -rf "$scratch"
-}
-trap cleanup EXIT
-START=$(date +%s)
-
-fail() {
-  echo "FAIL: $*" >&2
-  failures=$((failures + 1))
-}
-ok() { echo "ok: $*"; }
+on_exit '[[ -n "$background_pid" ]] && kill "$background_pid" 2>/dev/null'  # mpirun stops its ranks on SIGTERM
 
 if ! command -v mpirun >/dev/null; then
   echo "SKIP: mpirun not found (apt-get install openmpi-bin libopenmpi-dev)"
@@ -59,8 +47,7 @@ done
 data_dir=/usr/share/datasets/fashion-mnist
 if [[ ! -f "$data_dir/train-images-idx3-ubyte.gz" ]]; then
   echo "SKIP (training parts): Fashion-MNIST not found in $data_dir (apt-get install dataset-fashion-mnist)"
-  echo "test_ddp: $failures failure(s), $(( $(date +%s) - START )) s"
-  exit $(( failures > 0 ))
+  finish test_ddp
 fi
 
 # --- parity: N ranks with global batch B = one process with batch B, after k steps --------------------
@@ -230,5 +217,4 @@ for how in KILL STOP; do
   fi
 done
 
-echo "test_ddp: $failures failure(s), $(( $(date +%s) - START )) s"
-exit $(( failures > 0 ))
+finish test_ddp

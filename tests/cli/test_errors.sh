@@ -7,14 +7,7 @@ set -u
 FERRY="${1:?usage: test_errors.sh path/to/ferry}"
 root="$(cd "$(dirname "$0")/../.." && pwd)"
 corpus="$root/fuzz/corpus/safetensors"
-failures=0
-scratch="$(mktemp -d)"
-trap 'rm -rf "$scratch"' EXIT
-
-fail() {
-  echo "FAIL: $*" >&2
-  failures=$((failures + 1))
-}
+source "$(dirname "$0")/../script_lib.sh"
 
 # expect_failure STATUS 'TEXT|TEXT' ARGS...: `ferry ARGS` must exit STATUS (any non-zero when STATUS is "nonzero"),
 # print exactly one line on stderr, starting "ferry: error:" and holding each |-separated TEXT, and nothing on stdout.
@@ -125,8 +118,4 @@ if [[ $version_rc -ne 0 ]] || ! grep -q "^ferry [0-9]" "$scratch/out" || ! grep 
   fail "ferry --version exited $version_rc and printed: $(head -c 400 "$scratch/out") $(head -c 400 "$scratch/err")"
 fi
 
-if [[ $failures -ne 0 ]]; then
-  echo "$failures check(s) failed" >&2
-  exit 1
-fi
-echo "all ferry error checks passed"
+finish test_errors

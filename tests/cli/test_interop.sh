@@ -7,16 +7,7 @@ set -u
 
 FERRY="${1:?usage: test_interop.sh path/to/ferry}"
 root="$(cd "$(dirname "$0")/../.." && pwd)"
-failures=0
-scratch="$(mktemp -d)"
-trap 'rm -rf "$scratch"' EXIT
-START=$(date +%s)
-
-fail() {
-  echo "FAIL: $*" >&2
-  failures=$((failures + 1))
-}
-ok() { echo "ok: $*"; }
+source "$(dirname "$0")/../script_lib.sh"
 
 python=/usr/bin/python3  # Debian's, where python3-torch installs (not a pyenv or venv one first on PATH)
 if ! "$python" -c "import torch, numpy" 2>/dev/null; then
@@ -51,5 +42,4 @@ for model in fmnist mlp; do
   fi
 done
 
-echo "test_interop: $failures failure(s), $(( $(date +%s) - START )) s"
-exit $(( failures > 0 ))
+finish test_interop

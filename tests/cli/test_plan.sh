@@ -4,14 +4,7 @@
 set -u
 
 FERRY="${1:?usage: test_plan.sh path/to/ferry}"
-failures=0
-scratch="$(mktemp -d)"
-trap 'rm -rf "$scratch"' EXIT
-
-fail() {
-  echo "FAIL: $*" >&2
-  failures=$((failures + 1))
-}
+source "$(dirname "$0")/../script_lib.sh"
 
 # expect_json 'EXPECTED_JSON' ARGS...: `ferry ARGS --json` must exit 0 and print one JSON object whose keys
 # include EXPECTED_JSON's with equal values. An expected integer must be printed as a JSON integer;
@@ -112,8 +105,4 @@ else
   fail "ferry plan bytes does not explain '1,000,000 elements x 4 bytes'"
 fi
 
-if [[ $failures -ne 0 ]]; then
-  echo "$failures check(s) failed" >&2
-  exit 1
-fi
-echo "all ferry plan checks passed"
+finish test_plan

@@ -8,21 +8,9 @@
 set -u
 
 FERRY="${1:?usage: test_stop.sh path/to/ferry}"
-failures=0
-scratch="$(mktemp -d)"
+source "$(dirname "$0")/../script_lib.sh"
 run_pid=""
-cleanup() {
-  [[ -n "$run_pid" ]] && kill -KILL "$run_pid" 2>/dev/null
-  rm -rf "$scratch"
-}
-trap cleanup EXIT
-START=$(date +%s)
-
-fail() {
-  echo "FAIL: $*" >&2
-  failures=$((failures + 1))
-}
-ok() { echo "ok: $*"; }
+on_exit '[[ -n "$run_pid" ]] && kill -KILL "$run_pid" 2>/dev/null'
 
 data_dir=/usr/share/datasets/fashion-mnist
 if [[ ! -f "$data_dir/train-images-idx3-ubyte.gz" ]]; then
@@ -145,5 +133,4 @@ else
   fail "--checkpoint-every 5 and kill -9 (exit $rc): $(tail -c 300 "$scratch/every.err") $(head -c 300 "$scratch/every.json") $(tail -c 300 "$scratch/every_resumed.err")"
 fi
 
-echo "test_stop: $failures failure(s), $(( $(date +%s) - START )) s"
-exit $(( failures > 0 ))
+finish test_stop

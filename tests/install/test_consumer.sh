@@ -8,16 +8,7 @@ set -u
 
 build_dir="$(cd "${1:?usage: test_consumer.sh BUILD_DIR}" && pwd)"
 root="$(cd "$(dirname "$0")/../.." && pwd)"
-failures=0
-scratch="$(mktemp -d)"
-trap 'rm -rf "$scratch"' EXIT
-START=$(date +%s)
-
-fail() {
-  echo "FAIL: $*" >&2
-  failures=$((failures + 1))
-}
-ok() { echo "ok: $*"; }
+source "$(dirname "$0")/../script_lib.sh"
 
 data_dir=/usr/share/datasets/fashion-mnist
 if [[ ! -f "$data_dir/train-images-idx3-ubyte.gz" ]]; then
@@ -89,5 +80,4 @@ expect_usage_error "train_mlp --epochs 0" "$scratch/build/train_mlp" --epochs 0
 expect_usage_error "classify without a checkpoint" "$scratch/build/classify"
 expect_usage_error "classify --device cuda:7" "$scratch/build/classify" "$checkpoint" --device cuda:7
 
-echo "test_consumer: $failures failure(s), $(( $(date +%s) - START )) s"
-exit $(( failures > 0 ))
+finish test_consumer
