@@ -237,9 +237,9 @@ TEST(CostModel, LoopTimeLoggingEveryStepWastesNothing) {
 TEST(CostModel, LoopTimeCountsOnlyWholeLogIntervals) {
   EXPECT_EQ(cost::loop_time(0, 1, 1, 1050, 100).logs, 10);  // the 100th ... 1000th steps
   EXPECT_EQ(cost::loop_time(0, 1, 1, 99, 100).logs, 0);
-  const cost::LoopTime empty = cost::loop_time(5e-3, 20e-3, 1e-3, 0, 100);
-  EXPECT_EQ(empty.total_s, 0.0);
-  EXPECT_EQ(empty.waste_fraction, 0.0);  // no division by zero
+  const cost::LoopTime free = cost::loop_time(0, 0, 0, 1000, 100);
+  EXPECT_EQ(free.total_s, 0.0);
+  EXPECT_EQ(free.waste_fraction, 0.0);  // no division by zero
 }
 
 TEST(CostModel, LoopTimeChecksInputs) {
@@ -247,6 +247,9 @@ TEST(CostModel, LoopTimeChecksInputs) {
   invalid_argument_message([] { cost::loop_time(5e-3, kNaN, 1e-3, 1000, 100); });
   invalid_argument_message([] { cost::loop_time(5e-3, 20e-3, kInf, 1000, 100); });
   invalid_argument_message([] { cost::loop_time(5e-3, 20e-3, 1e-3, -1, 100); });
+  // No steps: the waste fraction would be 0 / 0 ("(0 s - 0 s) / 0 s = 0").
+  EXPECT_NE(invalid_argument_message([] { cost::loop_time(5e-3, 20e-3, 1e-3, 0, 100); }).find(">= 1, got 0"),
+            std::string::npos);
   invalid_argument_message([] { cost::loop_time(5e-3, 20e-3, 1e-3, 1000, 0); });
   invalid_argument_message([] { cost::loop_time(1e300, 1e300, 0, kInt64Max, 1); });  // total overflows
 }

@@ -331,6 +331,19 @@ TEST_F(FashionMnistTest, MissingFileIsNamed) {
   }
 }
 
+TEST_F(FashionMnistTest, DirectoryInPlaceOfAFileIsNamedAsSuch) {
+  write_fake(path("fmnist"), 5, 5);
+  fs::remove(path("fmnist/t10k-labels-idx1-ubyte.gz"));
+  fs::create_directory(path("fmnist/t10k-labels-idx1-ubyte.gz"));
+  try {
+    find_fashion_mnist(path("fmnist"));
+    ADD_FAILURE() << "expected IoError";
+  } catch (const IoError& error) {
+    EXPECT_CONTAINS(error.what(), "t10k-labels-idx1-ubyte.gz' is not a regular file (it is a directory)");
+    EXPECT_EQ(std::string(error.what()).find("install"), std::string::npos) << error.what();
+  }
+}
+
 TEST_F(FashionMnistTest, LoadsBothSplitsOfSmallFiles) {
   write_fake(path("fmnist"), 5, 5);
   const FashionMnistFiles files = find_fashion_mnist(path("fmnist"));

@@ -91,6 +91,17 @@ TEST(Profile, FilesAndTheirErrors) {
   std::remove(path.c_str());
   EXPECT_THROW(load_profile(path), IoError);
   EXPECT_THROW(save_profile(Profile{}, "/nonexistent-dir/ferry/profile.json"), IoError);
+  // A directory named as the profile: said so, not "not JSON (... unexpected end of input)".
+  for (auto* use : {+[](const std::string& dir) { load_profile(dir); },
+                    +[](const std::string& dir) { save_profile(Profile{}, dir); }}) {
+    try {
+      use(::testing::TempDir());
+      ADD_FAILURE() << "a directory was taken for a profile";
+    } catch (const IoError& e) {
+      EXPECT_NE(std::string(e.what()).find("is a directory"), std::string::npos) << e.what();
+      EXPECT_EQ(std::string(e.what()).find("JSON"), std::string::npos) << e.what();
+    }
+  }
 
   EXPECT_THROW(profile_from_json("not json"), FormatError);
   EXPECT_THROW(profile_from_json("{\"traceEvents\": []}"), FormatError);  // some other JSON

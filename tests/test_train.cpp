@@ -257,8 +257,68 @@ TEST(Trainer, ResumeIsBitForBit) {
   rest.resume_path = path;
   const TrainResult r = train(*resumed, train_set, test_set, rest, log);
   EXPECT_EQ(r.steps, 12);
+  EXPECT_EQ(r.steps_run, 4);
   expect_same_bits(*straight, *resumed);
   std::filesystem::remove(path);
+}
+
+// The epoch a resume continues reports the loss and accuracy of all its batches, as the unbroken run does (the
+// checkpoint keeps the epoch's running sums); one that ran part of an epoch only has no seconds per epoch (NaN,
+// null in --json) rather than 0.
+TEST(Trainer, ResumedEpochReportsTheUnbrokenRunsLossAndAccuracy) {
+  const Dataset train_set = quadrant_dataset(96, 20), test_set = quadrant_dataset(16, 21);
+  std::ostringstream log;
+  TrainOptions o = quick_options(kCPU);
+  o.epochs = 2;  // 6 steps per epoch
+  manual_seed(1);
+  auto straight_model = make_fmnist_model();
+  const TrainResult straight = train(*straight_model, train_set, test_set, o, log);
+  ASSERT_EQ(straight.history.size(), 2u);
+
+  const std::string path = temp_path("sums.safetensors");
+  manual_seed(1);
+  auto first = make_fmnist_model();
+  TrainOptions part = o;
+  part.max_steps = 9;  // 3 steps into the second epoch
+  part.checkpoint_path = path;
+  const TrainResult stopped = train(*first, train_set, test_set, part, log);
+  EXPECT_EQ(stopped.history.size(), 1u);
+  EXPECT_FALSE(std::isnan(stopped.seconds_per_epoch));  // the first epoch ran whole
+  auto resumed_model = make_fmnist_model();
+  TrainOptions rest = o;
+  rest.resume_path = path;
+  const TrainResult resumed = train(*resumed_model, train_set, test_set, rest, log);
+  ASSERT_EQ(resumed.history.size(), 1u);
+  EXPECT_EQ(resumed.history[0].epoch, 2);
+  EXPECT_EQ(resumed.history[0].train_loss, straight.history[1].train_loss);  // bit for bit: the same sums
+  EXPECT_EQ(resumed.history[0].train_accuracy, straight.history[1].train_accuracy);
+  EXPECT_EQ(resumed.history[0].test_accuracy, straight.history[1].test_accuracy);
+  EXPECT_TRUE(std::isnan(resumed.seconds_per_epoch)) << resumed.seconds_per_epoch;  // no whole epoch in this call
+  EXPECT_EQ(resumed.steps_run, 3);
+  std::filesystem::remove(path);
+}
+
+// A loss that goes non-finite between log steps stops a run that ends there (--max-steps, a stop request) before its
+// checkpoint is written: the steps since the last read-back are read once at the stop.
+TEST(Trainer, NonFiniteLossBetweenLogStepsStopsBeforeTheFinalCheckpoint) {
+  const Dataset train_set = quadrant_dataset(96, 20), test_set = quadrant_dataset(16, 21);
+  std::ostringstream log;
+  TrainOptions o = quick_options(kCPU);
+  o.log_every = 100;  // no log step in the run
+  o.max_steps = 3;
+  o.lr = 1e37;  // overflows float32 within a step or two
+  o.schedule = "constant";
+  o.checkpoint_path = temp_path("nan-stop.safetensors");
+  std::filesystem::remove(o.checkpoint_path);
+  manual_seed(1);
+  auto model = make_fmnist_model();
+  try {
+    train(*model, train_set, test_set, o, log);
+    ADD_FAILURE() << "a run whose loss went non-finite stopped without an error:\n" << log.str();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("by step 3"), std::string::npos) << e.what();
+  }
+  EXPECT_FALSE(std::filesystem::exists(o.checkpoint_path)) << "the damaged parameters were saved";
 }
 
 // A log that does `action` once, when `text` has been written to it: something happens mid-run at a point that

@@ -9,6 +9,7 @@
 #include <limits>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "ferry/error.h"
@@ -53,7 +54,28 @@ TEST(Units, BytesDecimalAsTheSheetWritesThem) {
   EXPECT_EQ(ferry::parse_bytes("0"), 0);
   EXPECT_EQ(ferry::parse_bytes("0MB"), 0);
   EXPECT_EQ(ferry::parse_bytes("  4MB\t"), 4e6);
-  EXPECT_EQ(ferry::parse_bytes("4mB"), 4e6);  // prefix letters ignore case
+  EXPECT_EQ(ferry::parse_bytes("4 Mbytes"), 4e6);
+}
+
+TEST(Units, BytePrefixesAreWrittenAsSiWritesThem) {
+  // k or K for 10^3; M, G, T, P capital; binary Ki ... Pi.
+  EXPECT_EQ(ferry::parse_bytes("1kB"), 1e3);
+  EXPECT_EQ(ferry::parse_bytes("1KB"), 1e3);
+  EXPECT_EQ(ferry::parse_bytes("1kbit"), 125);
+  EXPECT_EQ(ferry::parse_bytes("1Kbit"), 125);
+  EXPECT_EQ(ferry::parse_bytes("1KiB"), 1024);
+  EXPECT_EQ(ferry::parse_bytes("1Kibit"), 128);
+  // m is milli (millibytes are no size), p pico; g and t are no prefix: refused, naming the unit meant.
+  const std::string milli = invalid_argument_message([] { ferry::parse_bytes("4mB"); });
+  EXPECT_TRUE(contains(milli, "\"mB\"")) << milli;
+  EXPECT_TRUE(contains(milli, "milli")) << milli;
+  EXPECT_TRUE(contains(milli, "write MB for 10^6 bytes")) << milli;
+  EXPECT_TRUE(contains(invalid_argument_message([] { ferry::parse_bytes("4gB"); }), "write GB for 10^9 bytes"));
+  EXPECT_TRUE(contains(invalid_argument_message([] { ferry::parse_bytes("4mbit"); }), "write Mbit for 10^6 bits"));
+  EXPECT_TRUE(contains(invalid_argument_message([] { ferry::parse_bytes("4pB"); }), "write PB"));
+  EXPECT_TRUE(contains(invalid_argument_message([] { ferry::parse_bytes("4miB"); }), "write MiB for 2^20 bytes"));
+  EXPECT_TRUE(contains(invalid_argument_message([] { ferry::parse_bytes("4 mbytes"); }), "write MB"));
+  EXPECT_TRUE(contains(invalid_argument_message([] { ferry::parse_bandwidth("16gB/s"); }), "write GB"));
 }
 
 TEST(Units, BytesBinary) {
@@ -104,6 +126,19 @@ TEST(Units, LowercaseBIsAmbiguous) {
   EXPECT_TRUE(contains(message, "Mbit")) << message;
   invalid_argument_message([] { ferry::parse_bandwidth("100Gb/s"); });
   invalid_argument_message([] { ferry::parse_bytes("4b"); });
+  // The suggestion writes the prefix as SI does, whatever case was typed: never "mB" (millibytes) or "gB".
+  for (const auto& [typed, meant] : {std::pair{"4mb", "write MB for bytes or Mbit for bits"},
+                                     std::pair{"4gb", "write GB for bytes or Gbit for bits"},
+                                     std::pair{"4kb", "write kB for bytes or kbit for bits"},
+                                     std::pair{"4Kb", "write kB for bytes or kbit for bits"},
+                                     std::pair{"4Kib", "write KiB for bytes or Kibit for bits"},
+                                     std::pair{"4kib", "write KiB for bytes or Kibit for bits"}}) {
+    SCOPED_TRACE(typed);
+    const std::string suggestion = invalid_argument_message([&] { ferry::parse_bytes(typed); });
+    EXPECT_TRUE(contains(suggestion, meant)) << suggestion;
+  }
+  const std::string rate = invalid_argument_message([] { ferry::parse_bandwidth("16gb/s"); });
+  EXPECT_TRUE(contains(rate, "write GB for bytes or Gbit for bits")) << rate;
 }
 
 // ---- seconds -------------------------------------------------------------------------------------

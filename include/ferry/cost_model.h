@@ -62,7 +62,7 @@ struct LoopTime {
   std::int64_t logs;               // floor(steps / log_every): the log_every-th, 2 log_every-th, ... steps
 };
 // 5 ms, 20 ms, 1 ms, 1000 steps, every 100 -> total_s = 25.01, total_s_log_every_step = 26,
-// waste_fraction = 990 / 26000 ~ 0.0381. Times in seconds per step (>= 0), steps >= 0, log_every >= 1.
+// waste_fraction = 990 / 26000 ~ 0.0381. Times in seconds per step (>= 0), steps >= 1, log_every >= 1.
 LoopTime loop_time(double transfer_s, double compute_s, double log_s, std::int64_t steps, std::int64_t log_every);
 
 }  // namespace ferry::cost

@@ -48,7 +48,8 @@ struct FashionMnistFiles {  // full paths
 };
 
 // The four files in dir. Throws IoError naming the first missing folder or file, and how to get
-// them: Debian's package dataset-fashion-mnist, or --data DIR.
+// them: Debian's package dataset-fashion-mnist, or --data DIR. A name that is there but is no regular
+// file (a directory) is named as such, without the package hint.
 FashionMnistFiles find_fashion_mnist(const std::string& dir = kDefaultFashionMnistDir);
 
 struct RawDataset {

@@ -72,6 +72,7 @@ struct Profile {
 // "gemm": {"flop_per_second", "points": [{"n", "seconds", "flop_per_second"}]}}]}. Unmeasured parts are left out.
 std::string profile_to_json(const Profile& profile);
 Profile profile_from_json(std::string_view text);  // throws FormatError naming what is wrong
+// IoError names the path and why (strerror; "it is a directory" for a directory).
 void save_profile(const Profile& profile, const std::string& path);  // throws IoError
 Profile load_profile(const std::string& path);  // throws IoError (cannot read) or FormatError
 

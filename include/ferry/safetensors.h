@@ -66,6 +66,12 @@ std::vector<std::byte> serialize_safetensors(const SafetensorsFile& file);
 // Writes serialize_safetensors(file) to path atomically: a unique temporary file in the same
 // folder, fflush + fsync, rename over path, fsync the folder. path never holds a partial file. On
 // failure the temporary file is removed, path is left as it was, and IoError names path + strerror.
+// A symlink at path is followed (the file it names is replaced; the link stays); see atomic_write_target.
 void write_safetensors(const std::string& path, const SafetensorsFile& file);
+
+// The file an atomic write of `path` replaces: symlinks followed to the end (a dangling one to the file it
+// names). A target that exists and is a device (such as /dev/null), a pipe or a socket is an InvalidArgument
+// naming what it is: the rename would put a file in its place. (rename() never replaces a folder: an IoError.)
+std::string atomic_write_target(const std::string& path);
 
 }  // namespace ferry

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <atomic>
+#include <cmath>
 #include <cstdint>
 #include <functional>
 #include <iosfwd>
@@ -68,9 +69,10 @@ struct EpochStats {
 struct TrainResult {
   Device device;
   std::int64_t epochs = 0;         // epochs completed
-  std::int64_t steps = 0;          // optimizer steps taken in all
-  double test_accuracy = 0;        // after the last epoch
-  double seconds_per_epoch = 0;    // mean training time of the completed epochs
+  std::int64_t steps = 0;          // optimizer steps taken in all (those before a resume included)
+  std::int64_t steps_run = 0;      // of them, the steps this call took
+  double test_accuracy = NAN;      // after the last epoch; NaN when no epoch ended in this call
+  double seconds_per_epoch = NAN;  // mean training time of the whole epochs this call ran; NaN when none
   double t_transfer_s = 0, t_compute_s = 0, t_sync_s = 0;  // host time in each phase
   std::int64_t syncs = 0;
   std::int64_t bytes_host_to_device = 0, bytes_device_to_host = 0;
@@ -110,6 +112,10 @@ std::shared_ptr<nn::Sequential> make_model(const std::string& name, const Tensor
 
 // Fraction of `loader`'s samples that `model` classifies right (eval mode, no grad, one sync).
 double evaluate_accuracy(nn::Module& model, DataLoader& loader);
+
+// The options' values, checked before any work (train() does it first; ferry train before it reads the data):
+// InvalidArgument naming the flag of ferry train that sets the value.
+void check_train_options(const TrainOptions& options);
 
 // Trains `model` on `train_set`, testing on `test_set` after each epoch. Progress and per-epoch lines
 // go to `out`. Throws on non-finite loss (naming the step; the last checkpoint is kept).

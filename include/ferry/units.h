@@ -16,7 +16,8 @@ namespace ferry {
 // ferry::InvalidArgument with one line that quotes the input and lists the accepted units.
 // Prefixes are decimal (k = 1e3, M = 1e6, G = 1e9, T = 1e12, P = 1e15), as on the sheet
 // ("1 MB = 10^6 bytes", "1 GB = 10^9 bytes"); Ki, Mi, Gi, Ti, Pi are binary (2^10, 2^20, ...).
-// Prefix letters are case-insensitive. A lone lowercase "b" is refused as ambiguous (bits or bytes?).
+// Size prefixes are written as SI and IEC write them (k or K, M, G, T, P; Ki, Mi, Gi, Ti, Pi): "mB" would be
+// millibytes and is refused, naming "MB". A lone lowercase "b" is refused as ambiguous (bits or bytes?).
 
 // bytes. "4MB" -> 4e6, "1.5 GiB" -> 1610612736, "4000000" -> 4e6 (a bare number is bytes),
 // "8Mbit" -> 1e6 (bits are divided by 8). Units: B, kB, MB, GB, TB, PB, KiB ... PiB, bit, kbit ...

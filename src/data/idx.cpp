@@ -249,9 +249,15 @@ FashionMnistFiles find_fashion_mnist(const std::string& dir) {
       .test_labels = in_dir("t10k-labels-idx1-ubyte.gz"),
   };
   for (const std::string* file :
-       {&files.train_images, &files.train_labels, &files.test_images, &files.test_labels})
-    FERRY_CHECK(fs::is_regular_file(*file, error), IoError, "Fashion-MNIST file '", *file,
-                "' is missing; ", kHint);
+       {&files.train_images, &files.train_labels, &files.test_images, &files.test_labels}) {
+    const fs::file_status status = fs::status(*file, error);
+    if (fs::is_regular_file(status)) continue;
+    // There but not a file (a folder of that name): installing the package would not help.
+    FERRY_CHECK(!fs::exists(status), IoError, "Fashion-MNIST file '", *file, "' is not a regular file (it is ",
+                fs::is_directory(status) ? "a directory" : "a special file",
+                "); put the gzip-compressed idx file there, or pass --data DIR");
+    throw IoError(detail::concat("Fashion-MNIST file '", *file, "' is missing; ", kHint));
+  }
   return files;
 }
 

@@ -525,8 +525,36 @@ std::vector<std::byte> serialize_safetensors(const SafetensorsFile& file) {
   return out;
 }
 
-void write_safetensors(const std::string& path, const SafetensorsFile& file) {
+std::string atomic_write_target(const std::string& path) {
+  namespace fs = std::filesystem;
+  fs::path target = path;
+  std::error_code error;
+  // Follow links as the kernel would (at most 40 hops, its ELOOP limit); a relative link is relative to its folder.
+  for (int hops = 0; fs::is_symlink(target, error); ++hops) {
+    FERRY_CHECK(hops < 40, InvalidArgument, "'", detail::printable(path), "': too many levels of symbolic links");
+    const fs::path next = fs::read_symlink(target, error);
+    FERRY_CHECK(!error, IoError, "cannot read the symbolic link '", detail::printable(target.string()), "': ",
+                error.message());
+    target = next.is_absolute() ? next : target.parent_path() / next;
+  }
+  const fs::file_status status = fs::status(target, error);
+  // A folder is left to rename(), which never replaces one (EISDIR): the write then fails as any failed rename does.
+  if (!fs::exists(status) || fs::is_regular_file(status) || fs::is_directory(status)) return target.string();
+  const char* kind = fs::is_character_file(status)      ? "a character device"
+                     : fs::is_block_file(status)        ? "a block device"
+                     : fs::is_fifo(status)              ? "a pipe"
+                     : fs::is_socket(status)            ? "a socket"
+                                                        : "not a regular file";
+  throw InvalidArgument(detail::concat("'", detail::printable(path), "'",
+                                       target == fs::path(path) ? "" : detail::concat(" (which leads to '",
+                                           detail::printable(target.string()), "')"),
+                                       " is ", kind, ": a checkpoint is written to a temporary file and renamed "
+                                       "into place, which would replace it; give a file name"));
+}
+
+void write_safetensors(const std::string& requested_path, const SafetensorsFile& file) {
   const std::string header = build_header(file);  // argument errors surface before any disk work
+  const std::string path = atomic_write_target(requested_path);
 
   static std::atomic<std::uint64_t> counter{0};
   TemporaryFile temporary(detail::concat(path, ".tmp.", ::getpid(), ".", counter++));

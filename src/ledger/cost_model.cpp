@@ -132,7 +132,8 @@ LoopTime loop_time(double transfer_s, double compute_s, double log_s, std::int64
   check_time_or_size(transfer_s, false, "T_transfer", " s per step");
   check_time_or_size(compute_s, false, "T_compute", " s per step");
   check_time_or_size(log_s, false, "T_log", " s per log");
-  FERRY_CHECK(steps >= 0, InvalidArgument, "Expected a number of steps >= 0, got ", steps);
+  // 0 steps would make the waste fraction 0 / 0: a loop has at least one step.
+  FERRY_CHECK(steps >= 1, InvalidArgument, "Expected a number of steps >= 1, got ", steps);
   FERRY_CHECK(log_every >= 1, InvalidArgument, "Expected to log every n >= 1 steps, got ", log_every);
 
   const auto step_count = static_cast<double>(steps);

@@ -6,11 +6,14 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <ctime>
+#include <filesystem>
 #include <fstream>
 #include <mutex>
 #include <nlohmann/json.hpp>
@@ -271,18 +274,34 @@ Profile profile_from_json(std::string_view text) {
   return profile;
 }
 
+namespace {
+// A directory where a profile file was named: opening it "succeeds" and reads as empty text (not JSON).
+void check_not_directory(const std::string& path, const char* verb) {
+  std::error_code error;
+  FERRY_CHECK(!std::filesystem::is_directory(path, error), IoError, "Cannot ", verb, " the profile '", path,
+              "': it is a directory; name a file in it, such as '",
+              (std::filesystem::path(path) / "profile.json").string(), "'");
+}
+}  // namespace
+
 void save_profile(const Profile& profile, const std::string& path) {
+  check_not_directory(path, "write");
+  errno = 0;
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  FERRY_CHECK(out.good(), IoError, "Cannot open '", path, "' to write the profile");
+  FERRY_CHECK(out.good(), IoError, "Cannot open '", path, "' to write the profile: ",
+              errno != 0 ? std::strerror(errno) : "unknown error");
   out << profile_to_json(profile) << '\n';
   out.close();
   FERRY_CHECK(!out.fail(), IoError, "Writing the profile to '", path, "' failed (disk full?)");
 }
 
 Profile load_profile(const std::string& path) {
+  check_not_directory(path, "read");
+  errno = 0;
   std::ifstream in(path, std::ios::binary);
-  FERRY_CHECK(in.good(), IoError, "Cannot read the profile '", path,
-              "' (no such file?); make one with `ferry bench link --save ", path, "`");
+  FERRY_CHECK(in.good(), IoError, "Cannot read the profile '", path, "': ",
+              errno != 0 ? std::strerror(errno) : "unknown error", "; make one with `ferry bench link --save ", path,
+              "`");
   std::ostringstream text;
   text << in.rdbuf();
   try {

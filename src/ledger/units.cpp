@@ -80,7 +80,7 @@ struct QuantityKind {
 
 constexpr QuantityKind kBytes{
     "a size in bytes", "4MB, 1.5GiB or 4000000",
-    "B, kB, MB, GB, TB, PB (1 MB = 10^6 bytes), KiB, MiB, GiB, TiB, PiB (1 MiB = 2^20 bytes), bit, kbit, "
+    "B, kB (or KB), MB, GB, TB, PB (1 MB = 10^6 bytes), KiB, MiB, GiB, TiB, PiB (1 MiB = 2^20 bytes), bit, kbit, "
     "Mbit, Gbit; a bare number is bytes"};
 constexpr QuantityKind kSeconds{"a time", "5ms, 0.1s or 20us",
                                 "s, ms, us (or µs), ns, min, h; a bare number is accepted only for 0"};
@@ -205,8 +205,32 @@ bool prefix_scale(std::string_view stem, UnitScale& scale) {
   return true;
 }
 
+// A byte or bit prefix as SI and IEC write it: "k" for 10^3 (a capital K is common and accepted too), "M",
+// "G", "T", "P"; "Ki", "Mi", "Gi", "Ti", "Pi". `stem` is a prefix that prefix_scale() accepted.
+std::string written_prefix(std::string_view stem) {
+  if (stem.empty()) return "";
+  const char letter = lower(stem[0]);
+  if (stem.size() == 2) return std::string(1, static_cast<char>(letter - 'a' + 'A')) + "i";
+  return letter == 'k' ? "k" : std::string(1, static_cast<char>(letter - 'a' + 'A'));
+}
+
+// Whether a prefix that prefix_scale() accepted is written as a size prefix: "m" is milli, "p" pico, "g" and
+// "t" nothing, so "mB" (millibytes) or "gbit" is refused rather than read as "MB" or "Gbit".
+bool prefix_letter_is_valid(std::string_view stem) {
+  return stem.empty() || stem[0] == 'k' || (stem[0] >= 'A' && stem[0] <= 'Z');
+}
+
+// "MB", 10^6 bytes: what a byte or bit prefix stands for, for error messages.
+std::string prefix_meaning(std::string_view stem, bool bits) {
+  const std::string_view letters = "kmgtp";
+  const auto power = static_cast<int>(letters.find(lower(stem[0]))) + 1;
+  return stem.size() == 2 ? fmt::format("2^{} {}", 10 * power, bits ? "bits" : "bytes")
+                          : fmt::format("10^{} {}", 3 * power, bits ? "bits" : "bytes");
+}
+
 // The scale of a byte or bit unit ("MB", "KiB", "Gbit", "bytes"); false when unknown.
-// A lone lowercase "b" ("Mb", "kb") throws: it means bits to some and bytes to others.
+// A lone lowercase "b" ("Mb", "kb") throws: it means bits to some and bytes to others. A prefix in the
+// wrong case ("mB", "gbit") throws too, naming the unit meant.
 bool byte_unit_scale(std::string_view unit, UnitScale& scale, const QuantityKind& kind,
                      std::string_view input) {
   std::string_view stem;
@@ -225,16 +249,25 @@ bool byte_unit_scale(std::string_view unit, UnitScale& scale, const QuantityKind
     stem = unit.substr(0, unit.size() - 1);
   } else if (!unit.empty() && unit.back() == 'b') {
     UnitScale ignored;
-    if (prefix_scale(unit.substr(0, unit.size() - 1), ignored)) {
+    const std::string_view ambiguous_stem = unit.substr(0, unit.size() - 1);
+    if (prefix_scale(ambiguous_stem, ignored)) {
+      const std::string prefix = written_prefix(ambiguous_stem);
       fail(kind, input,
-           fmt::format("{} is ambiguous (bits or bytes?); write {}B for bytes or {}bit for bits",
-                       quoted(unit), unit.substr(0, unit.size() - 1), unit.substr(0, unit.size() - 1)));
+           fmt::format("{} is ambiguous (bits or bytes?); write {}B for bytes or {}bit for bits", quoted(unit),
+                       prefix, prefix));
     }
     return false;
   } else {
     return false;
   }
   if (!prefix_scale(stem, scale)) return false;
+  if (!prefix_letter_is_valid(stem)) {
+    const bool bits = base < 1.0;
+    const std::string meant = written_prefix(stem) + (bits ? "bit" : "B");
+    const char* note = stem[0] == 'm' ? " (m is milli)" : stem[0] == 'p' ? " (p is pico)" : "";
+    fail(kind, input, fmt::format("{} is not a size unit{}; write {} for {}", quoted(unit), note, meant,
+                                  prefix_meaning(stem, bits)));
+  }
   scale.factor *= base;
   return true;
 }

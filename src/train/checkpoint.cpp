@@ -92,7 +92,25 @@ CheckpointContents load_checkpoint(const std::string& path, nn::Module& model, o
     if (name.rfind(kOptimizerPrefix, 0) == 0) optimizer_state.emplace_back(name.substr(std::strlen(kOptimizerPrefix)), tensor);
     else model_state.emplace_back(name, tensor);
   }
-  model.load_state_dict(model_state, true);
+  try {
+    model.load_state_dict(model_state, true);
+  } catch (const nn::StateDictError& e) {  // PyTorch's several lines, as one that names the file and the model
+    const auto names = [](const std::vector<std::string>& all) {
+      std::string text;
+      for (std::size_t i = 0; i < all.size() && i < 3; ++i) text += (i ? ", " : " (") + all[i];
+      if (all.size() > 3) text += detail::concat(", and ", all.size() - 3, " more");
+      return all.empty() ? text : text + ")";
+    };
+    const auto model_name = metadata.find("model");
+    throw nn::StateDictError(
+        detail::concat("Checkpoint '", detail::printable(path), "' does not fit the model being loaded",
+                       model_name == metadata.end() ? std::string()
+                                                    : " (the file says '" + detail::printable(model_name->second) + "')",
+                       ": ", e.missing_keys().size(), " tensor(s) missing", names(e.missing_keys()), ", ",
+                       e.unexpected_keys().size(), " not in the model", names(e.unexpected_keys()), ", ",
+                       e.mismatched_keys().size(), " of another shape", names(e.mismatched_keys())),
+        e.missing_keys(), e.unexpected_keys(), e.mismatched_keys());
+  }
   if (optimizer) optimizer->load_state_dict(optimizer_state);
   return contents_from_metadata(metadata, path);
 }

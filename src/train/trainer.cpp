@@ -137,15 +137,25 @@ double evaluate_accuracy(nn::Module& model, DataLoader& loader) {
   return static_cast<double>(correct.item<std::int64_t>()) / static_cast<double>(loader.size());
 }
 
-TrainResult train(nn::Module& model, const Dataset& train_set, const Dataset& test_set, const TrainOptions& o,
-                  std::ostream& out) {
+void check_train_options(const TrainOptions& o) {
   FERRY_CHECK(o.epochs >= 1, InvalidArgument, "--epochs must be at least 1, got ", o.epochs);
   FERRY_CHECK(o.log_every >= 1, InvalidArgument, "--log-every must be at least 1, got ", o.log_every);
   FERRY_CHECK(o.lr > 0 && std::isfinite(o.lr), InvalidArgument, "--lr must be a positive number, got ", o.lr);
+  FERRY_CHECK(o.momentum >= 0 && std::isfinite(o.momentum), InvalidArgument,
+              "--momentum must be a number >= 0 (0.9 is usual), got ", o.momentum);
+  FERRY_CHECK(o.weight_decay >= 0 && std::isfinite(o.weight_decay), InvalidArgument,
+              "--weight-decay must be a number >= 0, got ", o.weight_decay);
   FERRY_CHECK(o.schedule == "cosine" || o.schedule == "constant", InvalidArgument,
               "--schedule must be cosine or constant, got '", o.schedule, "'");
   FERRY_CHECK(o.graphs == "auto" || o.graphs == "on" || o.graphs == "off", InvalidArgument,
               "--graphs must be auto, on or off, got '", o.graphs, "'");
+  FERRY_CHECK(o.graphs != "on" || !o.device.is_cpu(), InvalidArgument,
+              "--graphs on captures steps on cuda or sim; the cpu runs every step eagerly (use --graphs auto or off)");
+}
+
+TrainResult train(nn::Module& model, const Dataset& train_set, const Dataset& test_set, const TrainOptions& o,
+                  std::ostream& out) {
+  check_train_options(o);
   Ledger& ledger = Ledger::global();
   const auto ledger_start = ledger.totals();
   dist::ProcessGroup* group = o.process_group;  // data-parallel when set; everything below is as before otherwise
@@ -162,6 +172,7 @@ TrainResult train(nn::Module& model, const Dataset& train_set, const Dataset& te
   optim::SGD optimizer(model.parameters(), {.lr = o.lr, .momentum = o.momentum, .weight_decay = o.weight_decay,
                                             .lr_on_device = graphs});
   TrainingProgress progress;
+  std::map<std::string, std::string> resumed_sums;  // the checkpoint's settings: its epoch's running sums, if any
   bool deterministic = o.deterministic || deterministic_algorithms();
   if (!o.resume_path.empty()) {
     const CheckpointContents contents = load_checkpoint(o.resume_path, model, &optimizer);
@@ -181,6 +192,7 @@ TrainResult train(nn::Module& model, const Dataset& train_set, const Dataset& te
                   " over ", train_set.size(), ", so it cannot continue that epoch: resume with --batch ",
                   batch.empty() ? "?" : batch, " and the same data, or from a checkpoint written at an epoch end");
     }
+    resumed_sums = contents.settings;
     set_generator_state(contents.generator);
     out << "resumed from " << o.resume_path << " at epoch " << progress.epoch + 1 << ", batch "
         << progress.batch_in_epoch << " (step " << progress.global_step << ")\n";
@@ -241,6 +253,14 @@ TrainResult train(nn::Module& model, const Dataset& train_set, const Dataset& te
     metrics.open(o.metrics_path, std::ios::app);
     FERRY_CHECK(metrics.good(), IoError, "Cannot open metrics file '", o.metrics_path, "' for writing");
   }
+  // The epoch's running sums: made once and zeroed each epoch (a captured step adds into them), read at epoch ends.
+  Tensor loss_sum = zeros({}, {.device = o.device});                       // summed on the device
+  Tensor correct = zeros({}, {.device = o.device, .dtype = DType::Int64});  // right predictions
+  std::int64_t seen = 0;                                                   // samples this rank trained on
+  // The step the checkpoint file holds now: the one written last in this run, or the one this run resumed from when
+  // it writes where it read; -1: none yet.
+  std::int64_t saved_step =
+      !o.checkpoint_path.empty() && o.resume_path == o.checkpoint_path ? progress.global_step : -1;
   auto save = [&](const TrainingProgress& at) {
     if (o.checkpoint_path.empty() || !is_rank0) return;
     CheckpointContents contents;
@@ -253,7 +273,47 @@ TrainResult train(nn::Module& model, const Dataset& train_set, const Dataset& te
                          {"deterministic", deterministic ? "true" : "false"},
                          {"train_images", std::to_string(train_set.size())},
                          {"test_images", std::to_string(test_set.size())}};
+    // Stopped within an epoch (one process): that epoch's running sums, so that the resumed run reports the
+    // epoch's loss and accuracy over all its batches, as the unbroken run does (the float's exact text).
+    if (at.batch_in_epoch > 0 && group == nullptr) {
+      contents.settings["epoch_loss_sum"] = exact_text(loss_sum.item<float>());
+      contents.settings["epoch_correct"] = std::to_string(correct.item<std::int64_t>());
+      contents.settings["epoch_seen"] = std::to_string(seen);
+    }
     save_checkpoint(o.checkpoint_path, model, &optimizer, contents);
+    saved_step = at.global_step;
+  };
+  // For an error that stops the run: where its work was kept ("" when no checkpoint was written this run).
+  auto last_good_checkpoint = [&]() -> std::string {
+    if (saved_step < 0) return "";
+    return detail::concat("; the last good checkpoint, at step ", saved_step, ", is '",
+                          detail::printable(o.checkpoint_path), "'");
+  };
+  // A resumed epoch starts from the sums its checkpoint kept, so that its loss and accuracy cover all its batches,
+  // as in the unbroken run. Checkpoints without them (data-parallel runs, older files) leave the sums at zero, and
+  // the epoch's line then says that it covers only the batches of this run.
+  bool partial_epoch_sums = false;
+  auto restore_epoch_sums = [&](const std::map<std::string, std::string>& settings) {
+    const auto loss = settings.find("epoch_loss_sum"), right = settings.find("epoch_correct"),
+               count = settings.find("epoch_seen");
+    if (loss == settings.end() || right == settings.end() || count == settings.end()) {
+      partial_epoch_sums = true;
+      return;
+    }
+    const auto number = [&]<typename T>(const std::string& text, const char* key, T& value) {
+      const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
+      FERRY_CHECK(error == std::errc() && end == text.data() + text.size(), FormatError, "Checkpoint '",
+                  detail::printable(o.resume_path), "': its setting '", key, "' is not a number: '",
+                  detail::printable(text), "'");
+    };
+    double loss_value = 0;
+    std::int64_t right_value = 0, count_value = 0;
+    number(loss->second, "epoch_loss_sum", loss_value);
+    number(right->second, "epoch_correct", right_value);
+    number(count->second, "epoch_seen", count_value);
+    loss_sum.fill_(loss_value);
+    correct.fill_(static_cast<double>(right_value));
+    seen = count_value;
   };
 
   TrainResult result;
@@ -282,9 +342,7 @@ TrainResult train(nn::Module& model, const Dataset& train_set, const Dataset& te
   int stop_agreed = 0;  // data-parallel: every rank stops before its next step
   const std::string written_to = o.checkpoint_path.empty() ? "" : "; checkpoint written to " + o.checkpoint_path;
   // The step: forward, loss, backward (data-parallel: the gradients averaged) and the update. The running sums
-  // are updated in place (made once, zeroed each epoch), so a captured graph keeps adding into the same tensors.
-  Tensor loss_sum = zeros({}, {.device = o.device});
-  Tensor correct = zeros({}, {.device = o.device, .dtype = DType::Int64});
+  // (loss_sum, correct, above) are updated in place, so a captured graph keeps adding into the same tensors.
   double loss_weight = 1;  // data-parallel: this rank's slice of the global batch
   auto training_step = [&](const Tensor& images, const Tensor& labels) {
     Tensor logits = ddp ? ddp->forward(images) : model(images);
@@ -310,11 +368,16 @@ TrainResult train(nn::Module& model, const Dataset& train_set, const Dataset& te
   } logged;
   PendingRead pending_loss;
   Clock::time_point epoch_start = Clock::now();
-  std::int64_t seen = 0;
+  // One JSON line, flushed (a reader tailing the file sees each line when it is logged) and checked: a full disk
+  // stops the run with the last checkpoint kept, rather than losing the metrics without a word.
+  auto write_metrics = [&](const nlohmann::json& line) {
+    metrics << line.dump() << std::endl;
+    FERRY_CHECK(!metrics.fail(), IoError, "Writing the metrics to '", detail::printable(o.metrics_path),
+                "' failed (disk full?); stopping", last_good_checkpoint());
+  };
   auto report_loss = [&](double last_loss) {
     FERRY_CHECK(std::isfinite(last_loss), Error, "The loss became ", last_loss, " at step ", logged.step, " (epoch ",
-                logged.epoch + 1, "); stopping. ",
-                o.checkpoint_path.empty() ? std::string("") : "The last good checkpoint is " + o.checkpoint_path);
+                logged.epoch + 1, "); stopping", last_good_checkpoint());
     result.loss_curve.emplace_back(logged.step, last_loss);
     const double elapsed = seconds_since(epoch_start);
     const double rate = static_cast<double>(seen * world) / std::max(elapsed, 1e-9);
@@ -326,9 +389,8 @@ TrainResult train(nn::Module& model, const Dataset& train_set, const Dataset& te
           << " img/s\n" << std::defaultfloat;
     }
     if (metrics.is_open()) {
-      metrics << nlohmann::json{{"kind", "step"}, {"epoch", logged.epoch + 1}, {"step", logged.step}, {"loss", last_loss},
-                                {"lr", logged.lr}, {"images_per_s", rate}}.dump()
-              << std::endl;  // flushed: a reader tailing the file sees each line when it is logged
+      write_metrics({{"kind", "step"}, {"epoch", logged.epoch + 1}, {"step", logged.step}, {"loss", last_loss},
+                     {"lr", logged.lr}, {"images_per_s", rate}});
     }
   };
   auto read_logged_loss = [&] {
@@ -341,9 +403,10 @@ TrainResult train(nn::Module& model, const Dataset& train_set, const Dataset& te
   for (std::int64_t epoch = progress.epoch; epoch < o.epochs; ++epoch) {
     epoch_start = Clock::now();
     train_loader.start_epoch(epoch, epoch == progress.epoch ? progress.batch_in_epoch : 0);
-    loss_sum.zero_();  // summed on the device
+    loss_sum.zero_();
     correct.zero_();
     seen = 0;
+    if (epoch == progress.epoch && progress.batch_in_epoch > 0) restore_epoch_sums(resumed_sums);
     std::int64_t batches = 0;
     // Batches of this epoch done so far, those before a resume included: where a checkpoint written now resumes.
     auto batch_in_epoch = [&] { return batches + (epoch == progress.epoch ? progress.batch_in_epoch : 0); };
@@ -408,6 +471,12 @@ TrainResult train(nn::Module& model, const Dataset& train_set, const Dataset& te
     if (pending_loss.pending()) read_logged_loss();
     bar.clear();
     if (stopped) {
+      // The steps since the last log step were never read back: one read of their sum, so that a loss that went
+      // non-finite there stops the run before its checkpoint holds the damage (one sync, once per run).
+      const double partial_loss =
+          seen == 0 ? 0.0 : group ? sum_over_ranks(*group, {loss_sum.item<double>()})[0] : loss_sum.item<double>();
+      FERRY_CHECK(std::isfinite(partial_loss), Error, "The training loss became ", partial_loss, " in epoch ",
+                  epoch + 1, ", by step ", result.steps, "; stopping", last_good_checkpoint());
       check_replicas();
       save({epoch, batch_in_epoch(), result.steps});
       if (result.stopped_by == 0) {
@@ -442,7 +511,7 @@ TrainResult train(nn::Module& model, const Dataset& train_set, const Dataset& te
     // that epoch: its training sums are in the first run's log; the test pass and the checkpoint follow as usual.
     const bool resumed_at_epoch_end = seen == 0 && epoch == progress.epoch && progress.batch_in_epoch > 0;
     FERRY_CHECK(resumed_at_epoch_end || std::isfinite(stats.train_loss), Error, "The mean training loss of epoch ",
-                epoch + 1, " is ", stats.train_loss, "; stopping");
+                epoch + 1, " is ", stats.train_loss, "; stopping", last_good_checkpoint());
     if (ddp) {  // each rank tests its shard with rank 0's BatchNorm statistics; the counts are summed
       ddp->broadcast_buffers();
       const double shard_correct = std::round(evaluate_accuracy(model, test_loader) * static_cast<double>(test_loader.size()));
@@ -458,16 +527,19 @@ TrainResult train(nn::Module& model, const Dataset& train_set, const Dataset& te
       out << "epoch " << stats.epoch << "/" << o.epochs << "  (every step of it ran before the resume)  test acc "
           << std::fixed << std::setprecision(2) << 100 * stats.test_accuracy << " %\n" << std::defaultfloat;
     } else {
-      out << "epoch " << stats.epoch << "/" << o.epochs << "  train loss " << std::fixed << std::setprecision(4)
-          << stats.train_loss << "  train acc " << std::setprecision(2) << 100 * stats.train_accuracy
+      const bool partial = partial_epoch_sums && epoch == progress.epoch;
+      out << "epoch " << stats.epoch << "/" << o.epochs
+          << (partial ? detail::concat(" (train loss and accuracy over its batches ", progress.batch_in_epoch + 1,
+                                       "-", batch_in_epoch(), ", this run's)")
+                      : std::string())
+          << "  train loss " << std::fixed << std::setprecision(4) << stats.train_loss << "  train acc " << std::setprecision(2) << 100 * stats.train_accuracy
           << " %  test acc " << 100 * stats.test_accuracy << " %  " << std::setprecision(1) << stats.seconds << " s\n"
           << std::defaultfloat;
     }
     if (metrics.is_open()) {
-      metrics << nlohmann::json{{"kind", "epoch"}, {"epoch", stats.epoch}, {"train_loss", stats.train_loss},
-                                {"train_accuracy", stats.train_accuracy}, {"test_accuracy", stats.test_accuracy},
-                                {"seconds", stats.seconds}}.dump()
-              << std::endl;
+      write_metrics({{"kind", "epoch"}, {"epoch", stats.epoch}, {"train_loss", stats.train_loss},
+                     {"train_accuracy", stats.train_accuracy}, {"test_accuracy", stats.test_accuracy},
+                     {"seconds", stats.seconds}});
     }
     save({epoch + 1, 0, result.steps});
     if (const int asked = ddp && o.stop_request ? agree_on_stop() : stop_asked(); asked != 0 && epoch + 1 < o.epochs) {
@@ -478,7 +550,8 @@ TrainResult train(nn::Module& model, const Dataset& train_set, const Dataset& te
   }
 
   const auto totals = ledger.totals();
-  result.seconds_per_epoch = timed_epochs ? train_seconds / static_cast<double>(timed_epochs) : 0;
+  result.seconds_per_epoch = timed_epochs ? train_seconds / static_cast<double>(timed_epochs) : NAN;
+  result.steps_run = result.steps - progress.global_step;
   result.t_transfer_s = transfer_s;
   result.t_compute_s = compute_s;
   result.t_sync_s = sync_s;

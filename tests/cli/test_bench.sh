@@ -114,9 +114,18 @@ check_json 'j["seconds"] > 0' plan transfer --bytes 4MB --profile "$profile" --d
 check_json 'j["seconds"] == 0.00025' plan transfer --bytes 4MB --link 16GB/s --json
 expect_status 2 "--link" plan transfer --bytes 4MB --json
 expect_status 2 "pinned" plan transfer --bytes 4MB --profile "$profile" --pinned --json
+# sim has no pinned memory: the advice names a device that has (cuda), not the sim bench that cannot measure it.
+expect_status 2 "measure pinned copies on a cuda device" plan transfer --bytes 4MB --profile "$profile" --pinned
+if grep -qF -- "--device sim:0" "$scratch/err"; then fail "pinned advice names sim:0: $(cat "$scratch/err")"; fi
 expect_status 2 "no device 'sim:5'" plan transfer --bytes 4MB --profile "$profile" --device sim:5
 expect_status 2 "direction" plan transfer --bytes 4MB --profile "$profile" --direction sideways
 expect_status 1 "Cannot read the profile" plan transfer --bytes 4MB --profile "$scratch/missing.json"
+# A --profile given to `ferry plan` is read whatever the subcommand: missing or a directory, it fails.
+expect_status 1 "Cannot read the profile" plan --profile "$scratch/missing.json" golden --speedup 250 --compute 0.1s \
+  --transfer 0.7s
+expect_status 1 "Cannot read the profile" plan --profile "$scratch/missing.json" bytes --shape 4x4
+expect_status 1 "is a directory" plan --profile "$scratch" transfer --bytes 4MB
+expect_status 1 "is a directory" plan transfer --bytes 4MB --profile "$scratch"
 
 # ---- ferry plan speedup from the devices, ferry devices -----------------------------------------
 check_json 'j["speedup"] == 1 and j["cpu_cores"] >= 1' plan speedup --gpu sim:0 --cpu --json
@@ -139,6 +148,15 @@ expect_status 2 "subcommand" bench
 echo '{"not": "a profile"}' >"$scratch/other.json"
 expect_status 1 "not a ferry profile" bench gemm --device cpu --sizes 16 --repeats 1 --save "$scratch/other.json"
 check_file 'j == {"not": "a profile"}' "$scratch/other.json"
+# --save that cannot be written fails before anything is measured: exit 2, no progress line, one line on stderr.
+for target in "$scratch" "$scratch/no-such-folder/profile.json"; do
+  expect_status 2 "--save" bench link --device sim:0 --sizes 4KB --repeats 1 --progress --save "$target"
+  if [[ $(wc -l <"$scratch/err") -ne 1 ]]; then
+    fail "bench link --save $target measured first: $(cat "$scratch/err")"
+  fi
+done
+expect_status 2 "is a directory" bench link --device sim:0 --sizes 4KB --repeats 1 --save "$scratch"
+expect_status 2 "does not exist" bench gemm --device cpu --sizes 16 --repeats 1 --save "$scratch/no-such-folder/p.json"
 
 # ferry bench golden: every measurement present and positive; the printed prediction is the Golden Rule of the
 # printed parts (S / (1 + T_transfer / T_compute)), and the error is against the measured S_real.

@@ -111,6 +111,69 @@ expect_failure 2 "--checkpoint-every needs --checkpoint" train --device cpu --da
 expect_failure 2 "Unknown model 'resnet': expected fmnist or mlp" train --device cpu --model resnet \
   --data "$scratch/nonexistent"
 
+# --- options that could only be ignored or misread: exit 2, one line, before the data is read (--data points nowhere).
+mkfifo "$scratch/pipe.safetensors"
+expect_failure 2 "is a pipe|give a file name" train --device cpu --data "$scratch/nonexistent" \
+  --checkpoint "$scratch/pipe.safetensors"
+expect_failure 2 "--checkpoint needs a file name" train --device cpu --data "$scratch/nonexistent" --checkpoint ""
+expect_failure 2 "--resume needs a file name" train --device cpu --data "$scratch/nonexistent" --resume ""
+expect_failure 2 "--seed: expected a whole number >= 0, got -1" train --device cpu --data "$scratch/nonexistent" --seed -1
+expect_failure 2 "--momentum must be a number >= 0" train --device cpu --data "$scratch/nonexistent" --momentum -1
+expect_failure 2 "--graphs on captures steps on cuda or sim" train --device cpu --data "$scratch/nonexistent" --graphs on
+expect_failure 2 "unknown command 'bogus'|devices, plan, bench, train, eval, inspect" bogus
+
+# --- checkpoints that do not fit: a --model other than the file's is bad usage (2); a file whose settings or tensors
+# are not what ferry train writes is damaged (1). One line each, never PyTorch's several-line state-dict error. Then
+# a symlink as --checkpoint: the file it names is written, the link stays; and a disk that fills up under --metrics.
+data_dir=/usr/share/datasets/fashion-mnist
+if [[ -f "$data_dir/train-images-idx3-ubyte.gz" ]]; then
+  quick=(--device cpu --model mlp --limit-train 64 --limit-test 32 --batch 32 --epochs 1)
+  touch "$scratch/real.safetensors"
+  ln -s real.safetensors "$scratch/link.safetensors"
+  if "$FERRY" train "${quick[@]}" --max-steps 1 --checkpoint "$scratch/link.safetensors" >"$scratch/out" 2>"$scratch/err" &&
+     [[ -L "$scratch/link.safetensors" && -s "$scratch/real.safetensors" ]]; then
+    echo "ok: --checkpoint through a symlink wrote the file it names and kept the link"
+  else
+    fail "--checkpoint through a symlink: link $(ls -l "$scratch/link.safetensors"), $(tail -c 300 "$scratch/err")"
+  fi
+  mlp="$scratch/real.safetensors"
+  # with_setting KEY VALUE OUT: a copy of the mlp checkpoint with one metadata value changed (safetensors: an 8-byte
+  # little-endian header length, the JSON header, the tensors' bytes).
+  with_setting() {
+    python3 - "$mlp" "$@" <<'PY'
+import json, struct, sys
+source, key, value, target = sys.argv[1:]
+data = open(source, "rb").read()
+length = struct.unpack("<Q", data[:8])[0]
+header = json.loads(data[8:8 + length])
+header["__metadata__"][key] = value
+text = json.dumps(header).encode()
+open(target, "wb").write(struct.pack("<Q", len(text)) + text + data[8 + length:])
+PY
+  }
+  expect_failure 2 "--model fmnist cannot resume|holds the mlp model's weights" train --device cpu --resume "$mlp" \
+    --model fmnist --max-steps 2
+  with_setting model fmnist "$scratch/named-fmnist.safetensors"
+  expect_failure 1 "does not fit the model being loaded|the file says 'fmnist'" eval --device cpu \
+    --checkpoint "$scratch/named-fmnist.safetensors"
+  with_setting batch -5 "$scratch/batch.safetensors"
+  expect_failure 1 "its setting 'batch' is '-5', which --batch does not take|damaged" train --device cpu \
+    --resume "$scratch/batch.safetensors"
+  with_setting model resnet "$scratch/resnet.safetensors"
+  expect_failure 1 "its setting 'model' is 'resnet'" eval --device cpu --checkpoint "$scratch/resnet.safetensors"
+  if [[ -w /dev/full ]]; then
+    rc=0
+    "$FERRY" train "${quick[@]}" --max-steps 2 --log-every 1 --metrics /dev/full >"$scratch/out" 2>"$scratch/err" || rc=$?
+    if [[ $rc == 1 ]] && grep -q "Writing the metrics to '/dev/full' failed" "$scratch/err"; then
+      echo "ok (1): --metrics on a full disk: $(cat "$scratch/err")"
+    else
+      fail "--metrics /dev/full: exit $rc, $(tail -c 300 "$scratch/err")"
+    fi
+  fi
+else
+  echo "SKIP (checkpoint parts): Fashion-MNIST not found in $data_dir (apt-get install dataset-fashion-mnist)"
+fi
+
 # --- and the one flag that is not an error: --version, exit 0, the version and what the build holds.
 version_rc=0
 "$FERRY" --version >"$scratch/out" 2>"$scratch/err" || version_rc=$?

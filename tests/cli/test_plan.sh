@@ -97,12 +97,35 @@ expect_error 'B = 250|N = 4|248|252' plan batch --batch 250 --gpus 4
 expect_error '"4XB"|MB' plan transfer --bytes 4XB --link 16GB/s
 expect_error '"-3x4"|negative' plan bytes --shape -3x4 --dtype float32
 expect_error 'GPUs' plan allreduce --params 25M --dtype float32 --gpus 0
+# Size prefixes as SI writes them: suggestions never say "mB" (millibytes), and "mB" itself is refused.
+expect_error '"4mb"|write MB for bytes or Mbit for bits' plan transfer --bytes 4mb --link 16GB/s
+expect_error '"4gb"|write GB for bytes or Gbit for bits' plan transfer --bytes 4gb --link 16GB/s
+expect_error '"4mB"|milli|write MB for 10^6 bytes' plan transfer --bytes 4mB --link 16GB/s
+# --device, --direction and --pinned choose a profile's measured link: never ignored beside --link.
+expect_error "--direction 'sideways'|host->device" plan transfer --bytes 4MB --link 16GB/s --direction sideways
+expect_error '--direction|--profile' plan transfer --bytes 4MB --link 16GB/s --direction d2h
+expect_error '--device|--profile' plan transfer --bytes 4MB --link 16GB/s --device nonsense
+expect_error '--pinned|--profile' plan transfer --bytes 4MB --link 16GB/s --pinned
+# A speedup is a positive number, not a count; a loop has at least one step.
+expect_error "--speedup|positive|'-5'" plan golden --speedup -5 --compute 0.1s --transfer 0.7s
+expect_error "--speedup|positive|'0'" plan golden --speedup 0 --compute 0.1s --transfer 0.7s
+expect_json '{"speedup_real": 31.25}' plan golden --speedup 250x --compute 0.1s --transfer 0.7s
+expect_error 'steps >= 1|got 0' plan loop --transfer 5ms --compute 20ms --log 1ms --steps 0 --log-every 100
+expect_error 'every n >= 1|got 0' plan loop --transfer 5ms --compute 20ms --log 1ms --steps 1000 --log-every 0
 
 # The explanation (no --json) shows the arithmetic.
 if "$FERRY" plan bytes --shape 1000x1000 --dtype float32 | grep -qF "1,000,000 elements x 4 bytes"; then
   echo "ok: ferry plan bytes explains its arithmetic"
 else
   fail "ferry plan bytes does not explain '1,000,000 elements x 4 bytes'"
+fi
+
+# A rate that is not a whole number of bytes/s is printed exactly, with separators (55.1 GiB/s = 59,163,174,502.4).
+if "$FERRY" plan transfer --bytes 4000000 --link 55.1GiB/s |
+  grep -qF "= 4,000,000 bytes / 59,163,174,502.4 bytes/s ="; then
+  echo "ok: ferry plan transfer prints an inexact rate exactly, with separators"
+else
+  fail "ferry plan transfer --link 55.1GiB/s: $("$FERRY" plan transfer --bytes 4000000 --link 55.1GiB/s 2>&1)"
 fi
 
 finish test_plan

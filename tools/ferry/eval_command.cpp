@@ -26,6 +26,9 @@ void register_eval_command(CLI::App& app) {
     const auto settings = ferry::read_checkpoint_contents(checkpoint).settings;
     const auto named = settings.find("model");
     const std::string model_name = named == settings.end() ? "fmnist" : named->second;
+    FERRY_CHECK(model_name == "fmnist" || model_name == "mlp", FormatError, "Checkpoint '",
+                ferry::detail::printable(checkpoint), "': its setting 'model' is '", ferry::detail::printable(model_name),
+                "', which ferry does not build (fmnist | mlp); the file is damaged or was not written by ferry train");
     auto model = ferry::make_model(model_name);
     ferry::load_checkpoint(checkpoint, *model, nullptr);
     model->to(device);

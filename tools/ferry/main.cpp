@@ -9,6 +9,7 @@
 
 #include "commands.h"
 #include "ferry/error.h"
+#include "ferry/nn/module.h"
 
 namespace {
 // `ferry --version`: the version and what this build holds (which backends and libraries were compiled in).
@@ -39,6 +40,21 @@ std::string version_text() {
 #endif
   return text;
 }
+// An error as one line on stderr: "ferry: error: TEXT". Text that spans lines (a library's message in PyTorch's
+// several-line form) is joined with "; ", so that scripts reading ferry's last line get all of it.
+void say(const char* prefix, const char* what) {
+  std::string text;
+  for (const char* c = what; *c != '\0'; ++c) {
+    if (*c != '\n') {
+      text += *c;
+      continue;
+    }
+    while (c[1] == '\t' || c[1] == ' ' || c[1] == '\n') ++c;
+    if (c[1] != '\0') text += "; ";
+  }
+  while (!text.empty() && text.back() == ' ') text.pop_back();
+  std::fprintf(stderr, "ferry: %s%s\n", prefix, text.c_str());
+}
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -58,6 +74,20 @@ int main(int argc, char** argv) {
   register_train_command(app);
   register_eval_command(app);
   register_inspect_command(app);
+  // A first word that is no command: say so and list them (CLI11 alone says "A subcommand is required").
+  if (argc > 1 && argv[1][0] != '-') {
+    std::string names;
+    bool known = false;
+    for (const CLI::App* command : app.get_subcommands({})) {
+      names += (names.empty() ? "" : ", ") + command->get_name();
+      known = known || command->check_name(argv[1]);
+    }
+    if (!known) {
+      say("error: ", ("unknown command '" + ferry::detail::printable(argv[1]) + "'; the commands are " + names +
+                      " (see ferry --help)").c_str());
+      return 2;
+    }
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -66,22 +96,27 @@ int main(int argc, char** argv) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
     if (e.get_exit_code() == 0) return app.exit(e);
-    std::fprintf(stderr, "ferry: error: %s (see ferry --help)\n", e.what());
+    say("error: ", (std::string(e.what()) + " (see ferry --help)").c_str());
     return 2;
   } catch (const ferry::Interrupted& e) {  // stopped cleanly on request: the shell's status for that signal
-    if (*e.what() != '\0') std::fprintf(stderr, "ferry: %s\n", e.what());
+    if (*e.what() != '\0') say("", e.what());
     return 128 + e.signal();
+  } catch (const ferry::nn::StateDictError& e) {
+    // Tensors that do not fit the model their checkpoint names: a damaged file. (A --model that differs from the
+    // checkpoint's is refused before any loading, as bad usage.)
+    say("error: ", e.what());
+    return 1;
   } catch (const ferry::InvalidArgument& e) {
-    std::fprintf(stderr, "ferry: error: %s\n", e.what());
+    say("error: ", e.what());
     return 2;
   } catch (const ferry::DeviceUnavailable& e) {
-    std::fprintf(stderr, "ferry: error: %s\n", e.what());
+    say("error: ", e.what());
     return 2;
   } catch (const ferry::Error& e) {
-    std::fprintf(stderr, "ferry: error: %s\n", e.what());
+    say("error: ", e.what());
     return 1;
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "ferry: unexpected error: %s\n", e.what());
+    say("unexpected error: ", e.what());
     return 1;
   }
   return 0;

@@ -13,6 +13,7 @@
 #include <iostream>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -51,12 +52,19 @@ void print(bool as_json, const Json& object, const std::string& explanation) {
   }
 }
 
-// 4000000 -> "4,000,000"; a fractional or huge value falls back to plain digits.
+// 4000000 -> "4,000,000", 59163174502.4 (55.1 GiB/s) -> "59,163,174,502.4": the exact value with thousands
+// separators, at most 3 decimals. Below 1 (0.125 bytes) or beyond 9e15, plain digits.
 std::string grouped(double value) {
-  if (value == std::floor(value) && std::fabs(value) < 9.0e18) {
-    return ferry::format_thousands(static_cast<std::int64_t>(value));
+  if (!std::isfinite(value) || value < 0 || value >= 9.0e15 || (value < 1 && value != 0)) {
+    return ferry::format_number(value, 6);
   }
-  return ferry::format_number(value, 6);
+  const double rounded = std::round(value * 1000.0) / 1000.0;
+  const double whole = std::floor(rounded);
+  std::string text = ferry::format_thousands(static_cast<std::int64_t>(whole));
+  std::string fraction = fmt::format("{:.3f}", rounded - whole);  // "0.400"
+  while (fraction.back() == '0') fraction.pop_back();
+  if (fraction.back() != '.') text += fraction.substr(1);  // ".4"
+  return text;
 }
 
 // {1000, 1000} -> "1000 x 1000"; the scalar shape {} -> "()".
@@ -154,6 +162,50 @@ std::string& plan_profile_path() {
   return path;
 }
 
+// --direction and --pinned as a path across the link; throws for a direction it does not know.
+ferry::LinkPath link_path_of(const std::string& direction, bool pinned) {
+  if (direction == "host->device" || direction == "h2d") {
+    return pinned ? ferry::LinkPath::HostToDevicePinned : ferry::LinkPath::HostToDevicePageable;
+  }
+  if (direction == "device->host" || direction == "d2h") {
+    return pinned ? ferry::LinkPath::DeviceToHostPinned : ferry::LinkPath::DeviceToHostPageable;
+  }
+  throw ferry::InvalidArgument(
+      fmt::format("Unknown --direction '{}'; expected host->device (h2d) or device->host (d2h)", direction));
+}
+
+// Whether `name` (a profile's device, "sim:0") is a device with pinned host memory (cuda).
+bool has_pinned_memory(const std::string& name) {
+  try {
+    return ferry::supports_pinned(ferry::Device::parse(name));
+  } catch (const ferry::Error&) {
+    return false;  // a name this build does not know
+  }
+}
+
+// Why `device` of the profile at `path` has no rate for `link_path`, and what would measure it: another device
+// of the profile that has it, else a bench that can measure it (pinned copies exist on cuda devices only).
+std::string unmeasured_link_message(const ferry::Profile& profile, const ferry::DeviceProfile& device,
+                                    ferry::LinkPath link_path, const std::string& path) {
+  const std::string words = ferry::link_path_words(link_path);
+  std::vector<std::string> others;
+  for (const ferry::DeviceProfile& d : profile.devices) {
+    if (&d != &device && d.link(link_path).measured()) others.push_back(d.device);
+  }
+  std::string message = fmt::format("The profile {} has no {} rate for {}", path, words, device.device);
+  if (!others.empty()) {
+    return message + fmt::format("; {} has one: add --device {}", fmt::join(others, ", "), others[0]);
+  }
+  const bool pinned =
+      link_path == ferry::LinkPath::HostToDevicePinned || link_path == ferry::LinkPath::DeviceToHostPinned;
+  if (pinned && !has_pinned_memory(device.device)) {
+    return message + fmt::format(" ({} has no pinned host memory); measure pinned copies on a cuda device: "
+                                 "`ferry bench link --device cuda:0 --save {}`",
+                                 device.device, path);
+  }
+  return message + fmt::format("; measure it with `ferry bench link --device {} --save {}`", device.device, path);
+}
+
 // The link a `--profile` transfer crosses: the profile's measured time for those bytes on that path.
 struct MeasuredLink {
   double seconds = 0;           // s, by the profile's measured points (ferry::MeasuredRate::seconds_for)
@@ -161,8 +213,8 @@ struct MeasuredLink {
   std::string words;            // "sim:0 host->device pageable as measured (profile p.json, updated ...)"
 };
 
-MeasuredLink measured_link(const std::string& path, const std::string& device_text, const std::string& direction,
-                           bool pinned, double bytes) {
+MeasuredLink measured_link(const std::string& path, const std::string& device_text, ferry::LinkPath link_path,
+                           double bytes) {
   const ferry::Profile profile = ferry::load_profile(path);
   const ferry::DeviceProfile* device = nullptr;
   if (device_text.empty()) {
@@ -181,22 +233,8 @@ MeasuredLink measured_link(const std::string& path, const std::string& device_te
                                                fmt::join(names, ", ")));
     }
   }
-  ferry::LinkPath link_path;
-  if (direction == "host->device" || direction == "h2d") {
-    link_path = pinned ? ferry::LinkPath::HostToDevicePinned : ferry::LinkPath::HostToDevicePageable;
-  } else if (direction == "device->host" || direction == "d2h") {
-    link_path = pinned ? ferry::LinkPath::DeviceToHostPinned : ferry::LinkPath::DeviceToHostPageable;
-  } else {
-    throw ferry::InvalidArgument(
-        fmt::format("Unknown --direction '{}'; expected host->device (h2d) or device->host (d2h)", direction));
-  }
   const ferry::MeasuredRate& rate = device->link(link_path);
-  if (!rate.measured()) {
-    throw ferry::InvalidArgument(fmt::format("The profile {} has no {} rate for {}; measure it with `ferry bench link "
-                                             "--device {} --save {}`",
-                                             path, ferry::link_path_words(link_path), device->device, device->device,
-                                             path));
-  }
+  if (!rate.measured()) throw ferry::InvalidArgument(unmeasured_link_message(profile, *device, link_path, path));
   MeasuredLink link;
   link.seconds = rate.seconds_for(bytes);
   link.bytes_per_second = link.seconds > 0 ? bytes / link.seconds : rate.rate;
@@ -240,13 +278,16 @@ void add_transfer_command(CLI::App& plan) {
                           "Or the measured link of a profile from `ferry bench link --save FILE`")
           ->type_name("FILE");
   link_option->excludes(profile_option);
-  command->add_option("--device", options->device, "With --profile: the device whose link (default: the first)")
-      ->type_name("DEVICE");
-  command->add_option("--direction", options->direction, "With --profile: host->device (h2d) or device->host (d2h)")
-      ->capture_default_str()
-      ->type_name("DIR");
-  command->add_flag("--pinned", options->pinned, "With --profile: the pinned-memory rate (cuda)");
-  command->callback([options] {
+  // Options that choose one of a profile's measured links: refused where no profile is read (--link gives the rate).
+  const std::vector<CLI::Option*> profile_only = {
+      command->add_option("--device", options->device, "With --profile: the device whose link (default: the first)")
+          ->type_name("DEVICE"),
+      command->add_option("--direction", options->direction, "With --profile: host->device (h2d) or device->host (d2h)")
+          ->capture_default_str()
+          ->type_name("DIR"),
+      command->add_flag("--pinned", options->pinned, "With --profile: the pinned-memory rate (cuda)")};
+  command->callback([options, profile_only] {
+    const ferry::LinkPath link_path = link_path_of(options->direction, options->pinned);
     std::string explanation;
     double bytes = 0;  // bytes
     if (!options->shape.empty()) {
@@ -262,6 +303,13 @@ void add_transfer_command(CLI::App& plan) {
     if (options->link.empty() && profile_path.empty()) {
       throw ferry::InvalidArgument("ferry plan transfer needs --link (like 16GB/s) or --profile (from ferry bench --save)");
     }
+    for (const CLI::Option* option : profile_only) {
+      if (option->count() > 0 && !options->link.empty()) {
+        throw ferry::InvalidArgument(fmt::format(
+            "{} chooses a measured link and needs --profile FILE instead of --link (--link {} already gives the rate)",
+            option->get_name(), options->link));
+      }
+    }
     Json object;
     if (!options->link.empty()) {
       const double bytes_per_second = ferry::parse_bandwidth(options->link);
@@ -273,7 +321,7 @@ void add_transfer_command(CLI::App& plan) {
       object["bytes"] = json_number(bytes);
       object["bytes_per_second"] = json_number(bytes_per_second);
     } else {
-      const MeasuredLink link = measured_link(profile_path, options->device, options->direction, options->pinned, bytes);
+      const MeasuredLink link = measured_link(profile_path, options->device, link_path, bytes);
       const double sheet_seconds = ferry::cost::transfer_seconds(bytes, 16e9);
       explanation += fmt::format(
           "{} over {}: {}, an effective {}\n"
@@ -396,6 +444,26 @@ void add_speedup_command(CLI::App& plan) {
 
 // ---- ferry plan golden (Exercises 3.1, 3.2) ------------------------------------------------------
 
+// --speedup: a positive number, "250", "31.25" or "250x" (as `ferry plan speedup` prints it).
+double parse_speedup(const std::string& text) {
+  std::string_view number = text;
+  auto trim = [&number] {
+    while (!number.empty() && number.front() == ' ') number.remove_prefix(1);
+    while (!number.empty() && number.back() == ' ') number.remove_suffix(1);
+  };
+  trim();
+  if (!number.empty() && number.back() == 'x') number.remove_suffix(1);
+  trim();
+  double speedup = 0;
+  const auto [end, error] = std::from_chars(number.data(), number.data() + number.size(), speedup);
+  if (number.empty() || error != std::errc{} || end != number.data() + number.size() || !std::isfinite(speedup) ||
+      speedup <= 0) {
+    throw ferry::InvalidArgument(
+        fmt::format("--speedup must be a positive number like 250 (the theoretical speedup S), got '{}'", text));
+  }
+  return speedup;
+}
+
 void add_golden_command(CLI::App& plan) {
   struct Options {
     std::string speedup, compute, transfer;
@@ -421,7 +489,7 @@ void add_golden_command(CLI::App& plan) {
       ->required()
       ->type_name("TIME");
   command->callback([options] {
-    const double speedup = ferry::parse_count(options->speedup);
+    const double speedup = parse_speedup(options->speedup);
     const double compute_s = ferry::parse_seconds(options->compute);
     const double transfer_s = ferry::parse_seconds(options->transfer);
     const ferry::cost::GoldenRule rule = ferry::cost::golden_rule(speedup, compute_s, transfer_s);
@@ -608,9 +676,12 @@ void register_plan_command(CLI::App& app) {
       "Units as the sheet writes them: 4MB (1 MB = 10^6 bytes), 1.5GiB, 16GB/s, 5ms, 0.1s, 1.5GHz, 25M.\n"
       "Every subcommand explains its arithmetic, or prints one JSON object with --json.\n"
       "Run `ferry plan <subcommand> --help` for the exercise it answers and an example.");
+  // Read as soon as it is parsed, whatever the subcommand: a profile that was asked for but cannot be read (missing,
+  // a directory, not a profile) fails as `plan transfer --profile` does, instead of being ignored.
   plan->add_option("--profile", plan_profile_path(),
                    "Measured rates from `ferry bench ... --save FILE`, used for transfer times")
-      ->type_name("FILE");
+      ->type_name("FILE")
+      ->each([](const std::string& path) { ferry::load_profile(path); });
   add_bytes_command(*plan);
   add_transfer_command(*plan);
   add_speedup_command(*plan);

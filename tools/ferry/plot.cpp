@@ -52,8 +52,9 @@ void write_training_plot(const std::string& path, const ferry::TrainResult& resu
   svg += panel(accuracy, 500, 40, 360, 260, "test accuracy, %", "epoch");
   svg += "</svg>\n";
   std::ofstream out(path);
-  FERRY_CHECK(out.good(), IoError, "Cannot write the plot to '", path, "'");
-  out << svg;
+  FERRY_CHECK(out.good(), IoError, "Cannot write the plot to '", ferry::detail::printable(path), "'");
+  out << svg << std::flush;
+  FERRY_CHECK(!out.fail(), IoError, "Writing the plot to '", ferry::detail::printable(path), "' failed (disk full?)");
 }
 
 void write_trace_file(const std::string& path) { ferry::write_chrome_trace(path); }

@@ -28,6 +28,7 @@
 #include "ferry/idx.h"
 #include "ferry/ledger.h"
 #include "ferry/random.h"
+#include "ferry/safetensors.h"
 #include "ferry/trainer.h"
 #include "plot.h"
 
@@ -109,7 +110,9 @@ std::string signal_name(int signal) {
 std::vector<std::string> take_run_settings(const CLI::App& cmd, TrainArgs& a, const ferry::CheckpointContents& c) {
   std::vector<std::string> taken, notes;
   auto& o = a.options;
-  auto apply = [&]<typename T>(const char* flag, const char* key, T& value) {
+  // valid(stored): "" when the stored value is one the flag accepts, else what the flag wants. A stored value that
+  // is not is a damaged file (exit 1), not a bad command line: the message says where it came from.
+  auto apply = [&]<typename T>(const char* flag, const char* key, T& value, auto valid) {
     const auto it = c.settings.find(key);
     if (it == c.settings.end()) return;  // an older checkpoint, without this setting
     T stored{};
@@ -123,6 +126,12 @@ std::vector<std::string> take_run_settings(const CLI::App& cmd, TrainArgs& a, co
                   ferry::detail::printable(o.resume_path), "': its setting '", key, "' is not a number: '",
                   ferry::detail::printable(it->second), "'");
     }
+    if (const std::string wanted = valid(stored); !wanted.empty()) {
+      throw ferry::FormatError(fmt::format("Checkpoint '{}': its setting '{}' is '{}', which {} does not take ({}); "
+                                           "the file is damaged or was not written by ferry train",
+                                           ferry::detail::printable(o.resume_path), key,
+                                           ferry::detail::printable(it->second), flag, wanted));
+    }
     if (cmd.count(flag) == 0) {
       value = stored;
       taken.push_back(fmt::format("{} {}", flag, ferry::detail::printable(it->second)));
@@ -131,17 +140,41 @@ std::vector<std::string> take_run_settings(const CLI::App& cmd, TrainArgs& a, co
                                   flag, value, ferry::detail::printable(it->second), o.resume_path));
     }
   };
-  apply("--model", "model", o.model_name);
-  apply("--batch", "batch", o.batch_size);
-  apply("--epochs", "epochs", o.epochs);
-  apply("--lr", "lr", o.lr);
-  apply("--momentum", "momentum", o.momentum);
-  apply("--weight-decay", "weight_decay", o.weight_decay);
-  apply("--schedule", "schedule", o.schedule);
-  apply("--seed", "seed", o.seed);
-  apply("--placement", "placement", a.placement);
-  apply("--limit-train", "train_images", a.limit_train);
-  apply("--limit-test", "test_images", a.limit_test);
+  const auto one_of = [](std::initializer_list<std::string_view> names) {
+    return [names](const std::string& v) {
+      std::string all;
+      for (const auto name : names) {
+        if (v == name) return std::string();
+        all += (all.empty() ? "" : " | ") + std::string(name);
+      }
+      return all;
+    };
+  };
+  const auto at_least_one = [](std::int64_t v) { return v >= 1 ? std::string() : std::string("a whole number >= 1"); };
+  const auto positive = [](double v) { return v > 0 && std::isfinite(v) ? std::string() : std::string("a number > 0"); };
+  const auto non_negative = [](double v) {
+    return v >= 0 && std::isfinite(v) ? std::string() : std::string("a number >= 0");
+  };
+  const auto any = [](std::uint64_t) { return std::string(); };
+  apply("--model", "model", o.model_name, one_of({"fmnist", "mlp"}));
+  apply("--batch", "batch", o.batch_size, at_least_one);
+  apply("--epochs", "epochs", o.epochs, at_least_one);
+  apply("--lr", "lr", o.lr, positive);
+  apply("--momentum", "momentum", o.momentum, non_negative);
+  apply("--weight-decay", "weight_decay", o.weight_decay, non_negative);
+  apply("--schedule", "schedule", o.schedule, one_of({"cosine", "constant"}));
+  apply("--seed", "seed", o.seed, any);
+  apply("--placement", "placement", a.placement, one_of({"resident", "prefetch", "per-step"}));
+  apply("--limit-train", "train_images", a.limit_train, at_least_one);
+  apply("--limit-test", "test_images", a.limit_test, at_least_one);
+  // The weights fit one architecture: another --model cannot load them (a state-dict error listing every tensor).
+  if (const auto it = c.settings.find("model"); it != c.settings.end() && it->second != o.model_name) {
+    throw ferry::InvalidArgument(fmt::format("--model {} cannot resume '{}': it holds the {} model's weights (leave "
+                                             "--model out to take it from the checkpoint)",
+                                             ferry::detail::printable(o.model_name),
+                                             ferry::detail::printable(o.resume_path),
+                                             ferry::detail::printable(it->second)));
+  }
   if (!taken.empty()) {
     std::string line = "the run's settings, from " + o.resume_path + ":";
     for (const auto& t : taken) line += " " + t;
@@ -190,8 +223,10 @@ void print_ddp_report(const ferry::TrainResult& r, std::FILE* out) {
 void print_report(const ferry::TrainResult& r, std::FILE* out) {
   const double total = r.t_transfer_s + r.t_compute_s + r.t_sync_s;
   auto pct = [&](double t) { return total > 0 ? 100.0 * t / total : 0.0; };
-  fmt::print(out, "\nWhere the time went on {} ({} steps, {} host syncs, {} bytes host->device, {} bytes device->host):\n",
-             r.device.str(), r.steps, r.syncs, r.bytes_host_to_device, r.bytes_device_to_host);
+  fmt::print(out, "\nWhere the time went on {} ({} steps{}, {} host syncs, {} bytes host->device, {} bytes "
+                  "device->host):\n",
+             r.device.str(), r.steps_run, r.steps_run == r.steps ? "" : " in this run", r.syncs,
+             r.bytes_host_to_device, r.bytes_device_to_host);
   fmt::print(out, "  transfer  {:8.2f} s  {:5.1f} %   (getting each batch onto the device)\n", r.t_transfer_s,
              pct(r.t_transfer_s));
   fmt::print(out, "  compute   {:8.2f} s  {:5.1f} %   (forward, backward, optimizer step)\n", r.t_compute_s,
@@ -221,6 +256,7 @@ void print_results(const ferry::TrainResult& r, const TrainArgs& a, std::FILE* o
       epochs.push_back({{"epoch", e.epoch}, {"train_loss", e.train_loss}, {"train_accuracy", e.train_accuracy},
                         {"test_accuracy", e.test_accuracy}, {"seconds", e.seconds}});
     const nlohmann::json summary{{"device", r.device.str()}, {"epochs", r.epochs}, {"steps", r.steps},
+                                 {"steps_run", r.steps_run},
                                  {"test_accuracy", r.test_accuracy}, {"seconds_per_epoch", r.seconds_per_epoch},
                                  {"t_transfer_s", r.t_transfer_s}, {"t_compute_s", r.t_compute_s},
                                  {"t_sync_s", r.t_sync_s}, {"syncs", r.syncs},
@@ -238,13 +274,19 @@ void print_results(const ferry::TrainResult& r, const TrainArgs& a, std::FILE* o
                                  {"stopped_by_signal", r.stopped_by}};
     fmt::print(out, "{}\n", summary.dump());
   } else {
+    if (r.steps_run == 0 && r.history.empty()) {  // --resume of a run that had done its epochs: said above
+      std::fflush(out);
+      return;
+    }
     if (r.history.empty()) {
       fmt::print(out, "\nno epoch ended in this run, so no test accuracy yet ({} steps on {})\n", r.steps, r.device.str());
     } else {
-      fmt::print(out, "\n{} test accuracy {:.2f} %{}, {:.1f} s per epoch on {}\n",
-                 r.epochs == a.options.epochs ? "final" : "latest", 100 * r.test_accuracy,
+      fmt::print(out, "\n{} test accuracy {:.2f} %{}, {} on {}\n", r.epochs == a.options.epochs ? "final" : "latest",
+                 100 * r.test_accuracy,
                  r.epochs == a.options.epochs ? "" : fmt::format(" (after epoch {} of {})", r.epochs, a.options.epochs),
-                 r.seconds_per_epoch, r.device.str());
+                 std::isnan(r.seconds_per_epoch) ? std::string("no whole epoch in this run to time")
+                                                 : fmt::format("{:.1f} s per epoch", r.seconds_per_epoch),
+                 r.device.str());
     }
     if (!a.options.checkpoint_path.empty()) {
       const std::string& path = a.options.checkpoint_path;
@@ -276,7 +318,9 @@ void register_train_command(CLI::App& app) {
   cmd->add_option("--momentum", o.momentum, "SGD momentum")->capture_default_str();
   cmd->add_option("--weight-decay", o.weight_decay, "L2 weight decay")->capture_default_str();
   cmd->add_option("--schedule", o.schedule, "Learning rate schedule: cosine | constant")->capture_default_str();
-  cmd->add_option("--seed", o.seed, "Seed for initialisation and shuffling")->capture_default_str();
+  cmd->add_option("--seed", o.seed, "Seed for initialisation and shuffling")
+      ->capture_default_str()
+      ->check(whole_number_at_least(0));
   cmd->add_option("--log-every", o.log_every, "Steps between loss read-backs (each one is a host sync)")
       ->capture_default_str()->check(whole_number_at_least(1));
   cmd->add_option("--placement", a.placement, "resident | prefetch | per-step")->capture_default_str();
@@ -311,7 +355,9 @@ void register_train_command(CLI::App& app) {
   cmd->add_option("--limit-train", a.limit_train, "Use only the first N training images (quick runs)")
       ->check(whole_number_at_least(1));
   cmd->add_option("--limit-test", a.limit_test, "Use only the first N test images")->check(whole_number_at_least(1));
-  cmd->add_flag("--json", a.json, "Print one JSON object at the end (and nothing else on stdout)");
+  cmd->add_flag("--json", a.json,
+                "Print one JSON object at the end (and nothing else on stdout); test_accuracy is null when no epoch\n"
+                "ended in this run, seconds_per_epoch when no whole epoch ran in it");
   cmd->add_option("--model", o.model_name, "fmnist (the CNN) | mlp (784-1024-1024-10, no BatchNorm)")
       ->capture_default_str();
   cmd->add_flag("--ddp", a.ddp,
@@ -327,9 +373,14 @@ void register_train_command(CLI::App& app) {
   cmd->callback([cmd] {
     auto& o = a.options;
     o.device = ferry::Device::parse(a.device);
+    for (const char* flag : {"--checkpoint", "--resume", "--metrics", "--plot", "--trace", "--data"}) {
+      FERRY_CHECK(cmd->count(flag) == 0 || !cmd->get_option(flag)->as<std::string>().empty(), InvalidArgument,
+                  flag, " needs a file name, got an empty one");
+    }
     FERRY_CHECK(o.checkpoint_every == 0 || !o.checkpoint_path.empty(), InvalidArgument,
                 "--checkpoint-every needs --checkpoint FILE (where to write)");
     check_writable(o.checkpoint_path, "--checkpoint");
+    if (!o.checkpoint_path.empty()) ferry::atomic_write_target(o.checkpoint_path);  // not a device, pipe or folder
     check_writable(o.metrics_path, "--metrics");
     check_writable(a.plot_path, "--plot");
     check_writable(a.trace_path, "--trace");
@@ -337,6 +388,7 @@ void register_train_command(CLI::App& app) {
         o.resume_path.empty() ? std::vector<std::string>{}
                               : take_run_settings(*cmd, a, ferry::read_checkpoint_contents(o.resume_path));
     o.placement = ferry::parse_placement(a.placement);
+    ferry::check_train_options(o);  // before the data is read: a bad --lr costs nothing
     std::unique_ptr<ferry::dist::ProcessGroup> group;
     if (a.ddp) {
       const ferry::dist::LaunchInfo launch = ferry::dist::launch_info();
