@@ -67,6 +67,9 @@ int main(int argc, char** argv) {
       "Exit status: 0 done; 1 a runtime failure (a file, a device, a non-finite loss); 2 bad usage or input;\n"
       "130 / 143 ferry train stopped by Ctrl-C / SIGTERM after the step in progress (with --checkpoint, saved there).");
   app.require_subcommand(1);
+  // An option given twice takes its last value, as getopt and argparse do (`ferry train $DEFAULTS --epochs 1`).
+  // Set before the commands are added: their options inherit it.
+  app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   app.fallthrough(false);
   register_devices_command(app);
   register_plan_command(app);

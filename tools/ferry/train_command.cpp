@@ -410,11 +410,20 @@ void register_train_command(CLI::App& app) {
     auto model = ferry::make_model(o.model_name);  // before the data (reading it draws no random numbers)
     ferry::Dataset train_set = ferry::load_fashion_mnist(a.data, true);
     ferry::Dataset test_set = ferry::load_fashion_mnist(a.data, false);
-    if (a.limit_train > 0) train_set = ferry::take(train_set, a.limit_train);
-    if (a.limit_test > 0) test_set = ferry::take(test_set, a.limit_test);
+    std::vector<std::string> notes = resume_notes;
+    // A limit above what the split holds takes all of it, said once (the run is not the one asked for).
+    const auto limit = [&notes](ferry::Dataset& set, std::int64_t count, const char* flag, const char* split) {
+      if (count <= 0) return;
+      if (count > set.size())
+        notes.push_back(fmt::format("note: {} {} is more than the {} {} images: all of them are used", flag, count,
+                                    set.size(), split));
+      set = ferry::take(set, count);
+    };
+    limit(train_set, a.limit_train, "--limit-train", "training");
+    limit(test_set, a.limit_test, "--limit-test", "test");
     std::ostringstream sink;
     std::ostream& log = a.json || !is_rank0 ? static_cast<std::ostream&>(sink) : std::cout;
-    for (const auto& line : resume_notes) log << line << "\n";
+    for (const auto& line : notes) log << line << "\n";
     o.stop_request = &stop_request;
     ferry::TrainResult r;
     {
