@@ -251,5 +251,80 @@ TEST(CoreTensor, PinMemoryNeedsCuda) {
   }
 }
 
+// In-place writes follow PyTorch's rules, so none computes a wrong value or gradient without a word: a tensor autograd
+// tracks is written only under NoGradGuard (ferry records no history for in-place ops), an expand()ed view only by
+// fill_, and a source that partly overlaps the written memory is refused (the same view is fine). Found by comparing
+// with PyTorch: b.add_(1) after c = b * b gave a.grad [4, 6] instead of an error (the right one is [2, 4]), and
+// w.add_(w.t()) gave [0, 3, 5, 6] instead of [0, 3, 3, 6].
+TEST(CoreTensor, InPlaceWritesFollowPyTorchsRules) {
+  for (const Device device : {kCPU, Device::parse("sim:0")}) {
+    SCOPED_TRACE(device.str());
+    Tensor a = from_vector<float>({1, 2}, {.device = device, .requires_grad = true});
+    EXPECT_THROW(a.add_(ones({2}, {.device = device})), InvalidArgument);  // a leaf that requires grad
+    Tensor b = a * 1.0;
+    Tensor c = b * b;
+    EXPECT_THROW(b.add_(ones({2}, {.device = device})), NotSupported);  // b is in c's history
+    EXPECT_THROW(b.mul_(3), NotSupported);
+    {
+      autograd::NoGradGuard no_grad;  // as optimizers update parameters
+      a.add_(ones({2}, {.device = device}), 0.5);
+    }
+    EXPECT_EQ(a.to_vector<float>(), (std::vector<float>{1.5f, 2.5f}));
+    sum(c).backward();
+    EXPECT_EQ(a.grad().to_vector<float>(), (std::vector<float>{2, 4}));  // c's gradient, untouched by the attempts
+
+    // A source partly overlapping the written memory: refused. The same view (x += x) is fine.
+    Tensor w = arange(0, 4, 1, {.device = device, .dtype = DType::Float32}).reshape({2, 2});
+    EXPECT_THROW(w.add_(w.t()), InvalidArgument);
+    EXPECT_THROW(w.copy_(w.t()), InvalidArgument);
+    Tensor row = arange(0, 6, 1, {.device = device, .dtype = DType::Float32});
+    EXPECT_THROW(row.narrow(0, 1, 5).copy_(row.narrow(0, 0, 5)), InvalidArgument);
+    EXPECT_EQ(w.to_vector<float>(), (std::vector<float>{0, 1, 2, 3}));  // nothing written
+    w.add_(w);
+    EXPECT_EQ(w.to_vector<float>(), (std::vector<float>{0, 2, 4, 6}));
+    row.narrow(0, 0, 3).copy_(row.narrow(0, 3, 3));  // disjoint parts of one storage
+    EXPECT_EQ(row.to_vector<float>(), (std::vector<float>{3, 4, 5, 3, 4, 5}));
+
+    // An expand()ed view: one element under several indices. fill_ writes one value, so it may.
+    Tensor base = from_vector<float>({1, 2, 3}, {1, 3}, {.device = device});
+    EXPECT_THROW(base.expand({4, 3}).add_(ones({4, 3}, {.device = device})), InvalidArgument);
+    EXPECT_THROW(base.expand({4, 3}).mul_(2), InvalidArgument);
+    EXPECT_THROW(base.expand({4, 3}).copy_(ones({4, 3}, {.device = device})), InvalidArgument);
+    EXPECT_EQ(base.to_vector<float>(), (std::vector<float>{1, 2, 3}));
+    base.expand({4, 3}).fill_(7);
+    EXPECT_EQ(base.to_vector<float>(), (std::vector<float>{7, 7, 7}));
+
+    // An integer tensor keeps its dtype: a scalar it cannot hold is an error, not a truncation (3 * 1.5 -> 3).
+    Tensor counts = full({3}, 3, {.device = device, .dtype = DType::Int64});
+    EXPECT_THROW(counts.mul_(1.5), DTypeMismatch);
+    counts.mul_(2);
+    EXPECT_EQ(counts.to_vector<std::int64_t>(), (std::vector<std::int64_t>{6, 6, 6}));
+  }
+}
+
+// An assigned gradient must fit its tensor (PyTorch checks it too): an optimizer would broadcast a [1] gradient over
+// a [2] parameter, or mix dtypes, without a word.
+TEST(CoreTensor, SetGradChecksShapeDtypeAndDevice) {
+  Tensor p = ones({2}, {.requires_grad = true});
+  EXPECT_THROW(p.set_grad(ones({1})), ShapeMismatch);
+  EXPECT_THROW(p.set_grad(ones({2}, {.dtype = DType::Float64})), DTypeMismatch);
+  EXPECT_THROW(p.set_grad(ones({2}, {.device = Device::parse("sim:0")})), DeviceMismatch);
+  p.set_grad(full({2}, 0.5));
+  EXPECT_EQ(p.grad().to_vector<float>(), (std::vector<float>{0.5f, 0.5f}));
+  p.set_grad(Tensor());
+  EXPECT_FALSE(p.grad().defined());
+}
+
+// PyTorch's view conveniences: narrow from a negative start counts from the end; t() leaves 0-d and 1-d tensors.
+TEST(CoreTensor, NarrowFromTheEndAndTransposeOfAVector) {
+  Tensor v = arange(0, 6, 1, {.dtype = DType::Float32});
+  EXPECT_EQ(v.narrow(0, -2, 2).to_vector<float>(), (std::vector<float>{4, 5}));
+  EXPECT_THROW(v.narrow(0, -7, 1), InvalidArgument);
+  EXPECT_THROW(v.narrow(0, 5, 2), InvalidArgument);
+  EXPECT_EQ(v.t().shape(), Shape{6});
+  EXPECT_EQ(full({}, 2.0).t().shape(), Shape{});
+  EXPECT_EQ(v.reshape({2, 3}).t().shape(), (Shape{3, 2}));
+}
+
 }  // namespace
 }  // namespace ferry

@@ -92,7 +92,7 @@ class Tensor {
   Tensor view(const Shape& shape) const;      // contiguous tensors only; one dim may be -1
   Tensor reshape(const Shape& shape) const;   // a view when possible, else a copy
   Tensor transpose(int dim0, int dim1) const;
-  Tensor t() const { return transpose(0, 1); }
+  Tensor t() const { return dim() < 2 ? *this : transpose(0, 1); }  // a 0-d or 1-d tensor as it is (PyTorch)
   Tensor permute(const std::vector<int>& dims) const;
   Tensor narrow(int dim, std::int64_t start, std::int64_t length) const;
   Tensor slice(int dim, std::int64_t start, std::int64_t end) const;  // [start, end), negatives wrap
@@ -120,12 +120,16 @@ class Tensor {
   bool requires_grad() const;
   Tensor& requires_grad_(bool enabled = true);
   Tensor grad() const;               // undefined until backward() reaches this leaf
-  void set_grad(const Tensor& grad) const;
+  void set_grad(const Tensor& grad) const;  // same shape, dtype and device, or undefined (to clear)
   void backward(const Tensor& gradient = Tensor()) const;  // gradient needed unless scalar
   Tensor detach() const;             // same storage, no history
   bool is_leaf() const;
 
   // --- in place (no history; bumps the version) --------------------------------------------------
+  // PyTorch's rules, checked: a tensor that requires grad is written only under autograd::NoGradGuard (a leaf:
+  // InvalidArgument; one in a recorded graph: NotSupported, as ferry would not record the write and the gradient
+  // would be wrong); an expand()ed view (stride 0) only by fill_; a source that partly overlaps the written memory
+  // is an InvalidArgument (clone() it first). An integer tensor keeps its dtype: mul_(1.5) is a DTypeMismatch.
   Tensor& fill_(double value);
   Tensor& zero_() { return fill_(0); }
   Tensor& copy_(const Tensor& src, bool non_blocking = false);  // same shape (broadcast ok); any device

@@ -8,6 +8,7 @@
 #include <iomanip>
 #include <limits>
 #include <numeric>
+#include <optional>
 #include <ostream>
 #include <sstream>
 
@@ -224,8 +225,11 @@ Tensor Tensor::permute(const std::vector<int>& dims) const {
 Tensor Tensor::narrow(int d, std::int64_t start, std::int64_t length) const {
   d = normalize_dim(d, dim(), "narrow");
   const std::int64_t n = shape()[d];
-  FERRY_CHECK(start >= 0 && length >= 0 && start + length <= n, InvalidArgument, "narrow: [", start, ", ",
-              start + length, ") is out of range for dim ", d, " of size ", n);
+  FERRY_CHECK(start >= -n && start <= n, InvalidArgument, "narrow: start ", start, " is out of range for dim ", d,
+              " of size ", n, " (expected to be in range of [", -n, ", ", n, "])");
+  if (start < 0) start += n;  // as PyTorch: counted from the end
+  FERRY_CHECK(length >= 0 && start + length <= n, InvalidArgument, "narrow: [", start, ", ", start + length,
+              ") is out of range for dim ", d, " of size ", n);
   Shape shape = this->shape();
   shape[d] = length;
   Shape from = this->shape();
@@ -370,7 +374,75 @@ Tensor Tensor::pin_memory() const {
   return out;
 }
 
+// --- writing in place -------------------------------------------------------------------------------
+
+namespace {
+// The element range [first, last] of storage a tensor covers, when its elements are a permutation of one dense
+// block (PyTorch's "non-overlapping and dense"); nullopt otherwise (a gap, a stride 0, an empty tensor): too hard
+// to compare, as PyTorch also leaves it.
+std::optional<std::pair<std::int64_t, std::int64_t>> dense_range(const Tensor& t) {
+  if (t.numel() == 0) return std::nullopt;
+  std::vector<std::pair<std::int64_t, std::int64_t>> dims;  // (|stride|, size) of each dim with size > 1
+  std::int64_t first = t.offset(), last = t.offset();
+  for (int d = 0; d < t.dim(); ++d) {
+    const std::int64_t size = t.shape()[static_cast<std::size_t>(d)], stride = t.strides()[static_cast<std::size_t>(d)];
+    if (size == 1) continue;
+    if (stride == 0) return std::nullopt;
+    (stride > 0 ? last : first) += stride * (size - 1);
+    dims.emplace_back(stride > 0 ? stride : -stride, size);
+  }
+  std::sort(dims.begin(), dims.end());
+  std::int64_t expected = 1;
+  for (const auto& [stride, size] : dims) {
+    if (stride != expected) return std::nullopt;
+    expected *= size;
+  }
+  return std::make_pair(first, last);
+}
+
+// PyTorch's rules for an op that writes `self` in place (autograd's leaf check, at::assert_no_internal_overlap and
+// at::assert_no_partial_overlap), so that no in-place op computes a wrong value or a wrong gradient without a word.
+void check_in_place(const Tensor& self, const char* op, std::initializer_list<const Tensor*> sources,
+                    bool allow_internal_overlap = false) {
+  // ferry records no history for an in-place op: on a tensor autograd tracks, the gradient would be wrong.
+  if (autograd::grad_enabled() && self.requires_grad()) {
+    if (self.is_leaf()) {
+      throw InvalidArgument(detail::concat(op, ": a leaf tensor that requires grad is being used in an in-place "
+                                           "operation; do it under ferry::autograd::NoGradGuard (as an optimizer "
+                                           "does) or on a detach()ed tensor"));
+    }
+    throw NotSupported(detail::concat(op, ": in-place operations on a tensor autograd records (made by an op from "
+                                      "tensors that require grad) are not supported: ferry would not record it, and "
+                                      "the gradient would be wrong. Write the out-of-place form (x = x * 3) or "
+                                      "work on x.detach()"));
+  }
+  // One element written through several indices: an expand()ed view. (fill_ writes one value: allowed.)
+  if (!allow_internal_overlap) {
+    for (int d = 0; d < self.dim(); ++d) {
+      FERRY_CHECK(self.shape()[static_cast<std::size_t>(d)] <= 1 || self.strides()[static_cast<std::size_t>(d)] != 0,
+                  InvalidArgument, op, ": unsupported operation: more than one element of the written-to tensor "
+                  "refers to a single memory location (dim ", d, " has stride 0, as after expand()). Please clone() "
+                  "the tensor before performing the operation");
+    }
+  }
+  // A source that shares some, not all, of the written memory would be read after parts of it were written.
+  const auto written = dense_range(self);
+  if (!written) return;
+  for (const Tensor* source : sources) {
+    if (source->device() != self.device() || source->impl()->storage != self.impl()->storage) continue;
+    const auto read = dense_range(*source);
+    if (!read || read->second < written->first || written->second < read->first) continue;
+    const bool same_view = source->offset() == self.offset() && source->strides() == self.strides() &&
+                           source->shape() == self.shape();
+    FERRY_CHECK(same_view, InvalidArgument, op, ": unsupported operation: some elements of the input tensor and the "
+                "written-to tensor refer to a single memory location. Please clone() the tensor before performing "
+                "the operation");
+  }
+}
+}  // namespace
+
 Tensor& Tensor::copy_(const Tensor& src, bool non_blocking) {
+  check_in_place(*this, "copy_", {&src});
   Tensor source = src;
   if (source.shape() != shape()) source = source.expand(shape());
   if (source.device() != device()) {
@@ -392,6 +464,7 @@ Tensor& Tensor::copy_(const Tensor& src, bool non_blocking) {
 }
 
 Tensor& Tensor::fill_(double value) {
+  check_in_place(*this, "fill_", {}, /*allow_internal_overlap=*/true);
   backend(device()).fill(detail::kernel_view(*this), value, detail::compute_stream(device()));
   impl_->version += 1;
   return *this;
@@ -399,6 +472,7 @@ Tensor& Tensor::fill_(double value) {
 
 Tensor& Tensor::add_(const Tensor& other, double alpha) {
   check_same_device("add_", {this, &other});
+  check_in_place(*this, "add_", {&other});
   // PyTorch's in-place rule: the result type of (self, other) must cast to self's dtype within its kind
   // (bool < integer < floating); `other` is then converted, so the kernel reads both in self's dtype.
   const auto kind = [](DType t) { return t == DType::Bool ? 0 : is_floating(t) ? 2 : 1; };
@@ -422,6 +496,10 @@ Tensor& Tensor::add_(const Tensor& other, double alpha) {
 }
 
 Tensor& Tensor::mul_(double scalar) {
+  check_in_place(*this, "mul_", {});
+  // As add_: an integer tensor keeps its dtype, so a scalar it cannot hold (1.5) would be truncated.
+  FERRY_CHECK(is_floating(dtype()) || std::nearbyint(scalar) == scalar, DTypeMismatch, "mul_: result type Float can't "
+              "be cast to the desired output type ", dtype_name(dtype()), " (the scalar ", scalar, " is not whole)");
   backend(device()).binary_scalar(BinaryOp::Mul, detail::kernel_view(*this), detail::kernel_view(*this), scalar,
                                   false, detail::compute_stream(device()));
   impl_->version += 1;
@@ -556,6 +634,15 @@ Tensor Tensor::grad() const {
 }
 void Tensor::set_grad(const Tensor& grad) const {
   FERRY_DEFINED();
+  // PyTorch's checks on an assigned .grad: an optimizer would otherwise broadcast or convert it without a word.
+  if (grad.defined()) {
+    FERRY_CHECK(grad.device() == device(), DeviceMismatch, "set_grad: assigned grad is on ", grad.device().str(),
+                ", the tensor on ", device().str());
+    FERRY_CHECK(grad.dtype() == dtype(), DTypeMismatch, "set_grad: assigned grad has data of a different type (",
+                dtype_name(grad.dtype()), ") than the tensor (", dtype_name(dtype()), ")");
+    FERRY_CHECK(grad.shape() == shape(), ShapeMismatch, "set_grad: assigned grad has data of a different size (",
+                shape_str(grad.shape()), ") than the tensor (", shape_str(shape()), ")");
+  }
   impl_->grad = grad.defined() ? grad.impl_ptr() : nullptr;
 }
 bool Tensor::is_leaf() const { return impl_ && impl_->grad_fn == nullptr; }
