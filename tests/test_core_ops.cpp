@@ -61,6 +61,9 @@ std::vector<OpCase> op_cases() {
       {"ge_scalar", one({10}), [](V x) { return ge(x[0], 0.0); }},
       {"logical_not", one({10}), [](V x) { return logical_not(gt(x[0], 0.0)); }},
       {"where", two({3, 4}, {4}), [](V x) { return where(gt(x[0], 0.0), x[0], x[1]); }},
+      {"where_0d_float64", one({3, 4}), [](V x) {
+         return where(gt(x[0], 0.0), x[0], scalar_tensor(0.25, {.device = x[0].device(), .dtype = DType::Float64}));
+       }},
       {"sum_all", one({5, 6}), [](V x) { return sum(x[0]); }},
       {"sum_dim0", one({5, 6}), [](V x) { return sum(x[0], {0}); }},
       {"sum_dims_keep", one({2, 3, 4}), [](V x) { return sum(x[0], {0, 2}, true); }},
@@ -75,6 +78,7 @@ std::vector<OpCase> op_cases() {
       {"matmul", two({5, 7}, {7, 3}), [](V x) { return matmul(x[0], x[1]); }, 1e-4},
       {"matmul_transposed", two({7, 5}, {3, 7}), [](V x) { return matmul(x[0].t(), x[1].t()); }, 1e-4},
       {"matmul_vector", two({5, 7}, {7}), [](V x) { return matmul(x[0], x[1]); }, 1e-4},
+      {"matmul_dot", two({7}, {7}), [](V x) { return matmul(x[0], x[1]); }, 1e-4},
       {"matmul_batched_2d", two({2, 5, 7}, {7, 3}), [](V x) { return matmul(x[0], x[1]); }, 1e-4},
       {"matmul_broadcast", two({2, 1, 5, 7}, {3, 7, 4}), [](V x) { return matmul(x[0], x[1]); }, 1e-4},
       {"bmm", two({3, 4, 5}, {3, 5, 2}), [](V x) { return bmm(x[0], x[1]); }, 1e-4},
@@ -212,6 +216,80 @@ TEST(CoreOps, Int64ArithmeticIsExactBeyondTwoToThe53) {
         << device.str();
     EXPECT_EQ(sum(a.narrow(0, 0, 3)).item<std::int64_t>(), big) << device.str();
     EXPECT_EQ(got(sum(a.narrow(0, 0, 2).reshape({2, 1}), {0})), (V{2 * big})) << device.str();
+  }
+}
+
+// matmul of two 1-d tensors is their dot product, 0-d (PyTorch: [1, 2, 3] @ [4, 5, 6] = tensor(32.)), with the
+// gradients b and a; it once threw "squeeze: dimension out of range". Lengths that differ: PyTorch's message.
+TEST(CoreOps, MatmulOfTwoVectorsIsTheZeroDimDotProduct) {
+  for (const Device& device : available_devices()) {
+    if (device.index != 0) continue;
+    Tensor v = from_vector<float>({1, 2, 3}, {.device = device, .requires_grad = true});
+    Tensor w = from_vector<float>({4, 5, 6}, {.device = device, .requires_grad = true});
+    Tensor y = matmul(v, w);
+    EXPECT_EQ(y.shape(), Shape{}) << device.str();
+    EXPECT_FLOAT_EQ(y.item<float>(), 32.f) << device.str();
+    y.backward();
+    EXPECT_EQ(v.grad().to_vector<float>(), (std::vector<float>{4, 5, 6})) << device.str();
+    EXPECT_EQ(w.grad().to_vector<float>(), (std::vector<float>{1, 2, 3})) << device.str();
+    EXPECT_DOUBLE_EQ(matmul(ones({0}, {.device = device, .dtype = DType::Float64}),
+                            ones({0}, {.device = device, .dtype = DType::Float64})).item<double>(), 0.0);
+  }
+  try {
+    matmul(ones({3}), ones({4}));
+    ADD_FAILURE() << "matmul of lengths 3 and 4 was accepted";
+  } catch (const ShapeMismatch& e) {
+    EXPECT_NE(std::string(e.what()).find("inconsistent tensor size, expected tensor [3] and src [4] to have the same "
+                                         "number of elements, but got 3 and 4 elements respectively"),
+              std::string::npos) << e.what();
+  }
+}
+
+// where takes a bool condition only, as PyTorch ("where expected condition to be a boolean tensor, but got a tensor
+// with dtype Float"); a float condition was once read as non-zero = true.
+TEST(CoreOps, WhereRefusesANonBoolCondition) {
+  const Tensor a = from_vector<float>({1, 1, 1}), b = from_vector<float>({2, 2, 2});
+  for (const DType dtype : {DType::Float32, DType::Float64, DType::Int32, DType::Int64, DType::UInt8}) {
+    try {
+      where(from_vector<float>({1, 0, 2}).to(dtype), a, b);
+      ADD_FAILURE() << "where accepted a " << dtype_name(dtype) << " condition";
+    } catch (const DTypeMismatch& e) {
+      EXPECT_EQ(std::string(e.what()), std::string("where expected condition to be a boolean tensor, but got a tensor "
+                                                   "with dtype ") + std::string(dtype_name(dtype)));
+    }
+  }
+  EXPECT_EQ(where(from_vector<bool>({true, false, true}), a, b).to_vector<float>(), (std::vector<float>{1, 2, 1}));
+}
+
+// pow's gradients at base 0 are masked as PyTorch's: d/dbase is 0 where the exponent is 0 (not 0 * 0^-1 = NaN),
+// d/dexponent is 0 where base == 0 and exponent >= 0 (not 0 * log 0 = NaN). Reference values from PyTorch 1.13.
+TEST(CoreOps, PowGradientsAtBaseZeroAreMaskedAsPyTorch) {
+  const float inf = std::numeric_limits<float>::infinity();
+  auto expect_grad = [](const Tensor& t, const std::vector<float>& want, const std::string& what) {
+    const std::vector<float> got = t.grad().to_vector<float>();
+    ASSERT_EQ(got.size(), want.size()) << what;
+    for (std::size_t i = 0; i < want.size(); ++i) {
+      if (std::isnan(want[i])) EXPECT_TRUE(std::isnan(got[i])) << what << " [" << i << "]: " << got[i];
+      else if (std::isinf(want[i])) EXPECT_EQ(got[i], want[i]) << what << " [" << i << "]";
+      else EXPECT_NEAR(got[i], want[i], 1e-5 * std::abs(want[i])) << what << " [" << i << "]";
+    }
+  };
+  for (const Device& device : available_devices()) {
+    if (device.index != 0) continue;
+    const TensorOptions leaf{.device = device, .requires_grad = true};
+    Tensor x = from_vector<float>({0, 1, 2}, leaf);
+    sum(pow(x, 0.0)).backward();
+    expect_grad(x, {0, 0, 0}, "pow(x, 0.0) on " + device.str());
+    Tensor b = from_vector<float>({0, 0, 2, -1, 0, 0, 3}, leaf);
+    Tensor e = from_vector<float>({2, 0, 3, 0.5, -1, 0.5, 0}, leaf);
+    sum(pow(b, e)).backward();
+    expect_grad(b, {0, 0, 12, NAN, -inf, inf, 0}, "d/dbase on " + device.str());
+    expect_grad(e, {0, 0, 5.5451775f, NAN, -inf, 0, 1.0986123f}, "d/dexponent on " + device.str());
+    Tensor b0 = from_vector<float>({0}, Shape{}, leaf);  // a 0-d base broadcast over the exponents
+    Tensor e3 = from_vector<float>({0, 1, 2}, leaf);
+    sum(pow(b0, e3)).backward();
+    expect_grad(b0, {1}, "0-d base on " + device.str());
+    expect_grad(e3, {0, 0, 0}, "exponents of a 0-d base on " + device.str());
   }
 }
 

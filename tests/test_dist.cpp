@@ -75,7 +75,7 @@ TEST(DistributedSampler, ShortLastBatchIsSplitEvenlyAndWeighted) {
 }
 
 TEST(DistributedSampler, TakeNarrowsTheBatchWithoutCopying) {
-  Batch global{arange(0, 8, 1).reshape({8, 1}), arange(0, 8, 1, {.dtype = DType::Int64}), 5};
+  Batch global{arange(0, 8, 1, {.dtype = DType::Float32}).reshape({8, 1}), arange(0, 8, 1, {.dtype = DType::Int64}), 5};
   Batch local;
   double weight = 0;
   ASSERT_TRUE(DistributedSampler(8, 2, 1).take(global, local, &weight));
@@ -169,7 +169,7 @@ TEST(ProcessGroup, WorldSizeOneCollectivesOnCpu) {
   EXPECT_EQ(group->backend(), dist::CommBackend::MPI);
   const auto before = Ledger::global().totals();
 
-  Tensor x = arange(0, 6, 1);  // small: MPI's own all-reduce
+  Tensor x = arange(0, 6, 1, {.dtype = DType::Float32});  // small: MPI's own all-reduce
   group->all_reduce(x, dist::ReduceOp::Sum);
   EXPECT_EQ(testing::values(x), (std::vector<double>{0, 1, 2, 3, 4, 5}));
   group->all_reduce(x, dist::ReduceOp::Avg);
@@ -226,7 +226,7 @@ TEST(ProcessGroup, DeviceTensorsAreStagedThroughHostMemoryAndLedgered) {
   SKIP_WITHOUT_MPI();
   const Device sim{DeviceType::Sim, 0};
   auto group = dist::init_process_group({.backend = dist::CommBackend::MPI, .device = sim});
-  Tensor x = arange(0, 32768, 1, {.device = sim});  // 128 kB
+  Tensor x = arange(0, 32768, 1, {.device = sim, .dtype = DType::Float32});  // 128 kB
   const auto before = Ledger::global().totals();
   group->all_reduce(x, dist::ReduceOp::Avg);
   const auto after = Ledger::global().totals();

@@ -32,6 +32,10 @@ DType parse_dtype(std::string_view name);
 
 // Type promotion for binary ops: float64 > float32 > int64 > int32 > uint8 > bool.
 DType promote_types(DType a, DType b);
+// PyTorch's promotion of a dimensioned operand with a 0-d one (torch.result_type): the 0-d dtype counts only when
+// its category (bool < integer < floating) is higher. float32 with 0-d float64 -> float32; int32 with 0-d int64
+// -> int32; int64 with 0-d float64 -> float64; bool with 0-d uint8 -> uint8.
+DType promote_with_zero_dim(DType dimensioned, DType zero_dim);
 
 template <typename T> constexpr DType dtype_of();
 template <> constexpr DType dtype_of<float>() { return DType::Float32; }

@@ -2,6 +2,7 @@
 // Factories take options (DESIGN.md invariant 2); random ones follow invariant 8 (see ferry/random.h).
 #pragma once
 
+#include <optional>
 #include <vector>
 
 #include "ferry/tensor.h"
@@ -15,10 +16,18 @@ Tensor full(const Shape& shape, double value, const TensorOptions& options = {})
 Tensor zeros_like(const Tensor& like);
 Tensor ones_like(const Tensor& like);
 Tensor empty_like(const Tensor& like);
-// [start, end) by step; dtype defaults to int64 when start, end and step are whole numbers and
-// options.dtype is left at its default float32 — pass options.dtype explicitly to choose.
-Tensor arange(double end, const TensorOptions& options = {});
-Tensor arange(double start, double end, double step, const TensorOptions& options = {});
+// TensorOptions whose dtype may be left unset, for arange (TensorOptions' dtype cannot tell "not given" from float32).
+struct ArangeOptions {
+  Device device = kCPU;
+  std::optional<DType> dtype = std::nullopt;  // unset: PyTorch's choice (see arange)
+  bool requires_grad = false;
+  bool pinned = false;
+};
+// [start, end) by step. dtype as PyTorch's: arange(5) and arange(0, 6, 2) are int64 (the C++ API cannot tell 2 from
+// 2.0: whole-number doubles count as integers), arange(0, 1, 0.25) float32; pass options.dtype to choose, e.g.
+// arange(0, 6, 1, {.dtype = DType::Float32}).
+Tensor arange(double end, const ArangeOptions& options = {});
+Tensor arange(double start, double end, double step, const ArangeOptions& options = {});
 Tensor rand(const Shape& shape, const TensorOptions& options = {});   // uniform [0, 1)
 Tensor randn(const Shape& shape, const TensorOptions& options = {});  // normal(0, 1)
 Tensor randint(std::int64_t low, std::int64_t high, const Shape& shape, const TensorOptions& options = {});  // int64 by default

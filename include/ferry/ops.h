@@ -11,6 +11,8 @@
 namespace ferry {
 
 // --- elementwise, with NumPy broadcasting ---------------------------------------------------------
+// Two tensors: the result dtype is PyTorch's torch.result_type (see result_type below); div and pow of integers
+// give float32.
 Tensor add(const Tensor& a, const Tensor& b, double alpha = 1);  // a + alpha * b
 Tensor sub(const Tensor& a, const Tensor& b, double alpha = 1);
 Tensor mul(const Tensor& a, const Tensor& b);
@@ -18,6 +20,12 @@ Tensor div(const Tensor& a, const Tensor& b);
 Tensor pow(const Tensor& a, const Tensor& b);
 Tensor maximum(const Tensor& a, const Tensor& b);
 Tensor minimum(const Tensor& a, const Tensor& b);
+// Tensor with scalar (the C++ API cannot tell `x + 1` from `x + 1.0`, so the scalar's value decides): a floating
+// tensor keeps its dtype; an integer tensor keeps its dtype when the scalar is a whole number within that dtype's
+// range (int64 + 1.0 -> int64, uint8 - 1.0 -> uint8: the scalar as written), otherwise the result is float32
+// (int64 * 2.5, int32 + 2^31, uint8 + -1.0), never a wrapped scalar. A bool tensor counts as int64: bool * 3.0 ->
+// int64, bool * 2.5 -> float32. div and pow of an integer or bool tensor give float32. Comparisons compute in that
+// dtype and give bool.
 Tensor add(const Tensor& a, double b);
 Tensor sub(const Tensor& a, double b);
 Tensor mul(const Tensor& a, double b);
@@ -52,7 +60,7 @@ Tensor le(const Tensor& a, double b);
 Tensor gt(const Tensor& a, double b);
 Tensor ge(const Tensor& a, double b);
 Tensor logical_not(const Tensor& a);
-Tensor where(const Tensor& condition, const Tensor& a, const Tensor& b);
+Tensor where(const Tensor& condition, const Tensor& a, const Tensor& b);  // condition: bool, else DTypeMismatch
 
 // --- reductions (dims empty = all dims) -----------------------------------------------------------
 Tensor sum(const Tensor& a, std::vector<int> dims = {}, bool keepdim = false);
@@ -66,7 +74,8 @@ Tensor argmax(const Tensor& a, int dim, bool keepdim = false);
 Tensor argmin(const Tensor& a, int dim, bool keepdim = false);
 
 // --- linear algebra -------------------------------------------------------------------------------
-// (n, k) @ (k, m); 1-d operands as vectors; >2-d: batched with broadcasting of the batch dims.
+// (n, k) @ (k, m); 1-d operands as vectors ((k) @ (k) is the 0-d dot product); >2-d: batched with broadcasting
+// of the batch dims.
 Tensor matmul(const Tensor& a, const Tensor& b);
 Tensor bmm(const Tensor& a, const Tensor& b);  // (B, n, k) @ (B, k, m)
 
@@ -98,6 +107,9 @@ inline Tensor operator-(const Tensor& a) { return neg(a); }
 // defined tensor lives on one device.
 void check_same_device(const char* op, std::initializer_list<const Tensor*> tensors);
 Shape broadcast_shapes(const char* op, const Shape& a, const Shape& b);
+// PyTorch's torch.result_type(a, b): promote_types, except that a 0-d operand beside a dimensioned one counts only
+// when its category is higher (ferry/dtype.h promote_with_zero_dim): float32 [3] + 0-d float64 -> float32.
+DType result_type(const Tensor& a, const Tensor& b);
 int normalize_dim(int dim, int ndim, const char* op);
 // Synchronize the device (host waits) and record the sync with its reason.
 void synchronize(Device device, const char* reason = "synchronize()");

@@ -43,4 +43,9 @@ DType promote_types(DType a, DType b) {
   return rank(a) >= rank(b) ? a : b;
 }
 
+DType promote_with_zero_dim(DType dimensioned, DType zero_dim) {
+  auto category = [](DType t) { return t == DType::Bool ? 0 : is_floating(t) ? 2 : 1; };
+  return category(zero_dim) > category(dimensioned) ? promote_types(dimensioned, zero_dim) : dimensioned;
+}
+
 }  // namespace ferry

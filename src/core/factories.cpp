@@ -35,14 +35,20 @@ Tensor zeros_like(const Tensor& like) { return zeros(like.shape(), {.device = li
 Tensor ones_like(const Tensor& like) { return ones(like.shape(), {.device = like.device(), .dtype = like.dtype()}); }
 Tensor empty_like(const Tensor& like) { return empty(like.shape(), {.device = like.device(), .dtype = like.dtype()}); }
 
-Tensor arange(double end, const TensorOptions& options) { return arange(0, end, 1, options); }
+Tensor arange(double end, const ArangeOptions& options) { return arange(0, end, 1, options); }
 
-Tensor arange(double start, double end, double step, const TensorOptions& options) {
+Tensor arange(double start, double end, double step, const ArangeOptions& arange_options) {
   FERRY_CHECK(step != 0 && std::isfinite(step) && std::isfinite(start) && std::isfinite(end), InvalidArgument,
               "arange: expected a finite non-zero step and finite bounds, got start=", start, " end=", end,
               " step=", step);
   FERRY_CHECK((end - start) / step >= 0, InvalidArgument, "arange: the step ", step,
               " does not lead from ", start, " to ", end);
+  // Unset dtype: int64 when all three are whole numbers an int64 holds ([-2^63, 2^63)), else float32.
+  const auto whole = [](double v) { return std::floor(v) == v && v >= -0x1p63 && v < 0x1p63; };
+  const DType dtype = arange_options.dtype.value_or(whole(start) && whole(end) && whole(step) ? DType::Int64
+                                                                                           : DType::Float32);
+  const TensorOptions options{.device = arange_options.device, .dtype = dtype,
+                              .requires_grad = arange_options.requires_grad, .pinned = arange_options.pinned};
   const auto n = static_cast<std::int64_t>(std::ceil((end - start) / step));
   Tensor t = make_tensor({n}, without_grad(options));
   backend(t.device()).arange(detail::kernel_view(t), start, step, detail::compute_stream(t.device()));

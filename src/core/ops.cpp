@@ -84,6 +84,11 @@ Shape broadcast_shapes(const char* op, const Shape& a, const Shape& b) {
 
 void synchronize(Device device, const char* reason) { detail::host_sync(device, reason); }
 
+DType result_type(const Tensor& a, const Tensor& b) {
+  if ((a.dim() == 0) == (b.dim() == 0)) return promote_types(a.dtype(), b.dtype());
+  return a.dim() == 0 ? promote_with_zero_dim(b.dtype(), a.dtype()) : promote_with_zero_dim(a.dtype(), b.dtype());
+}
+
 // --- elementwise --------------------------------------------------------------------------------
 
 namespace {
@@ -95,7 +100,7 @@ bool is_comparison(BinaryOp op) {
 Tensor binary_forward(BinaryOp op, const Tensor& a_in, const Tensor& b_in, const char* name) {
   check_same_device(name, {&a_in, &b_in});
   const Shape shape = broadcast_shapes(name, a_in.shape(), b_in.shape());
-  DType compute = promote_types(a_in.dtype(), b_in.dtype());
+  DType compute = result_type(a_in, b_in);
   if ((op == BinaryOp::Div || op == BinaryOp::Pow) && !is_floating(compute)) compute = DType::Float32;
   const Tensor a = a_in.dtype() == compute ? a_in : a_in.detach().to(compute);
   const Tensor b = b_in.dtype() == compute ? b_in : b_in.detach().to(compute);
@@ -105,17 +110,45 @@ Tensor binary_forward(BinaryOp op, const Tensor& a_in, const Tensor& b_in, const
   return out;
 }
 
-Tensor scalar_forward(BinaryOp op, const Tensor& a_in, double scalar, bool scalar_first) {
-  DType compute = a_in.dtype();
-  const bool whole = std::floor(scalar) == scalar;
-  if (!is_floating(compute) && (!whole || op == BinaryOp::Div || op == BinaryOp::Pow)) compute = DType::Float32;
-  if (compute == DType::Bool && !is_comparison(op)) compute = DType::Int64;
+// Whether `scalar` is a whole number that integer dtype `dtype` holds (no wrap when the kernel converts it).
+bool holds_whole(DType dtype, double scalar) {
+  if (std::floor(scalar) != scalar) return false;  // also NaN; +-inf is caught by the range below
+  switch (dtype) {
+    case DType::Int64: return scalar >= -0x1p63 && scalar < 0x1p63;
+    case DType::Int32: return scalar >= -2147483648.0 && scalar <= 2147483647.0;
+    case DType::UInt8: return scalar >= 0 && scalar <= 255;
+    default: return false;
+  }
+}
+
+// The dtype `tensor op scalar` computes in (the rule in ferry/ops.h): a floating tensor's own; an integer one's
+// (bool counts as int64) when `scalar` is a whole number it holds and the op is not div or pow; else float32.
+DType scalar_compute_dtype(BinaryOp op, DType tensor, double scalar) {
+  if (is_floating(tensor)) return tensor;
+  const DType integral = tensor == DType::Bool ? DType::Int64 : tensor;
+  if (op == BinaryOp::Div || op == BinaryOp::Pow || !holds_whole(integral, scalar)) return DType::Float32;
+  return integral;
+}
+
+// `compute`: scalar_compute_dtype of the scalar as the user wrote it (sub passes b's, then adds -b).
+Tensor scalar_forward(BinaryOp op, const Tensor& a_in, double scalar, bool scalar_first, DType compute) {
   const Tensor a = a_in.dtype() == compute ? a_in : a_in.detach().to(compute);
   Tensor out = make_tensor(a.shape(), {.device = a.device(), .dtype = is_comparison(op) ? DType::Bool : compute});
   backend(out.device()).binary_scalar(op, detail::kernel_view(out), detail::kernel_view(a), scalar, scalar_first,
                                       detail::compute_stream(out.device()));
   return out;
 }
+Tensor scalar_forward(BinaryOp op, const Tensor& a, double scalar, bool scalar_first) {
+  return scalar_forward(op, a, scalar, scalar_first, scalar_compute_dtype(op, a.dtype(), scalar));
+}
+
+// An input's gradient: `g` summed over the dims it was broadcast along, in the input's dtype when that is floating
+// (as PyTorch casts it: float32 [3] * 0-d float64 gives the 0-d operand a float64 gradient).
+Tensor grad_for(const Tensor& g, const Shape& shape, DType dtype) {
+  Tensor reduced = reduce_to_shape(g, shape);
+  return is_floating(dtype) && reduced.dtype() != dtype ? reduced.to(dtype) : reduced;
+}
+Tensor grad_for(const Tensor& g, const Tensor& input) { return grad_for(g, input.shape(), input.dtype()); }
 
 Tensor unary_forward(UnaryOp op, const Tensor& a_in, bool needs_float) {
   const Tensor a = (needs_float && !is_floating(a_in.dtype())) ? a_in.detach().to(DType::Float32) : a_in;
@@ -134,8 +167,9 @@ Tensor add(const Tensor& a, const Tensor& b, double alpha) {
     out = binary_forward(BinaryOp::Add, a, mul(b, alpha), "add");
   }
   if (needs_grad({&a, &b})) {
-    record("add", {a, b}, out, [sa = a.shape(), sb = b.shape(), alpha](const Tensor& g) {
-      return Grads{reduce_to_shape(g, sa), reduce_to_shape(alpha == 1 ? g : mul(g, alpha), sb)};
+    record("add", {a, b}, out, [sa = a.shape(), sb = b.shape(), ta = a.dtype(), tb = b.dtype(),
+                                 alpha](const Tensor& g) {
+      return Grads{grad_for(g, sa, ta), grad_for(alpha == 1 ? g : mul(g, alpha), sb, tb)};
     });
   }
   return out;
@@ -150,8 +184,9 @@ Tensor sub(const Tensor& a, const Tensor& b, double alpha) {
     out = binary_forward(BinaryOp::Sub, a, mul(b, alpha), "sub");
   }
   if (needs_grad({&a, &b})) {
-    record("sub", {a, b}, out, [sa = a.shape(), sb = b.shape(), alpha](const Tensor& g) {
-      return Grads{reduce_to_shape(g, sa), reduce_to_shape(mul(g, -alpha), sb)};
+    record("sub", {a, b}, out, [sa = a.shape(), sb = b.shape(), ta = a.dtype(), tb = b.dtype(),
+                                 alpha](const Tensor& g) {
+      return Grads{grad_for(g, sa, ta), grad_for(mul(g, -alpha), sb, tb)};
     });
   }
   return out;
@@ -161,7 +196,7 @@ Tensor mul(const Tensor& a, const Tensor& b) {
   Tensor out = binary_forward(BinaryOp::Mul, a, b, "mul");
   if (needs_grad({&a, &b})) {
     record("mul", {a, b}, out, [a = a.detach(), b = b.detach()](const Tensor& g) {
-      return Grads{reduce_to_shape(mul(g, b), a.shape()), reduce_to_shape(mul(g, a), b.shape())};
+      return Grads{grad_for(mul(g, b), a), grad_for(mul(g, a), b)};
     });
   }
   return out;
@@ -172,7 +207,7 @@ Tensor div(const Tensor& a, const Tensor& b) {
   if (needs_grad({&a, &b})) {
     record("div", {a, b}, out, [a = a.detach(), b = b.detach()](const Tensor& g) {
       Tensor ga = div(g, b);
-      return Grads{reduce_to_shape(ga, a.shape()), reduce_to_shape(neg(mul(ga, div(a, b))), b.shape())};
+      return Grads{grad_for(ga, a), grad_for(neg(mul(ga, div(a, b))), b)};
     });
   }
   return out;
@@ -182,9 +217,13 @@ Tensor pow(const Tensor& a, const Tensor& b) {
   Tensor out = binary_forward(BinaryOp::Pow, a, b, "pow");
   if (needs_grad({&a, &b})) {
     record("pow", {a, b}, out, [a = a.detach(), b = b.detach(), o = out.detach()](const Tensor& g) {
-      Tensor ga = mul(g, mul(b, pow(a, sub(b, 1.0))));
-      Tensor gb = mul(g, mul(o, log(a)));
-      return Grads{reduce_to_shape(ga, a.shape()), reduce_to_shape(gb, b.shape())};
+      // Masked as PyTorch does: d/da is 0 where b == 0 (not 0 * a^-1 = NaN at a = 0); d/db is 0 where a == 0 and
+      // b >= 0 (not 0 * log 0 = NaN).
+      const Tensor zero = zeros({}, {.device = g.device(), .dtype = g.dtype()});
+      Tensor ga = mul(g, where(eq(b, 0.0), zero, mul(b, pow(a, sub(b, 1.0)))));
+      const Tensor log_term = mul(o, log(a));
+      Tensor gb = mul(g, where(eq(a, 0.0), where(ge(b, 0.0), zero, log_term), log_term));
+      return Grads{grad_for(ga, a), grad_for(gb, b)};
     });
   }
   return out;
@@ -201,7 +240,7 @@ Tensor extremum(BinaryOp op, const Tensor& a, const Tensor& b, const char* name)
       Tensor share = add(a_wins.to(g.dtype()), mul(tie.to(g.dtype()), 0.5));
       Tensor ga = mul(g, share);
       Tensor gb = sub(g, ga);
-      return Grads{reduce_to_shape(ga, a.shape()), reduce_to_shape(gb, b.shape())};
+      return Grads{grad_for(ga, a), grad_for(gb, b)};
     });
   }
   return out;
@@ -216,7 +255,13 @@ Tensor add(const Tensor& a, double b) {
   if (needs_grad({&a})) record("add_scalar", {a}, out, [](const Tensor& g) { return Grads{g}; });
   return out;
 }
-Tensor sub(const Tensor& a, double b) { return add(a, -b); }
+Tensor sub(const Tensor& a, double b) {
+  // a + (-b), in the dtype b itself chooses: uint8 - 1.0 stays uint8 (the kernel's -1 wraps to 255, and so does the
+  // sum, as uint8 arithmetic does).
+  Tensor out = scalar_forward(BinaryOp::Add, a, -b, false, scalar_compute_dtype(BinaryOp::Sub, a.dtype(), b));
+  if (needs_grad({&a})) record("add_scalar", {a}, out, [](const Tensor& g) { return Grads{g}; });
+  return out;
+}
 Tensor mul(const Tensor& a, double b) {
   Tensor out = scalar_forward(BinaryOp::Mul, a, b, false);
   if (needs_grad({&a})) record("mul_scalar", {a}, out, [b](const Tensor& g) { return Grads{mul(g, b)}; });
@@ -245,6 +290,7 @@ Tensor pow(const Tensor& a, double exponent) {
   Tensor out = scalar_forward(BinaryOp::Pow, a, exponent, false);
   if (needs_grad({&a})) {
     record("pow_scalar", {a}, out, [a = a.detach(), exponent](const Tensor& g) {
+      if (exponent == 0) return Grads{zeros_like(g)};  // as PyTorch: not 0 * a^-1 = NaN at a = 0
       return Grads{mul(g, mul(pow(a, exponent - 1), exponent))};
     });
   }
@@ -335,17 +381,21 @@ Tensor logical_not(const Tensor& a) { return unary_forward(UnaryOp::LogicalNot, 
 
 Tensor where(const Tensor& condition, const Tensor& a_in, const Tensor& b_in) {
   check_same_device("where", {&condition, &a_in, &b_in});
+  FERRY_CHECK(condition.dtype() == DType::Bool, DTypeMismatch,
+              "where expected condition to be a boolean tensor, but got a tensor with dtype ",
+              dtype_name(condition.dtype()));
   const Shape shape = broadcast_shapes("where", broadcast_shapes("where", condition.shape(), a_in.shape()), b_in.shape());
-  const DType dtype = promote_types(a_in.dtype(), b_in.dtype());
-  const Tensor a = a_in.detach().to(dtype), b = b_in.detach().to(dtype), c = condition.to(DType::Bool);
+  const DType dtype = result_type(a_in, b_in);
+  const Tensor a = a_in.detach().to(dtype), b = b_in.detach().to(dtype), c = condition.detach();
   Tensor out = make_tensor(shape, {.device = a.device(), .dtype = dtype});
   backend(out.device()).where(detail::kernel_view(out), detail::kernel_broadcast(c, shape),
                               detail::kernel_broadcast(a, shape), detail::kernel_broadcast(b, shape),
                               detail::compute_stream(out.device()));
   if (needs_grad({&a_in, &b_in})) {
-    record("where", {a_in, b_in}, out, [c = c.detach(), sa = a_in.shape(), sb = b_in.shape()](const Tensor& g) {
+    record("where", {a_in, b_in}, out, [c, sa = a_in.shape(), sb = b_in.shape(), ta = a_in.dtype(),
+                                         tb = b_in.dtype()](const Tensor& g) {
       Tensor zero = zeros({}, {.device = g.device(), .dtype = g.dtype()});
-      return Grads{reduce_to_shape(where(c, g, zero), sa), reduce_to_shape(where(c, zero, g), sb)};
+      return Grads{grad_for(where(c, g, zero), sa, ta), grad_for(where(c, zero, g), sb, tb)};
     });
   }
   return out;
@@ -576,6 +626,12 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
   check_matmul_dtypes(a, b, "matmul");
   FERRY_CHECK(a.dim() >= 1 && b.dim() >= 1, ShapeMismatch, "matmul: both arguments need at least 1 dim, got ",
               shape_str(a.shape()), " and ", shape_str(b.shape()));
+  if (a.dim() == 1 && b.dim() == 1) {  // (k) @ (k): the 0-d dot product, as (1, k) @ (k, 1)
+    FERRY_CHECK(a.size(0) == b.size(0), ShapeMismatch, "inconsistent tensor size, expected tensor [", a.size(0),
+                "] and src [", b.size(0), "] to have the same number of elements, but got ", a.size(0), " and ",
+                b.size(0), " elements respectively (in matmul)");
+    return matmul(a.unsqueeze(0), b.unsqueeze(1)).reshape({});
+  }
   if (a.dim() == 1) return matmul(a.unsqueeze(0), b).squeeze(-2);
   if (b.dim() == 1) return matmul(a, b.unsqueeze(1)).squeeze(-1);
   FERRY_CHECK(a.size(-1) == b.size(-2), ShapeMismatch, "mat1 and mat2 shapes cannot be multiplied (",

@@ -156,7 +156,7 @@ TEST(Collectives, BroadcastAllGatherReduceScatterAndBarrier) {
     for (int i = 0; i < 5; ++i) EXPECT_EQ(all[static_cast<std::size_t>(5 * r + i)], static_cast<float>(r));
   }
 
-  Tensor slices = arange(0, 3.0 * n, 1);  // every rank the same: slice r sums to N x its values
+  Tensor slices = arange(0, 3.0 * n, 1, {.dtype = DType::Float32});  // every rank the same: slice r sums to N x its values
   Tensor out = zeros({3});
   g.reduce_scatter(out, slices, dist::ReduceOp::Sum);
   const std::vector<float> got = out.to_vector<float>();
