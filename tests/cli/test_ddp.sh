@@ -101,8 +101,11 @@ mpi 2 "$FERRY" "${stop_args[@]}" --ddp --metrics "$scratch/stop.jsonl" --checkpo
 background_pid=$!
 rank1=""
 for _ in $(seq 600); do  # up to 30 s for rank 1 to start and rank 0 to log a step
-  for pid in $(pgrep -f "ferry train --model mlp --device cpu --batch 64 --limit-train 1024" 2>/dev/null); do
-    tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=1" && rank1=$pid
+  # Rank 1 of this job only: a child of this job's mpirun (other tests may run ranks of their own meanwhile).
+  for launcher in "$background_pid" $(pgrep -P "$background_pid" 2>/dev/null); do  # mpirun, or the subshell above it
+    for pid in $(pgrep -P "$launcher" 2>/dev/null); do
+      tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=1" && rank1=$pid
+    done
   done
   [[ -n "$rank1" ]] && grep -q '"kind":"step"' "$scratch/stop.jsonl" 2>/dev/null && break
   sleep 0.05
@@ -129,7 +132,7 @@ if [[ -n "$rank1" && $rc -ne 0 && -n "$stop_steps" ]] &&
     fail "resume after the stop: $(tail -c 600 "$scratch/resumed.err") $(tail -c 400 "$scratch/straight.err")"
   fi
 else
-  fail "stop on rank 1 (pid '$rank1', mpirun exit $rc, steps '$stop_steps'): $(tail -c 600 "$scratch/stop.err") $(tail -c 400 "$scratch/stop.out")"
+  fail "stop on rank 1 (pid '$rank1', mpirun exit $rc, steps '$stop_steps', handler said $(grep -c 'stopping after this step' "$scratch/stop.err") time(s)): $(tail -c 600 "$scratch/stop.err") $(tail -c 400 "$scratch/stop.out")"
 fi
 
 # --- Exercise 5.2: N must divide B --------------------------------------------------------------------------

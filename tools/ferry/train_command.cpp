@@ -433,19 +433,23 @@ void register_train_command(CLI::App& app) {
     // Rank 0 alone reports, before MPI ends: under mpirun, Ctrl-C reaches the ranks as SIGTERM, and mpirun ends
     // what is left of them soon after.
     if (is_rank0) print_results(r, a, stdout);
-    if (group) {  // a clean end: every rank leaves MPI together
+    if (r.stopped_by != 0 && is_rank0) {  // said here, before the ranks part (see below); the exit status follows
+      std::fprintf(stderr, "ferry: stopped by %s after %lld steps; %s\n", signal_name(r.stopped_by).c_str(),
+                   static_cast<long long>(r.steps),
+                   o.checkpoint_path.empty()
+                       ? "no --checkpoint was given, so the progress is not saved"
+                       : (o.checkpoint_path + " holds it: continue with ferry train --resume " + o.checkpoint_path +
+                          " --checkpoint " + o.checkpoint_path).c_str());
+      std::fflush(stderr);
+    }
+    if (group) {
+      // Every rank leaves together, once rank 0 has saved and said all: a rank that ends first with a non-zero
+      // status (a stop: 143) makes mpirun end the others (SIGTERM, then SIGKILL), and rank 0 lost its checkpoint
+      // and report that way under a slow build (CI's sanitizers).
+      group->barrier();
       group.reset();
       ferry::dist::finalize();
     }
-    if (r.stopped_by != 0) {
-      throw ferry::Interrupted(
-          !is_rank0 ? "" /* the same exit status, said once */
-                    : "stopped by " + signal_name(r.stopped_by) + " after " + std::to_string(r.steps) + " steps; " +
-                          (o.checkpoint_path.empty()
-                               ? std::string("no --checkpoint was given, so the progress is not saved")
-                               : o.checkpoint_path + " holds it: continue with ferry train --resume " +
-                                     o.checkpoint_path + " --checkpoint " + o.checkpoint_path),
-          r.stopped_by);
-    }
+    if (r.stopped_by != 0) throw ferry::Interrupted("", r.stopped_by);  // the shell's status: 128 + the signal
   });
 }
