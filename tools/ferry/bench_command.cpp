@@ -58,28 +58,12 @@ void add_common_options(CLI::App* command, CommonOptions& options, const char* s
   command->add_flag("--quiet", options.quiet, "No progress on stderr");
 }
 
-// --save PATH, checked before anything is measured: a directory, a missing folder or a place that cannot be
-// written fails at once (exit 2), and a file that is there must be a profile (it is merged into, not replaced).
+// --save PATH, checked before anything is measured (exit 2); a file that is there must be a profile (it is merged
+// into, not replaced), also before measuring.
 void check_save_path(const std::string& save) {
-  namespace fs = std::filesystem;
-  if (save.empty()) return;
+  check_writable(save, "--save");
   std::error_code error;
-  if (fs::is_directory(save, error)) {
-    throw ferry::InvalidArgument(fmt::format("--save '{}' is a directory; name a profile file in it, such as '{}'",
-                                             save, (fs::path(save) / "profile.json").string()));
-  }
-  const fs::path parent = fs::path(save).has_parent_path() ? fs::path(save).parent_path() : fs::path(".");
-  if (!fs::is_directory(parent, error)) {
-    throw ferry::InvalidArgument(fmt::format("--save '{}': the folder '{}' {}", save, parent.string(),
-                                             fs::exists(parent, error) ? "is not a folder" : "does not exist"));
-  }
-  const bool exists = fs::exists(save, error);
-  const std::string writable = exists ? save : parent.string();
-  if (access(writable.c_str(), W_OK) != 0) {
-    throw ferry::InvalidArgument(fmt::format("--save '{}' cannot be written: {}{}", save, std::strerror(errno),
-                                             exists ? "" : fmt::format(" (in the folder '{}')", parent.string())));
-  }
-  if (exists) ferry::load_profile(save);  // refuses a file that is not a profile (exit 1), before measuring
+  if (!save.empty() && std::filesystem::exists(save, error)) ferry::load_profile(save);
 }
 
 // What a bench run needs besides its own options: the device, the sizes, the measure options.

@@ -15,6 +15,10 @@ void register_bench_command(CLI::App& app);
 void register_bench_allreduce(CLI::App& bench);  // `ferry bench allreduce` (bench_allreduce.cpp)
 void register_bench_golden(CLI::App& bench);     // `ferry bench golden` (bench_golden.cpp)
 
+// An output file named by `option` (--checkpoint, --save, ...), checked before the work that fills it rather than
+// after: not a folder, in a folder that exists, writable. InvalidArgument (exit 2) otherwise; "" passes.
+void check_writable(const std::string& path, const char* option);  // output_path.cpp
+
 // A check for whole-number options: "--epochs: expected a whole number >= 1, got 0" (CLI::PositiveNumber's own
 // message prints its range up to the largest double).
 inline CLI::Validator whole_number_at_least(long long least) {

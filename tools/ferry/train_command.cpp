@@ -183,23 +183,6 @@ std::vector<std::string> take_run_settings(const CLI::App& cmd, TrainArgs& a, co
   return notes;
 }
 
-// An output file asked for must have a writable folder before the run starts, not at the end of its first epoch
-// (a checkpoint) or of all of them (a plot, a trace), when the error would cost the work.
-void check_writable(const std::string& path, const char* option) {
-  if (path.empty()) return;
-  const std::filesystem::path parent = std::filesystem::path(path).parent_path();
-  const std::filesystem::path folder = parent.empty() ? std::filesystem::path(".") : parent;
-  std::error_code error;
-  FERRY_CHECK(std::filesystem::is_directory(folder, error), InvalidArgument, option, " ",
-              ferry::detail::printable(path), ": the folder '", ferry::detail::printable(folder.string()),
-              "' does not exist");
-  FERRY_CHECK(access(folder.c_str(), W_OK) == 0, InvalidArgument, option, " ", ferry::detail::printable(path),
-              ": the folder '", ferry::detail::printable(folder.string()), "' is not writable (",
-              std::strerror(errno), ")");
-  FERRY_CHECK(!std::filesystem::is_directory(path, error), InvalidArgument, option, " ",
-              ferry::detail::printable(path), " is a folder; give a file name");
-}
-
 // Data-parallel part of the report: what the all-reduces carried and cost, against Exercise 4.1's figure.
 void print_ddp_report(const ferry::TrainResult& r, std::FILE* out) {
   const auto plan = ferry::cost::allreduce_bytes(r.parameters, ferry::DType::Float32, r.world_size);
