@@ -80,12 +80,15 @@ int run(const Options& options) {
   const Dataset test_set = load_fashion_mnist(options.data, /*train=*/false);
   if (options.show > 0) {
     const Dataset first = take(test_set, options.show);
-    // One crossing in (the images), one out (the predictions, read as a host tensor).
-    const Tensor predicted = argmax((*model)(first.images.to(device)), 1).cpu();
+    // One crossing in (the images), two out (each guess and its probability, read as host tensors).
+    const auto [confidence, guesses] = max(softmax((*model)(first.images.to(device)), 1), 1);  // (N), (N)
+    const Tensor predicted = guesses.cpu(), probability = confidence.cpu();
     for (std::int64_t i = 0; i < first.size(); ++i) {
       const auto guess = predicted.select(0, i).item<std::int64_t>();
       const auto truth = first.labels.select(0, i).item<std::int64_t>();
-      std::cout << "  image " << std::setw(4) << i << ": " << std::setw(11) << kClasses[guess]
+      std::cout << "  image " << std::setw(4) << i << ": " << std::setw(11) << kClasses[guess] << " ("
+                << std::fixed << std::setprecision(0) << 100 * probability.select(0, i).item<double>() << " %)"
+                << std::defaultfloat << std::setprecision(6)
                 << (guess == truth ? "" : std::string("   (it is a ") + kClasses[truth] + ")") << "\n";
     }
   }

@@ -19,6 +19,7 @@
 #include "ferry/nn/batchnorm.h"
 #include "ferry/nn/conv.h"
 #include "ferry/nn/functional.h"
+#include "ferry/nn/loss.h"
 #include "ferry/nn/pooling.h"
 #include "ferry/nn/sequential.h"
 #include "ferry/ops.h"
@@ -533,6 +534,44 @@ TEST(NNGradcheck, Losses) {
         {random_argument({5, 5}, 71, 2)}, "cross_entropy " + name);
     check_everywhere([reduction](const std::vector<Tensor>& a) { return F::mse_loss(a[0], a[1], reduction); },
                      {random_argument({3, 4}, 72), random_argument({3, 4}, 73)}, "mse_loss " + name);
+  }
+}
+
+TEST(NNGradcheck, SoftmaxFamily) {
+  for (int dim : {0, 1, -1}) {
+    const std::string d = std::to_string(dim);
+    check_everywhere([dim](const std::vector<Tensor>& a) { return F::softmax(a[0], dim); },
+                     {random_argument({3, 4}, 81, 3)}, "softmax dim " + d);
+    check_everywhere([dim](const std::vector<Tensor>& a) { return F::log_softmax(a[0], dim); },
+                     {random_argument({3, 4}, 82, 3)}, "log_softmax dim " + d);
+    check_everywhere([dim](const std::vector<Tensor>& a) { return ferry::logsumexp(a[0], dim, dim == 0); },
+                     {random_argument({3, 4}, 83, 3)}, "logsumexp dim " + d);
+  }
+  check_everywhere([](const std::vector<Tensor>& a) { return F::log_softmax(a[0], 1); },
+                   {random_argument({2, 3, 2}, 84, 40)}, "log_softmax of large logits (3-d, dim 1)");
+}
+
+TEST(NNGradcheck, ClassLossOptions) {
+  using ferry::nn::Reduction;
+  for (auto reduction : {Reduction::Mean, Reduction::Sum, Reduction::None}) {
+    const std::string name = reduction == Reduction::Mean ? "mean" : reduction == Reduction::Sum ? "sum" : "none";
+    // Targets with two ignored rows; the class weights (1 + argument 1) are differentiated too.
+    const auto target_on = [](Device device) {
+      return ferry::from_vector<std::int64_t>({2, -100, 4, 1, -100, 0}).to(device);
+    };
+    check_everywhere(
+        [=](const std::vector<Tensor>& a) {
+          return F::cross_entropy(a[0], target_on(a[0].device()),
+                                  ferry::nn::CrossEntropyOptions{.reduction = reduction, .weight = ferry::add(a[1], 1.0),
+                                                                 .ignore_index = -100, .label_smoothing = 0.25});
+        },
+        {random_argument({6, 5}, 85, 2), random_argument({5}, 86, 0.3)}, "cross_entropy options " + name);
+    check_everywhere(
+        [=](const std::vector<Tensor>& a) {
+          return F::nll_loss(a[0], target_on(a[0].device()),
+                             {.reduction = reduction, .weight = ferry::add(a[1], 1.0), .ignore_index = -100});
+        },
+        {random_argument({6, 5}, 87), random_argument({5}, 88, 0.3)}, "nll_loss " + name);
   }
 }
 

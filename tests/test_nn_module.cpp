@@ -7,6 +7,7 @@
 
 #include "ferry/autograd.h"
 #include "ferry/factories.h"
+#include "ferry/ledger.h"
 #include "ferry/nn/activation.h"
 #include "ferry/nn/batchnorm.h"
 #include "ferry/nn/conv.h"
@@ -292,6 +293,77 @@ TEST(NNModule, LayersCheckTheirInputs) {
   EXPECT_THROW(nn::MaxPool2d(2, 2, 2)(ferry::ones({1, 1, 4, 4})), ferry::InvalidArgument);
   EXPECT_THROW(ferry::nn::functional::cross_entropy(ferry::ones({3, 4}), ferry::from_vector<std::int64_t>({0, 4, 1})),
                ferry::InvalidArgument);
+}
+
+// The softmax family's edges, as PyTorch: rows of all -inf, +inf, integer inputs, 0-d tensors.
+TEST(NNModule, SoftmaxEdgesFollowPyTorch) {
+  const float inf = INFINITY;
+  const Tensor x = ferry::from_vector<float>({-inf, -inf, 1, inf}, {2, 2});
+  const std::vector<float> soft = ferry::softmax(x, 1).to_vector<float>();
+  EXPECT_TRUE(std::isnan(soft[0]) && std::isnan(soft[1]));  // torch.softmax([-inf, -inf]) = [nan, nan]
+  EXPECT_EQ(soft[2], 0.0F);  // torch.softmax([1, inf]) = [0, nan] (inf / inf)
+  EXPECT_TRUE(std::isnan(soft[3]));
+  const std::vector<float> lse = ferry::logsumexp(x, 1).to_vector<float>();
+  EXPECT_EQ(lse[0], -inf);  // torch.logsumexp([-inf, -inf]) = -inf
+  EXPECT_EQ(lse[1], inf);
+  EXPECT_EQ(ferry::softmax(ferry::from_vector<float>({1000, 1000}), 0).to_vector<float>(),
+            (std::vector<float>{0.5F, 0.5F}));
+  EXPECT_THROW(ferry::softmax(ferry::from_vector<std::int64_t>({1, 2}), 0), ferry::DTypeMismatch);
+  EXPECT_THROW(ferry::log_softmax(ferry::scalar_tensor(1.0), 0), ferry::ShapeMismatch);
+  EXPECT_THROW(ferry::softmax(ferry::ones({2, 3}), 2), ferry::InvalidArgument);
+  nn::Sequential model(nn::Linear(3, 4), nn::Softmax(1));
+  const Tensor rows = ferry::sum(model(ferry::ones({2, 3})), {1});
+  for (const float total : rows.to_vector<float>()) EXPECT_NEAR(total, 1.0F, 1e-6F);
+  EXPECT_EQ(nn::LogSoftmax(-1).extra_repr(), "dim=-1");
+}
+
+// cross_entropy's and nll_loss's options: every row ignored gives NaN for the mean (PyTorch's 0/0) and 0 for the
+// sum; bad options are refused with the numbers; a negative target without ignore_index says how to skip it.
+TEST(NNModule, ClassLossOptionsCheckTheirInputs) {
+  const Tensor logits = ferry::randn({3, 4});
+  const Tensor ignored = ferry::from_vector<std::int64_t>({-100, -100, -100});
+  EXPECT_TRUE(std::isnan(nn::cross_entropy(logits, ignored, {.ignore_index = -100}).item<float>()));
+  EXPECT_EQ(nn::cross_entropy(logits, ignored, {.reduction = nn::Reduction::Sum, .ignore_index = -100}).item<float>(),
+            0.0F);
+  const Tensor target = ferry::from_vector<std::int64_t>({0, 3, 1});
+  EXPECT_THROW(nn::cross_entropy(logits, target, {.label_smoothing = 1.5}), ferry::InvalidArgument);
+  EXPECT_THROW(nn::cross_entropy(logits, target, {.weight = ferry::ones({3})}), ferry::ShapeMismatch);
+  EXPECT_THROW(nn::nll_loss(logits, target, {.weight = ferry::ones({4}, {.dtype = DType::Int64})}),
+               ferry::DTypeMismatch);
+  EXPECT_THROW(nn::nll_loss(logits, ferry::from_vector<std::int64_t>({0, 4, 1}), {.ignore_index = -100}),
+               ferry::InvalidArgument);
+  try {
+    nn::cross_entropy(logits, ferry::from_vector<std::int64_t>({0, -100, 1}));
+    ADD_FAILURE() << "a target of -100 without ignore_index was accepted";
+  } catch (const ferry::InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("pass {.ignore_index = -100}"), std::string::npos) << e.what();
+  }
+  // ignore_index may name a real class: its rows are skipped like any other.
+  const Tensor kept = nn::cross_entropy(logits.narrow(0, 0, 2), target.narrow(0, 0, 2), nn::Reduction::Sum);
+  EXPECT_FLOAT_EQ(nn::cross_entropy(logits, target, {.reduction = nn::Reduction::Sum, .ignore_index = 1}).item<float>(),
+                  kept.item<float>());
+  // The callable classes carry their options.
+  EXPECT_FLOAT_EQ(nn::CrossEntropyLoss({.label_smoothing = 0.1})(logits, target).item<float>(),
+                  nn::cross_entropy(logits, target, {.label_smoothing = 0.1}).item<float>());
+  EXPECT_FLOAT_EQ(nn::NLLLoss()(ferry::log_softmax(logits, 1), target).item<float>(),
+                  nn::cross_entropy(logits, target).item<float>());
+}
+
+// The composed losses stay on the device: on sim:0 a forward and backward with every option moves no bytes and
+// waits for nothing (the ledger would show a crossing or a sync).
+TEST(NNModule, ClassLossOptionsNeitherCopyNorSync) {
+  const Device sim = Device::parse("sim:0");
+  Tensor logits = ferry::randn({8, 5}, {.device = sim}).requires_grad_(true);
+  const Tensor target = ferry::randint(0, 5, {8}, {.device = sim});
+  const Tensor weight = ferry::rand({5}, {.device = sim});
+  ferry::Ledger& ledger = ferry::Ledger::global();
+  ledger.clear();
+  Tensor loss = nn::cross_entropy(logits, target,
+                                  {.weight = weight, .ignore_index = 3, .label_smoothing = 0.1});
+  loss.backward();
+  EXPECT_EQ(ledger.totals().transfers, 0);
+  EXPECT_EQ(ledger.totals().syncs, 0);
+  EXPECT_EQ(logits.grad().device(), sim);
 }
 
 // Sequential runs a Linear or BatchNorm followed by a ReLU as one fused layer (one autograd node, no tensor for

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "fixtures/fixture_reader.h"
@@ -143,6 +144,87 @@ TEST_P(NNParityLoss, MatchesPyTorchOnCpuAndSim) {
 INSTANTIATE_TEST_SUITE_P(Fixtures, NNParityLoss,
                          ::testing::Values("cross_entropy_mean", "cross_entropy_sum", "cross_entropy_none", "mse_mean",
                                            "mse_sum", "mse_none"));
+
+// cross_entropy with weight, ignore_index and label smoothing, and nll_loss, against PyTorch; cpu and sim:0 must
+// agree to the bit (the same host kernels under both).
+class NNParityClassLoss : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(NNParityClassLoss, MatchesPyTorchOnCpuAndSim) {
+  const Fixture f = load_fixture(GetParam());
+  const std::string reduction_name = f.text("reduction");
+  const nn::Reduction reduction = reduction_name == "mean" ? nn::Reduction::Mean
+                                  : reduction_name == "sum" ? nn::Reduction::Sum
+                                                            : nn::Reduction::None;
+  const std::string ignore = f.text("ignore_index");
+  std::vector<std::vector<double>> results;
+  std::vector<Device> devices = {ferry::kCPU, Device::parse("sim:0")};
+  if (have_cuda()) devices.push_back(kCuda0);
+  for (const Device device : devices) {
+    const std::string where = GetParam() + " on " + device.str();
+    Tensor x = f["input"].detach().to(device).requires_grad_(true);
+    const Tensor target = f["target"].to(device);
+    const Tensor weight = f.has("weight") ? f["weight"].to(device) : Tensor();
+    const std::optional<std::int64_t> ignore_index =
+        ignore == "none" ? std::nullopt : std::optional<std::int64_t>(std::stoll(ignore));
+    Tensor loss = f.text("kind") == "cross_entropy"
+                      ? nn::functional::cross_entropy(x, target,
+                                                      nn::CrossEntropyOptions{.reduction = reduction,
+                                                                              .weight = weight,
+                                                                              .ignore_index = ignore_index,
+                                                                              .label_smoothing =
+                                                                                  f.number("label_smoothing")})
+                      : nn::functional::nll_loss(
+                            x, target, {.reduction = reduction, .weight = weight, .ignore_index = ignore_index});
+    loss.backward(f["grad_output"].to(device));
+    EXPECT_CLOSE_TO_FIXTURE(loss, f["output"], kLayerTolerance, where + ": loss");
+    EXPECT_CLOSE_TO_FIXTURE(x.grad(), f["grad_input"], kLayerTolerance, where + ": grad_input");
+    results.push_back(loss.to_vector<double>());
+    results.push_back(x.grad().to_vector<double>());
+  }
+  EXPECT_EQ(results[0], results[2]);
+  EXPECT_EQ(results[1], results[3]);
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, NNParityClassLoss,
+                         ::testing::Values("ce_weight_mean", "ce_weight_sum", "ce_weight_none",
+                                           "ce_smooth_weight_ignore_mean", "ce_smooth_weight_ignore_sum",
+                                           "ce_smooth_weight_ignore_none", "nll_weight_ignore_mean",
+                                           "nll_weight_ignore_sum", "nll_weight_ignore_none", "ce_ignore_mean",
+                                           "ce_ignore_class_mean", "ce_smooth_mean", "ce_smooth_ignore_sum",
+                                           "nll_mean"));
+
+// softmax, log_softmax and logsumexp (ferry/ops.h) against PyTorch, including logits of size ~100 that overflow
+// exp() unless the maximum is subtracted first.
+class NNParitySoftmax : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(NNParitySoftmax, MatchesPyTorchOnCpuAndSim) {
+  const Fixture f = load_fixture(GetParam());
+  const std::string kind = f.text("kind");
+  const int dim = static_cast<int>(f.number("dim"));
+  std::vector<std::vector<double>> results;
+  std::vector<Device> devices = {ferry::kCPU, Device::parse("sim:0")};
+  if (have_cuda()) devices.push_back(kCuda0);
+  for (const Device device : devices) {
+    const std::string where = GetParam() + " on " + device.str();
+    Tensor x = f["input"].detach().to(device).requires_grad_(true);
+    Tensor out = kind == "softmax"       ? ferry::softmax(x, dim)
+                 : kind == "log_softmax" ? ferry::log_softmax(x, dim)
+                                         : ferry::logsumexp(x, dim, f.number("keepdim") == 1);
+    ASSERT_EQ(out.shape(), f["output"].shape()) << where;
+    out.backward(f["grad_output"].to(device));
+    EXPECT_CLOSE_TO_FIXTURE(out, f["output"], kLayerTolerance, where + ": output");
+    EXPECT_CLOSE_TO_FIXTURE(x.grad(), f["grad_input"], kLayerTolerance, where + ": grad_input");
+    results.push_back(out.to_vector<double>());
+    results.push_back(x.grad().to_vector<double>());
+  }
+  EXPECT_EQ(results[0], results[2]);
+  EXPECT_EQ(results[1], results[3]);
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, NNParitySoftmax,
+                         ::testing::Values("softmax_dim1", "softmax_dim0_3d", "softmax_large", "log_softmax_dim1",
+                                           "log_softmax_last_3d", "log_softmax_large", "logsumexp_dim1",
+                                           "logsumexp_dim0_keepdim", "logsumexp_large"));
 
 namespace {
 // DESIGN.md's `cnn` workload: 3 x [Conv3x3 pad 1, BatchNorm2d, ReLU, MaxPool 2] (32, 64, 128), Flatten,

@@ -104,6 +104,49 @@ def loss_case(name, kind, reduction):
                       {"kind": kind, "reduction": reduction})
 
 
+def class_loss_case(name, kind, reduction="mean", weight=False, ignore_index=None, label_smoothing=0.0):
+    """cross_entropy / nll_loss with PyTorch's options; a few targets set to ignore_index when it is given."""
+    torch.manual_seed(abs(hash(name)) % (2 ** 31))
+    n, c = 9, 5
+    x = torch.randn(n, c) * 2
+    target = torch.randint(0, c, (n,))
+    if ignore_index is not None:
+        target[1] = ignore_index
+        target[6] = ignore_index
+    w = torch.rand(c) + 0.25 if weight else None
+    kw = {"reduction": reduction, "weight": w, "ignore_index": -100 if ignore_index is None else ignore_index}
+    x.requires_grad_(True)
+    if kind == "cross_entropy":
+        loss = F.cross_entropy(x, target, label_smoothing=label_smoothing, **kw)
+    else:
+        loss = F.nll_loss(x, target, **kw)  # any (N, C) values: nll_loss is linear in them
+    grad_output = torch.randn_like(loss)
+    (loss * grad_output).sum().backward()
+    tensors = {"input": x.detach(), "target": target, "output": loss.detach(), "grad_output": grad_output,
+               "grad_input": x.grad}
+    if w is not None:
+        tensors["weight"] = w
+    write_safetensors(os.path.join(OUT, name + ".safetensors"), tensors,
+                      {"kind": kind, "reduction": reduction,
+                       "ignore_index": "none" if ignore_index is None else ignore_index,
+                       "label_smoothing": label_smoothing})
+
+
+def softmax_case(name, kind, shape, dim, scale=1.0, keepdim=False):
+    """softmax / log_softmax / logsumexp along dim, forward and backward (scale makes the logits large)."""
+    torch.manual_seed(abs(hash(name)) % (2 ** 31))
+    x = (torch.randn(*shape) * scale).requires_grad_(True)
+    if kind == "logsumexp":
+        out = torch.logsumexp(x, dim, keepdim=keepdim)
+    else:
+        out = getattr(F, kind)(x, dim)
+    grad_output = torch.randn_like(out)
+    (out * grad_output).sum().backward()
+    write_safetensors(os.path.join(OUT, name + ".safetensors"),
+                      {"input": x.detach(), "output": out.detach(), "grad_output": grad_output, "grad_input": x.grad},
+                      {"kind": kind, "dim": dim, "keepdim": int(keepdim)})
+
+
 def cnn():
     # DESIGN.md's `cnn` workload, as the nn.Sequential whose state_dict names ferry matches.
     layers = []
@@ -201,6 +244,26 @@ def main():
     for reduction in ("mean", "sum", "none"):
         loss_case("cross_entropy_" + reduction, "cross_entropy", reduction)
         loss_case("mse_" + reduction, "mse", reduction)
+
+    for reduction in ("mean", "sum", "none"):
+        class_loss_case("ce_weight_" + reduction, "cross_entropy", reduction, weight=True)
+        class_loss_case("ce_smooth_weight_ignore_" + reduction, "cross_entropy", reduction, weight=True,
+                        ignore_index=-100, label_smoothing=0.2)
+        class_loss_case("nll_weight_ignore_" + reduction, "nll", reduction, weight=True, ignore_index=-100)
+    class_loss_case("ce_ignore_mean", "cross_entropy", "mean", ignore_index=-100)
+    class_loss_case("ce_ignore_class_mean", "cross_entropy", "mean", ignore_index=2)
+    class_loss_case("ce_smooth_mean", "cross_entropy", "mean", label_smoothing=0.1)
+    class_loss_case("ce_smooth_ignore_sum", "cross_entropy", "sum", ignore_index=-1, label_smoothing=0.3)
+    class_loss_case("nll_mean", "nll", "mean")
+    softmax_case("softmax_dim1", "softmax", (4, 6), 1)
+    softmax_case("softmax_dim0_3d", "softmax", (3, 5, 2), 0)
+    softmax_case("softmax_large", "softmax", (3, 7), -1, scale=60.0)
+    softmax_case("log_softmax_dim1", "log_softmax", (4, 6), 1)
+    softmax_case("log_softmax_last_3d", "log_softmax", (3, 4, 5), -1)
+    softmax_case("log_softmax_large", "log_softmax", (3, 7), 1, scale=60.0)
+    softmax_case("logsumexp_dim1", "logsumexp", (4, 6), 1)
+    softmax_case("logsumexp_dim0_keepdim", "logsumexp", (5, 3), 0, keepdim=True)
+    softmax_case("logsumexp_large", "logsumexp", (3, 7), 1, scale=60.0)
 
     cnn_case()
 

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 
 #include "ferry/nn/module.h"
@@ -13,10 +14,21 @@
 
 namespace ferry {
 
+// The running sums of an epoch stopped part-way, so that the resumed run reports the epoch's loss and accuracy
+// over all its batches, as the unbroken run does.
+struct EpochSums {
+  double loss_sum = 0;       // the batches' mean losses, summed (a float32 sum, kept exactly)
+  std::int64_t correct = 0;  // right predictions
+  std::int64_t seen = 0;     // samples trained on
+};
+
 struct TrainingProgress {
   std::int64_t epoch = 0;          // the epoch in progress (0-based)
   std::int64_t batch_in_epoch = 0; // batches of that epoch already done
   std::int64_t global_step = 0;    // optimizer steps taken in all
+  // That epoch's sums so far; unset at an epoch end, in data-parallel runs (each rank has its own) and in files
+  // written before ferry kept them.
+  std::optional<EpochSums> epoch_sums{};
 };
 
 struct CheckpointContents {
@@ -24,6 +36,10 @@ struct CheckpointContents {
   GeneratorState generator;
   std::map<std::string, std::string> settings;  // the run's settings ("lr", "batch", ...)
 };
+
+// A double as the shortest text that reads back as the same double ("0.05", not std::to_string's "0.050000"),
+// for settings kept in a checkpoint's metadata.
+std::string metadata_text(double value);
 
 // Saves the model (parameters and buffers), the optimizer's state, the generator and progress.
 // Tensors are copied to the host through the transfer door (label "checkpoint").

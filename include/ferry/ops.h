@@ -73,6 +73,13 @@ std::pair<Tensor, Tensor> min(const Tensor& a, int dim, bool keepdim = false);
 Tensor argmax(const Tensor& a, int dim, bool keepdim = false);
 Tensor argmin(const Tensor& a, int dim, bool keepdim = false);
 
+// --- softmax family (composed of max, sub, exp, sum and log on the input's device; autograd differentiates the
+// composition). Floating inputs only (DTypeMismatch otherwise). Each subtracts the slice's maximum first, so large
+// logits do not overflow. A slice of all -inf gives NaN (softmax, log_softmax) and -inf (logsumexp), as PyTorch.
+Tensor softmax(const Tensor& a, int dim);      // exp(a) / sum(exp(a), dim): each slice along dim sums to 1
+Tensor log_softmax(const Tensor& a, int dim);  // log(softmax(a, dim)), without forming softmax
+Tensor logsumexp(const Tensor& a, int dim, bool keepdim = false);  // log(sum(exp(a), dim))
+
 // --- linear algebra -------------------------------------------------------------------------------
 // (n, k) @ (k, m); 1-d operands as vectors ((k) @ (k) is the 0-d dot product); >2-d: batched with broadcasting
 // of the batch dims.

@@ -495,6 +495,43 @@ Tensor var(const Tensor& a, std::vector<int> dims, bool unbiased, bool keepdim) 
 }
 
 namespace {
+// The maximum of each slice along `dim` (keepdim), as a constant (no history: softmax and logsumexp do not depend
+// on the shift, so its gradient would only add rounding), and 0 where it is not finite (a slice of all -inf stays
+// -inf after the shift instead of NaN; +inf stays +inf).
+Tensor softmax_shift(const Tensor& a, int dim) {
+  autograd::NoGradGuard no_grad;
+  const Tensor top = max(a, dim, true).first;
+  return where(eq(abs(top), INFINITY), zeros({}, {.device = a.device(), .dtype = a.dtype()}), top);
+}
+
+int softmax_dim(const Tensor& a, int dim, const char* op) {
+  FERRY_CHECK(is_floating(a.dtype()), DTypeMismatch, op, ": expected a floating point input, got ",
+              dtype_name(a.dtype()));
+  FERRY_CHECK(a.dim() > 0, ShapeMismatch, op, ": expected at least one dimension, got a 0-d tensor");
+  return normalize_dim(dim, a.dim(), op);
+}
+}  // namespace
+
+Tensor softmax(const Tensor& a, int dim) {
+  const int d = softmax_dim(a, dim, "softmax");
+  const Tensor e = exp(sub(a, softmax_shift(a, d)));
+  return div(e, sum(e, {d}, true));
+}
+
+Tensor log_softmax(const Tensor& a, int dim) {
+  const int d = softmax_dim(a, dim, "log_softmax");
+  const Tensor shifted = sub(a, softmax_shift(a, d));
+  return sub(shifted, log(sum(exp(shifted), {d}, true)));
+}
+
+Tensor logsumexp(const Tensor& a, int dim, bool keepdim) {
+  const int d = softmax_dim(a, dim, "logsumexp");
+  const Tensor top = softmax_shift(a, d);
+  const Tensor out = add(log(sum(exp(sub(a, top)), {d}, true)), top);
+  return keepdim ? out : out.squeeze(d);
+}
+
+namespace {
 Tensor extremum_all(ReduceOp op, const Tensor& a, const char* name) {
   FERRY_CHECK(a.numel() > 0, InvalidArgument, name, "(): cannot reduce an empty tensor");
   ReducePlan plan = plan_reduce(a, {}, name);

@@ -565,7 +565,9 @@ void HostKernels::cross_entropy(const KernelTensor& loss_rows, const KernelTenso
   const auto* t = target.ptr<const std::int64_t>();
   for (std::int64_t r = 0; r < rows; ++r) {
     FERRY_CHECK(t[r] >= 0 && t[r] < classes, InvalidArgument, "cross_entropy: target ", t[r], " at row ", r,
-                " is out of bounds for ", classes, " classes");
+                " is out of bounds for ", classes, " classes",
+                t[r] < 0 ? detail::concat(" (to skip the rows marked ", t[r], ", pass {.ignore_index = ", t[r], "})")
+                         : std::string());
   }
   dispatch_float(logits.dtype, "cross_entropy", [&](auto tag_T) {
     using T = typename decltype(tag_T)::type;

@@ -191,7 +191,10 @@ void raise_kernel_errors(int index) {
                                            limit, where));
     case KernelErrorKind::CrossEntropyTarget:
       throw InvalidArgument(detail::concat("cross_entropy: target ", value, " is out of bounds for ", limit,
-                                           " classes", where));
+                                           " classes", where,
+                                           value < 0 ? detail::concat(" (to skip the rows marked ", value,
+                                                                      ", pass {.ignore_index = ", value, "})")
+                                                     : std::string()));
     default:
       throw InternalError(detail::concat("unknown kernel error report ", static_cast<int>(kind), where));
   }

@@ -686,6 +686,8 @@ Tensor avg_pool2d(const Tensor& input, Size2 kernel_size, Size2 stride, Size2 pa
 // --- activations --------------------------------------------------------------------------------
 
 Tensor relu(const Tensor& input) { return ferry::relu(input); }
+Tensor softmax(const Tensor& input, int dim) { return ferry::softmax(input, dim); }
+Tensor log_softmax(const Tensor& input, int dim) { return ferry::log_softmax(input, dim); }
 
 Tensor dropout(const Tensor& input, double p, bool training) {
   FERRY_CHECK(p >= 0 && p <= 1, InvalidArgument, "dropout probability has to be between 0 and 1, but got ", p);

@@ -1,9 +1,10 @@
-// layers.cpp — the small layers without parameters (ReLU, Flatten, Dropout, MaxPool2d, AvgPool2d) and
-// Sequential. Not here: anything with weights (linear.cpp, conv.cpp, batchnorm.cpp).
+// layers.cpp — the small layers without parameters (ReLU, Softmax, LogSoftmax, Flatten, Dropout, MaxPool2d,
+// AvgPool2d) and Sequential. Not here: anything with weights (linear.cpp, conv.cpp, batchnorm.cpp).
 #include "ferry/nn/activation.h"
 #include "ferry/nn/functional.h"
 #include "ferry/nn/pooling.h"
 #include "ferry/nn/sequential.h"
+#include "ferry/ops.h"
 
 namespace ferry::nn {
 
@@ -14,6 +15,11 @@ std::string size_str(Size2 s) { return s.h == s.w ? ferry::detail::concat(s.h) :
 Tensor ReLU::forward(const Tensor& input) { return functional::relu(input); }
 Tensor Module::forward_relu(const Tensor& input) { return functional::relu(forward(input)); }
 Tensor Module::forward_relu_max_pool(const Tensor& input) { return functional::max_pool2d(forward_relu(input), 2, 2); }
+
+Tensor Softmax::forward(const Tensor& input) { return ferry::softmax(input, dim); }
+std::string Softmax::extra_repr() const { return ferry::detail::concat("dim=", dim); }
+Tensor LogSoftmax::forward(const Tensor& input) { return ferry::log_softmax(input, dim); }
+std::string LogSoftmax::extra_repr() const { return ferry::detail::concat("dim=", dim); }
 
 Tensor Flatten::forward(const Tensor& input) { return input.flatten(start_dim, end_dim); }
 std::string Flatten::extra_repr() const { return ferry::detail::concat("start_dim=", start_dim, ", end_dim=", end_dim); }

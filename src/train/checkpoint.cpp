@@ -1,6 +1,7 @@
 // checkpoint.cpp — tensors <-> safetensors entries, and the metadata that makes a resume exact.
 #include "ferry/checkpoint.h"
 
+#include <charconv>
 #include <cstring>
 
 #include "ferry/error.h"
@@ -46,6 +47,15 @@ std::int64_t metadata_int(const std::map<std::string, std::string>& metadata, co
   }
 }
 
+// A double written as its shortest exact text (std::to_chars), read back to the same bits.
+double metadata_double(const std::string& text, const std::string& key, const std::string& path) {
+  double value = 0;
+  const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
+  FERRY_CHECK(error == std::errc() && end == text.data() + text.size(), FormatError, "Checkpoint '",
+              detail::printable(path), "': metadata '", key, "' is not a number: '", detail::printable(text), "'");
+  return value;
+}
+
 CheckpointContents contents_from_metadata(const std::map<std::string, std::string>& metadata, const std::string& path) {
   CheckpointContents contents;
   contents.progress.epoch = metadata_int(metadata, "epoch", path);
@@ -53,10 +63,22 @@ CheckpointContents contents_from_metadata(const std::map<std::string, std::strin
   contents.progress.global_step = metadata_int(metadata, "global_step", path);
   contents.generator.seed = static_cast<std::uint64_t>(metadata_int(metadata, "generator_seed", path));
   contents.generator.offset = static_cast<std::uint64_t>(metadata_int(metadata, "generator_offset", path));
+  if (const auto loss = metadata.find("epoch_loss_sum"); loss != metadata.end()) {
+    contents.progress.epoch_sums = EpochSums{.loss_sum = metadata_double(loss->second, "epoch_loss_sum", path),
+                                             .correct = metadata_int(metadata, "epoch_correct", path),
+                                             .seen = metadata_int(metadata, "epoch_seen", path)};
+  }
   contents.settings = metadata;
   return contents;
 }
 }  // namespace
+
+std::string metadata_text(double value) {
+  char text[32];
+  const auto [end, error] = std::to_chars(text, text + sizeof text, value);
+  FERRY_ASSERT(error == std::errc(), "a double's shortest text fits in 32 characters");
+  return std::string(text, end);
+}
 
 void save_checkpoint(const std::string& path, const nn::Module& model, const optim::Optimizer* optimizer,
                      const CheckpointContents& contents) {
@@ -73,6 +95,12 @@ void save_checkpoint(const std::string& path, const nn::Module& model, const opt
   file.metadata["global_step"] = std::to_string(contents.progress.global_step);
   file.metadata["generator_seed"] = std::to_string(contents.generator.seed);
   file.metadata["generator_offset"] = std::to_string(contents.generator.offset);
+  for (const char* key : {"epoch_loss_sum", "epoch_correct", "epoch_seen"}) file.metadata.erase(key);
+  if (const std::optional<EpochSums>& sums = contents.progress.epoch_sums) {
+    file.metadata["epoch_loss_sum"] = metadata_text(sums->loss_sum);
+    file.metadata["epoch_correct"] = std::to_string(sums->correct);
+    file.metadata["epoch_seen"] = std::to_string(sums->seen);
+  }
   write_safetensors(path, file);
 }
 

@@ -77,13 +77,6 @@ std::vector<double> sum_over_ranks(dist::ProcessGroup& group, const std::vector<
   return packed.cpu().to_vector<double>();
 }
 
-// A double as the shortest text that reads back as the same double ("0.05", not std::to_string's "0.050000").
-std::string exact_text(double value) {
-  char text[32];
-  const auto [end, error] = std::to_chars(text, text + sizeof text, value);
-  return error == std::errc() ? std::string(text, end) : std::to_string(value);
-}
-
 double schedule_lr(const TrainOptions& o, std::int64_t step, std::int64_t total_steps) {
   if (o.schedule == "constant" || total_steps <= 0) return o.lr;
   return o.lr * 0.5 * (1.0 + std::cos(M_PI * static_cast<double>(step) / static_cast<double>(total_steps)));
@@ -172,7 +165,6 @@ TrainResult train(nn::Module& model, const Dataset& train_set, const Dataset& te
   optim::SGD optimizer(model.parameters(), {.lr = o.lr, .momentum = o.momentum, .weight_decay = o.weight_decay,
                                             .lr_on_device = graphs});
   TrainingProgress progress;
-  std::map<std::string, std::string> resumed_sums;  // the checkpoint's settings: its epoch's running sums, if any
   bool deterministic = o.deterministic || deterministic_algorithms();
   if (!o.resume_path.empty()) {
     const CheckpointContents contents = load_checkpoint(o.resume_path, model, &optimizer);
@@ -192,7 +184,6 @@ TrainResult train(nn::Module& model, const Dataset& train_set, const Dataset& te
                   " over ", train_set.size(), ", so it cannot continue that epoch: resume with --batch ",
                   batch.empty() ? "?" : batch, " and the same data, or from a checkpoint written at an epoch end");
     }
-    resumed_sums = contents.settings;
     set_generator_state(contents.generator);
     out << "resumed from " << o.resume_path << " at epoch " << progress.epoch + 1 << ", batch "
         << progress.batch_in_epoch << " (step " << progress.global_step << ")\n";
@@ -265,9 +256,10 @@ TrainResult train(nn::Module& model, const Dataset& train_set, const Dataset& te
     if (o.checkpoint_path.empty() || !is_rank0) return;
     CheckpointContents contents;
     contents.progress = at;
+    contents.progress.epoch_sums.reset();
     contents.generator = generator_state();
-    contents.settings = {{"model", o.model_name}, {"lr", exact_text(o.lr)}, {"momentum", exact_text(o.momentum)},
-                         {"weight_decay", exact_text(o.weight_decay)}, {"batch", std::to_string(o.batch_size)},
+    contents.settings = {{"model", o.model_name}, {"lr", metadata_text(o.lr)}, {"momentum", metadata_text(o.momentum)},
+                         {"weight_decay", metadata_text(o.weight_decay)}, {"batch", std::to_string(o.batch_size)},
                          {"epochs", std::to_string(o.epochs)}, {"seed", std::to_string(o.seed)},
                          {"schedule", o.schedule}, {"placement", std::string(placement_name(o.placement))},
                          {"deterministic", deterministic ? "true" : "false"},
@@ -276,9 +268,8 @@ TrainResult train(nn::Module& model, const Dataset& train_set, const Dataset& te
     // Stopped within an epoch (one process): that epoch's running sums, so that the resumed run reports the
     // epoch's loss and accuracy over all its batches, as the unbroken run does (the float's exact text).
     if (at.batch_in_epoch > 0 && group == nullptr) {
-      contents.settings["epoch_loss_sum"] = exact_text(loss_sum.item<float>());
-      contents.settings["epoch_correct"] = std::to_string(correct.item<std::int64_t>());
-      contents.settings["epoch_seen"] = std::to_string(seen);
+      contents.progress.epoch_sums =
+          EpochSums{.loss_sum = loss_sum.item<float>(), .correct = correct.item<std::int64_t>(), .seen = seen};
     }
     save_checkpoint(o.checkpoint_path, model, &optimizer, contents);
     saved_step = at.global_step;
@@ -293,27 +284,14 @@ TrainResult train(nn::Module& model, const Dataset& train_set, const Dataset& te
   // as in the unbroken run. Checkpoints without them (data-parallel runs, older files) leave the sums at zero, and
   // the epoch's line then says that it covers only the batches of this run.
   bool partial_epoch_sums = false;
-  auto restore_epoch_sums = [&](const std::map<std::string, std::string>& settings) {
-    const auto loss = settings.find("epoch_loss_sum"), right = settings.find("epoch_correct"),
-               count = settings.find("epoch_seen");
-    if (loss == settings.end() || right == settings.end() || count == settings.end()) {
+  auto restore_epoch_sums = [&](const std::optional<EpochSums>& sums) {
+    if (!sums) {
       partial_epoch_sums = true;
       return;
     }
-    const auto number = [&]<typename T>(const std::string& text, const char* key, T& value) {
-      const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
-      FERRY_CHECK(error == std::errc() && end == text.data() + text.size(), FormatError, "Checkpoint '",
-                  detail::printable(o.resume_path), "': its setting '", key, "' is not a number: '",
-                  detail::printable(text), "'");
-    };
-    double loss_value = 0;
-    std::int64_t right_value = 0, count_value = 0;
-    number(loss->second, "epoch_loss_sum", loss_value);
-    number(right->second, "epoch_correct", right_value);
-    number(count->second, "epoch_seen", count_value);
-    loss_sum.fill_(loss_value);
-    correct.fill_(static_cast<double>(right_value));
-    seen = count_value;
+    loss_sum.fill_(sums->loss_sum);
+    correct.fill_(static_cast<double>(sums->correct));
+    seen = sums->seen;
   };
 
   TrainResult result;
@@ -406,7 +384,7 @@ TrainResult train(nn::Module& model, const Dataset& train_set, const Dataset& te
     loss_sum.zero_();
     correct.zero_();
     seen = 0;
-    if (epoch == progress.epoch && progress.batch_in_epoch > 0) restore_epoch_sums(resumed_sums);
+    if (epoch == progress.epoch && progress.batch_in_epoch > 0) restore_epoch_sums(progress.epoch_sums);
     std::int64_t batches = 0;
     // Batches of this epoch done so far, those before a resume included: where a checkpoint written now resumes.
     auto batch_in_epoch = [&] { return batches + (epoch == progress.epoch ? progress.batch_in_epoch : 0); };

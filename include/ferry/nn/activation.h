@@ -1,4 +1,5 @@
-// ferry/nn/activation.h — the layers without parameters between the others: ReLU, Flatten, Dropout.
+// ferry/nn/activation.h — the layers without parameters between the others: ReLU, Softmax, LogSoftmax,
+// Flatten, Dropout.
 // Not here: pooling (ferry/nn/pooling.h).
 #pragma once
 
@@ -10,6 +11,28 @@ class ReLU : public Module {
  public:
   Tensor forward(const Tensor& input) override;  // any shape
   std::string type_name() const override { return "ReLU"; }
+};
+
+// softmax(input, dim) and log_softmax(input, dim) (ferry/ops.h) as layers, e.g. a classifier's last layer when
+// it should give probabilities. For training, prefer logits and cross_entropy (one fused kernel).
+class Softmax : public Module {
+ public:
+  explicit Softmax(int dim) : dim(dim) {}
+  Tensor forward(const Tensor& input) override;
+  std::string type_name() const override { return "Softmax"; }
+  std::string extra_repr() const override;
+
+  int dim;
+};
+
+class LogSoftmax : public Module {
+ public:
+  explicit LogSoftmax(int dim) : dim(dim) {}
+  Tensor forward(const Tensor& input) override;
+  std::string type_name() const override { return "LogSoftmax"; }
+  std::string extra_repr() const override;
+
+  int dim;
 };
 
 // Flattens dims [start_dim, end_dim] into one: (N, C, H, W) -> (N, C*H*W) by default. A view when the

@@ -62,6 +62,9 @@ Tensor max_pool2d(const Tensor& input, Size2 kernel_size, Size2 stride = 0, Size
 Tensor avg_pool2d(const Tensor& input, Size2 kernel_size, Size2 stride = 0, Size2 padding = 0);
 
 Tensor relu(const Tensor& input);
+// softmax, log_softmax and logsumexp are tensor ops (ferry/ops.h); here too, as in torch::nn::functional.
+Tensor softmax(const Tensor& input, int dim);
+Tensor log_softmax(const Tensor& input, int dim);
 // Zeroes each element with probability p and scales the rest by 1/(1-p), drawing from ferry's
 // counter-based generator on the input's device (so cpu and every accelerator drop the same elements).
 // Not training (or p = 0): the input itself.
