@@ -295,6 +295,58 @@ TEST(NNModule, LayersCheckTheirInputs) {
                ferry::InvalidArgument);
 }
 
+// Empty batches and empty features, as PyTorch: Conv2d's weight gradient is zeros (not whatever the memory held),
+// Linear(0, out) gives the bias, BatchNorm returns an empty output and keeps its running statistics.
+TEST(NNModule, EmptyBatchesAndFeaturesFollowPyTorch) {
+  for (const Device device : {ferry::kCPU, Device::parse("sim:0")}) {
+    const std::string where = device.str();
+    {  // dirty the allocator's cached blocks first
+      nn::Conv2d warm(3, 2, 3, {}, {.device = device});
+      ferry::sum(warm(ferry::ones({2, 3, 5, 5}, {.device = device}))).backward();
+    }
+    nn::Conv2d conv(3, 2, 3, {}, {.device = device});
+    ferry::sum(conv(ferry::zeros({0, 3, 5, 5}, {.device = device}))).backward();
+    EXPECT_EQ(conv.weight.grad().to_vector<float>(), std::vector<float>(2 * 3 * 3 * 3, 0.0F)) << where;
+    EXPECT_EQ(conv.bias.grad().to_vector<float>(), std::vector<float>(2, 0.0F)) << where;
+
+    nn::Linear empty_in(0, 2, true, {.device = device});
+    const Tensor out = empty_in(ferry::zeros({3, 0}, {.device = device}));
+    EXPECT_EQ(out.shape(), (ferry::Shape{3, 2})) << where;
+    const std::vector<float> bias = empty_in.bias.to_vector<float>();
+    EXPECT_EQ(out.to_vector<float>(), (std::vector<float>{bias[0], bias[1], bias[0], bias[1], bias[0], bias[1]}))
+        << where;
+
+    nn::BatchNorm2d bn(4, {}, {.device = device});
+    Tensor x = ferry::zeros({0, 4, 2, 2}, {.device = device}).requires_grad_(true);
+    const Tensor y = bn(x);
+    EXPECT_EQ(y.shape(), x.shape()) << where;
+    EXPECT_EQ(bn.running_mean.to_vector<float>(), std::vector<float>(4, 0.0F)) << where;
+    EXPECT_EQ(bn.running_var.to_vector<float>(), std::vector<float>(4, 1.0F)) << where;
+    EXPECT_EQ(bn.num_batches_tracked.item<std::int64_t>(), 1) << where;
+    ferry::sum(y).backward();
+    EXPECT_EQ(bn.weight.grad().to_vector<float>(), std::vector<float>(4, 0.0F)) << where;
+  }
+}
+
+// A layer registered twice (shared weights) is listed once by parameters(), so an optimizer updates it once, as
+// PyTorch's remove_duplicate; state_dict() keeps both names.
+TEST(NNModule, ASharedLayerIsOneSetOfParameters) {
+  auto shared = std::make_shared<nn::Linear>(2, 2);
+  nn::Sequential model;
+  model.push_back(shared);
+  model.push_back(shared);
+  std::vector<std::string> names;
+  for (const auto& [name, t] : model.named_parameters()) names.push_back(name);
+  EXPECT_EQ(names, (std::vector<std::string>{"0.weight", "0.bias"}));
+  EXPECT_EQ(model.parameter_count(), 6);
+  EXPECT_EQ(model.state_dict().size(), 4u);
+  const float before = shared->weight.to_vector<float>()[0];
+  ferry::optim::SGD sgd(model.parameters(), {.lr = 0.1});
+  shared->weight.set_grad(ferry::ones({2, 2}));
+  sgd.step();
+  EXPECT_FLOAT_EQ(shared->weight.to_vector<float>()[0], before - 0.1F);
+}
+
 // The softmax family's edges, as PyTorch: rows of all -inf, +inf, integer inputs, 0-d tensors.
 TEST(NNModule, SoftmaxEdgesFollowPyTorch) {
   const float inf = INFINITY;

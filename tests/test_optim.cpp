@@ -35,9 +35,11 @@ std::unique_ptr<optim::Optimizer> make_optimizer(const Fixture& f, std::vector<T
   optim::AdamOptions options{.lr = f.number("lr"), .beta1 = number("beta1", 0.9), .beta2 = number("beta2", 0.999),
                              .eps = number("eps", 1e-8), .weight_decay = number("weight_decay", 0),
                              .amsgrad = flag("amsgrad"), .maximize = flag("maximize")};
-  if (kind == "adamw") {
-    if (!f.metadata.count("weight_decay")) options.weight_decay = 1e-2;
-    return std::make_unique<optim::AdamW>(params, options);
+  if (kind == "adamw") {  // AdamWOptions' own default weight decay (1e-2) where the fixture gives none
+    optim::AdamWOptions adamw{.lr = options.lr, .beta1 = options.beta1, .beta2 = options.beta2, .eps = options.eps,
+                              .amsgrad = options.amsgrad, .maximize = options.maximize};
+    if (f.metadata.count("weight_decay")) adamw.weight_decay = options.weight_decay;
+    return std::make_unique<optim::AdamW>(params, adamw);
   }
   return std::make_unique<optim::Adam>(params, options);
 }
@@ -166,6 +168,54 @@ TEST(OptimState, StateFollowsTheParameterDevice) {
   EXPECT_EQ(sgd.to_parameter_devices(), (4u * 3u + 3u) * 4u);
   sgd.step();
   for (const auto& [name, t] : sgd.state_dict()) EXPECT_EQ(t.device(), ferry::kCPU) << name;
+}
+
+// A step that finds a device mismatch throws before it changes anything: the parameters before the bad one are not
+// updated and Adam's step counts do not move, so stepping again after to_parameter_devices() is one clean step.
+TEST(OptimState, AStepThatThrowsUpdatesNothing) {
+  for (const bool adam : {false, true}) {
+    ferry::nn::Linear first(2, 2), second(2, 2);
+    std::vector<Tensor> params = first.parameters();
+    for (const Tensor& p : second.parameters()) params.push_back(p);
+    std::unique_ptr<optim::Optimizer> optimizer;
+    if (adam) optimizer = std::make_unique<optim::Adam>(params, optim::AdamOptions{.lr = 0.1});
+    else optimizer = std::make_unique<optim::SGD>(params, optim::SGDOptions{.lr = 0.1, .momentum = 0.9});
+    auto backward = [&] {
+      optimizer->zero_grad();
+      ferry::sum(first(ferry::ones({1, 2}))).backward();
+      ferry::sum(second(ferry::ones({1, 2}, {.device = second.weight.device()}))).backward();
+    };
+    backward();
+    optimizer->step();
+    second.to(sim0());  // its state stays on the cpu
+    backward();
+    const std::vector<float> before = first.weight.to_vector<float>();
+    const auto state_before = optimizer->state_dict();
+    try {
+      optimizer->step();
+      ADD_FAILURE() << "a step with state on another device did not throw";
+    } catch (const ferry::DeviceMismatch& e) {
+      EXPECT_NE(std::string(e.what()).find("to_parameter_devices()"), std::string::npos) << e.what();
+    }
+    EXPECT_EQ(first.weight.to_vector<float>(), before) << (adam ? "Adam" : "SGD") << " updated a parameter and threw";
+    const auto state_after = optimizer->state_dict();
+    ASSERT_EQ(state_after.size(), state_before.size());
+    for (std::size_t i = 0; i < state_after.size(); ++i) {
+      EXPECT_EQ(state_after[i].second.cpu().to_vector<double>(), state_before[i].second.cpu().to_vector<double>())
+          << state_after[i].first;
+    }
+    optimizer->to_parameter_devices();
+    optimizer->step();
+  }
+  EXPECT_THROW(optim::SGD({}, {.lr = 0.1}), ferry::InvalidArgument);  // PyTorch: "empty parameter list"
+}
+
+// AdamW's options keep PyTorch's default weight decay (1e-2) when written with designated initialisers.
+TEST(OptimState, AdamWKeepsItsDefaultWeightDecay) {
+  Tensor p = ferry::ones({2}).requires_grad_(true);
+  optim::AdamW adamw({p}, {.lr = 0.1});
+  EXPECT_EQ(adamw.options.weight_decay, 1e-2);
+  EXPECT_EQ(optim::AdamW({p}).options.weight_decay, 1e-2);
 }
 
 TEST(OptimState, ZeroGradAndSkippedParameters) {

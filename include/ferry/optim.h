@@ -56,6 +56,10 @@ class Optimizer {
   // says which).
   Tensor& state_tensor(std::size_t i, const std::string& name, bool* created = nullptr);
   bool has_state(std::size_t i, const std::string& name) const;
+  // Before a step changes anything: every parameter with a gradient has its gradient and its state on its own
+  // device, else DeviceMismatch naming both (and to_parameter_devices() when the state was left behind). So a
+  // step that throws has updated nothing.
+  void check_step_devices(const char* op) const;
   // The tensor names this optimizer keeps, to validate load_state_dict.
   virtual std::vector<std::string> state_names() const = 0;
   // Whether state_dict() carries a "step" entry per parameter.
@@ -136,16 +140,26 @@ class Adam : public Optimizer {
   bool decoupled_weight_decay_ = false;
 };
 
-// AdamW: Adam with decoupled weight decay (default 1e-2, as PyTorch's).
+// AdamW's options: Adam's, with PyTorch's AdamW default weight decay, 1e-2 (its own struct, so that
+// AdamW(params, {.lr = 1e-3}) keeps that default; an AdamOptions would bring 0).
+struct AdamWOptions {
+  double lr = 1e-3;
+  double beta1 = 0.9, beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 1e-2;  // decoupled: param *= 1 - lr * weight_decay before the Adam update
+  bool amsgrad = false;
+  bool maximize = false;
+};
+
+// AdamW: Adam with decoupled weight decay.
 class AdamW : public Adam {
  public:
-  static AdamOptions default_options() {
-    AdamOptions o;
-    o.weight_decay = 1e-2;
-    return o;
-  }
-  AdamW(std::vector<Tensor> parameters, const AdamOptions& options = default_options())
-      : Adam(std::move(parameters), options, true) {}
+  AdamW(std::vector<Tensor> parameters, const AdamWOptions& options = {})
+      : Adam(std::move(parameters),
+             AdamOptions{.lr = options.lr, .beta1 = options.beta1, .beta2 = options.beta2, .eps = options.eps,
+                         .weight_decay = options.weight_decay, .amsgrad = options.amsgrad,
+                         .maximize = options.maximize},
+             true) {}
 };
 
 }  // namespace ferry::optim

@@ -133,7 +133,8 @@ Tensor linear(const Tensor& input, const Tensor& weight, const Tensor& bias, Act
   FERRY_CHECK(!bias.defined() || (bias.dim() == 1 && bias.size(0) == out_features), ShapeMismatch,
               "linear: expected bias (", out_features, "), got shape ", shape_str(bias.shape()));
 
-  const std::int64_t rows = input.numel() / std::max<std::int64_t>(in_features, 1);
+  std::int64_t rows = 1;  // the leading dims' product (not numel / in_features: in_features may be 0)
+  for (int d = 0; d + 1 < input.dim(); ++d) rows *= input.size(d);
   const Tensor x = input.detach().contiguous().reshape({rows, in_features});  // (rows, in)
   const Tensor w = weight.detach().contiguous();                               // (out, in)
   Tensor out = empty({rows, out_features}, {.device = input.device(), .dtype = input.dtype()});  // (rows, out)
@@ -327,8 +328,9 @@ Tensor conv2d(const Tensor& input_in, const Tensor& weight, const Tensor& bias, 
              if (want_b) gb = reduce_sum(reduce_sum(g, N * O, L, 1), 1, N, O).view({O});
              if (want_w) gw = empty({O, C, s.kernel_h, s.kernel_w}, like);  // (O, K); the first GEMM has beta 0
              if (want_x) gx = empty({N, C, s.height, s.width}, like);
-             if (N == 0 || K == 0 || L == 0 || O == 0) {
+             if (N == 0 || K == 0 || L == 0 || O == 0) {  // an empty batch or image: nothing adds to any gradient
                if (want_x) gx.fill_(0);
+               if (want_w) gw.fill_(0);
                return Grads{gx, gw, gb};
              }
              if (detail::use_host_conv(g.device(), s)) {
@@ -468,7 +470,7 @@ detail::ChannelView checked_batch_norm_view(const Tensor& input, const Tensor& r
   FERRY_CHECK(training || running_mean.defined(), InvalidArgument,
               "batch_norm: evaluation mode needs running_mean and running_var (track_running_stats=False "
               "normalises with batch statistics always)");
-  FERRY_CHECK(!training || view.count() > 1, InvalidArgument,
+  FERRY_CHECK(!training || view.count() > 1 || input.numel() == 0, InvalidArgument,
               "Expected more than 1 value per channel when training, got input size ", shape_str(input.shape()));
   return view;
 }
@@ -489,6 +491,14 @@ Tensor batch_norm(const Tensor& input, const Tensor& running_mean, const Tensor&
   const detail::ChannelView view =
       checked_batch_norm_view(input, running_mean, running_var, weight, bias, training, num_batches_tracked);
   const std::int64_t count = view.count();
+  if (input.numel() == 0) {
+    // An empty batch, as PyTorch: an empty output still joined to the input, weight and bias (their gradients are
+    // zeros); the running statistics stay as they were.
+    Tensor out = mul(input, 1.0);
+    if (weight.defined()) out = mul(out, weight.narrow(0, 0, std::min<std::int64_t>(1, weight.size(0))));
+    if (bias.defined()) out = add(out, bias.narrow(0, 0, std::min<std::int64_t>(1, bias.size(0))));
+    return relu ? ferry::relu(out) : out;
+  }
 
   const Tensor x = input.detach().contiguous();
   auto update_factor = [&] { return running_update_factor(momentum, num_batches_tracked); };
@@ -575,7 +585,7 @@ Tensor batch_norm_relu_max_pool2d(const Tensor& input, const Tensor& running_mea
   const auto same_dtype_contiguous = [&](const Tensor& t) {
     return !t.defined() || (t.dtype() == input.dtype() && t.is_contiguous());
   };
-  const bool fused = training && library_layers() && input.dim() == 4 &&
+  const bool fused = training && library_layers() && input.dim() == 4 && input.numel() > 0 &&
                      detail::use_host_bn_relu_pool(input.device(), input.dtype(), input.size(2), input.size(3)) &&
                      same_dtype_contiguous(running_mean) && same_dtype_contiguous(running_var) &&
                      same_dtype_contiguous(weight) && same_dtype_contiguous(bias);

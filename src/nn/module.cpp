@@ -55,10 +55,20 @@ void Module::collect(const std::string& prefix, bool parameters, bool buffers, b
   for (const auto& [name, child] : children_) child->collect(prefix + name + ".", parameters, buffers, true, out);
 }
 
+namespace {
+// Each tensor once, under the first name it was met by (PyTorch's remove_duplicate=True): a layer registered twice
+// (tied or shared) has its parameters listed, counted and updated once.
+NamedTensors without_repeats(NamedTensors named) {
+  std::unordered_set<const TensorImpl*> seen;
+  std::erase_if(named, [&](const auto& entry) { return !seen.insert(entry.second.impl()).second; });
+  return named;
+}
+}  // namespace
+
 NamedTensors Module::named_parameters(bool recurse) const {
   NamedTensors out;
   collect("", true, false, recurse, out);
-  return out;
+  return without_repeats(std::move(out));
 }
 
 std::vector<Tensor> Module::parameters(bool recurse) const {
@@ -70,7 +80,7 @@ std::vector<Tensor> Module::parameters(bool recurse) const {
 NamedTensors Module::named_buffers(bool recurse) const {
   NamedTensors out;
   collect("", false, true, recurse, out);
-  return out;
+  return without_repeats(std::move(out));
 }
 
 std::vector<Tensor> Module::buffers(bool recurse) const {
@@ -160,14 +170,6 @@ void rebind(const Tensor& tensor, const Tensor& replacement) {
   impl->version += 1;
 }
 
-std::vector<Tensor> unique_tensors(const NamedTensors& named) {
-  std::vector<Tensor> out;
-  std::unordered_set<const TensorImpl*> seen;
-  for (const auto& [name, t] : named) {
-    if (seen.insert(t.impl()).second) out.push_back(t);
-  }
-  return out;
-}
 }  // namespace
 
 std::size_t Module::to(Device device, bool non_blocking) {
@@ -180,7 +182,7 @@ std::size_t Module::to(Device device, bool non_blocking) {
     bytes += t.nbytes();
     rebind(t, moved);
   };
-  for (const Tensor& t : unique_tensors(own)) {
+  for (const auto& [name, t] : without_repeats(own)) {
     move(t);
     if (Tensor grad = t.grad(); grad.defined()) move(grad);
   }
@@ -197,7 +199,7 @@ void Module::to(DType dtype) {
     if (t.dtype() == dtype || !is_floating(t.dtype())) return;
     rebind(t, t.detach().to(dtype));
   };
-  for (const Tensor& t : unique_tensors(own)) {
+  for (const auto& [name, t] : without_repeats(own)) {
     convert(t);
     if (Tensor grad = t.grad(); grad.defined()) convert(grad);
   }

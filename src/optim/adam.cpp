@@ -27,6 +27,7 @@ void Adam::step() {
   // The step count and its bias corrections live on the host: a replay would repeat the captured ones.
   ferry::detail::check_not_capturing("Adam.step (its step count and bias corrections are host numbers)");
   autograd::NoGradGuard no_grad;
+  check_step_devices("Adam.step");
   const double beta1 = options.beta1, beta2 = options.beta2;
   for (std::size_t i = 0; i < parameters_.size(); ++i) {
     Tensor p = parameters_[i];

@@ -13,6 +13,8 @@
 namespace ferry::optim {
 
 Optimizer::Optimizer(std::vector<Tensor> parameters) : parameters_(std::move(parameters)) {
+  FERRY_CHECK(!parameters_.empty(), InvalidArgument,
+              "optimizer got an empty parameter list (does the model hold any parameters yet?)");
   for (std::size_t i = 0; i < parameters_.size(); ++i) {
     FERRY_CHECK(parameters_[i].defined(), InvalidArgument, "optimizer: parameter ", i, " is undefined");
     FERRY_CHECK(parameters_[i].is_leaf(), InvalidArgument, "optimizer: can't optimize a non-leaf Tensor (parameter ", i, ")");
@@ -28,6 +30,22 @@ void Optimizer::zero_grad(bool set_to_none) {
     if (!grad.defined()) continue;
     if (set_to_none) p.set_grad(Tensor());
     else grad.zero_();
+  }
+}
+
+void Optimizer::check_step_devices(const char* op) const {
+  for (std::size_t i = 0; i < parameters_.size(); ++i) {
+    const Tensor& p = parameters_[i];
+    const Tensor grad = p.grad();
+    if (!grad.defined()) continue;
+    FERRY_CHECK(grad.device() == p.device(), DeviceMismatch, op, ": parameter ", i, " is on ", p.device().str(),
+                " but its gradient is on ", grad.device().str(), "; nothing was updated");
+    for (const auto& [name, value] : state_[i].tensors) {
+      FERRY_CHECK(value.device() == p.device(), DeviceMismatch, op, ": parameter ", i, " is on ", p.device().str(),
+                  " but its state '", name, "' is on ", value.device().str(),
+                  " (the model moved after the optimizer made its state); nothing was updated: call "
+                  "optimizer.to_parameter_devices() after model.to(), then step again");
+    }
   }
 }
 

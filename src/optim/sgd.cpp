@@ -113,6 +113,7 @@ void SGD::step() {
         "SGD.step with the learning rate in its kernel's arguments (SGDOptions.lr_on_device puts it on the "
         "device, where a replay reads the current one)");
   }
+  check_step_devices("SGD.step");
   if (options.fused && step_fused()) return;
   ferry::detail::check_not_capturing("SGD.step op by op (the learning rate on the device needs the fused step)");
   for (std::size_t i = 0; i < parameters_.size(); ++i) {

@@ -71,6 +71,8 @@ class Module {
   std::string str() const;                    // the whole tree, PyTorch-style
 
   // --- what it holds (registration order; children after the module's own tensors) ---------------
+  // Each parameter or buffer once, under its first name, when a module is registered twice (shared or tied
+  // layers), as PyTorch's remove_duplicate: an optimizer then updates it once. state_dict() lists every name.
   NamedTensors named_parameters(bool recurse = true) const;
   std::vector<Tensor> parameters(bool recurse = true) const;
   NamedTensors named_buffers(bool recurse = true) const;
