@@ -1,5 +1,7 @@
 // test_core_ledger.cpp — the one door (invariant 5): crossings and syncs are recorded with their
 // direction, bytes and reason; the sync policy and per-step budgets stop what they forbid.
+#include <optional>
+
 #include "ferry/readback.h"
 #include "test_helpers.h"
 
@@ -128,6 +130,58 @@ TEST(PendingRead, ReadsTheValueAsQueuedAndCountsOneSyncWithItsLabel) {
     EXPECT_THROW(read.wait(), InvalidArgument);
     EXPECT_EQ(sum(x).item<float>(), 15.0F);
   }
+}
+
+// A read over the device->host byte budget throws, but the host did wait for it: the sync is recorded with the copy.
+// A disabled ledger records nothing and holds no budget.
+TEST(Ledger, ABudgetErrorKeepsTheSyncAndADisabledLedgerHoldsNoBudget) {
+  Ledger& ledger = Ledger::global();
+  const Tensor on = ones({4}, {.device = kSim0});
+  ledger.set_budget({.max_device_to_host_bytes = 0});
+  ledger.begin_step(2);
+  const std::int64_t syncs = ledger.totals().syncs, transfers = ledger.totals().transfers;
+  EXPECT_THROW(sum(on).item<float>(), SyncPolicyViolation);
+  EXPECT_EQ(ledger.totals().syncs - syncs, 1);
+  EXPECT_EQ(ledger.totals().transfers - transfers, 1);
+  ledger.end_step();
+  ledger.set_budget({.max_syncs = 0});
+  ledger.set_enabled(false);
+  ledger.begin_step(3);
+  EXPECT_NO_THROW(sum(on).item<float>());
+  EXPECT_NO_THROW(sum(on).item<float>());
+  ledger.end_step();
+  ledger.set_enabled(true);
+  ledger.set_budget({});
+}
+
+// On sim, as on a card: the read is queued as a non-blocking copy (no sync, allowed under SyncPolicy::Error and a
+// budget of no syncs), and wait() is the sync the policy and the budget see.
+TEST(PendingRead, OnSimTheSyncIsInWaitAsOnACard) {
+  Ledger& ledger = Ledger::global();
+  const Tensor x = full({3}, 2.0, {.device = kSim0});
+  const std::int64_t syncs = ledger.totals().syncs;
+  std::optional<PendingRead> read;
+  {
+    SyncPolicyGuard error(SyncPolicy::Error);
+    read.emplace(x, "logged loss");
+    EXPECT_EQ(ledger.totals().syncs, syncs);
+    EXPECT_FALSE(ledger.transfers().back().blocking);
+    EXPECT_TRUE(ledger.transfers().back().pinned);  // where a card's copy goes: pinned memory
+    EXPECT_THROW(read->wait(), SyncPolicyViolation);
+  }
+  EXPECT_EQ(read->wait().to_vector<float>(), (std::vector<float>{2, 2, 2}));
+  EXPECT_EQ(ledger.totals().syncs - syncs, 1);
+  EXPECT_EQ(ledger.syncs().back().reason, "logged loss");
+}
+
+// SyncPolicy::Warn says when a non_blocking copy from pageable memory is really blocking (Error refuses it).
+TEST(Ledger, WarnPolicyNamesAPageableNonBlockingCopy) {
+  SyncPolicyGuard warn(SyncPolicy::Warn);
+  ::testing::internal::CaptureStderr();
+  const Tensor moved = ones({8}).to(kSim0, /*non_blocking=*/true);
+  const std::string said = ::testing::internal::GetCapturedStderr();
+  EXPECT_NE(said.find("from pageable host memory is really blocking"), std::string::npos) << said;
+  EXPECT_EQ(moved.device(), kSim0);
 }
 
 }  // namespace

@@ -452,6 +452,22 @@ TEST_F(SafetensorsTest, RejectsOffsetsOutOfTheBuffer) {
                   "are out of the data buffer");
 }
 
+// A bool is 0 or 1: any other byte is refused on reading and on writing (read as a bool it is undefined behaviour).
+TEST_F(SafetensorsTest, RejectsBoolBytesOtherThanZeroAndOne) {
+  EXPECT_REJECTED(file_from(object_of({entry_json("mask", "BOOL", "[2]", "[0,2]")}), std::string("\x02\xff", 2)),
+                  "BOOL tensor 'mask' holds the byte 2 at element 0");
+  SafetensorsFile file;
+  SafetensorsEntry entry;
+  entry.name = "mask";
+  entry.dtype = DType::Bool;
+  entry.shape = {2};
+  entry.bytes = {std::byte{1}, std::byte{7}};
+  file.entries.push_back(entry);
+  EXPECT_THROW(serialize_safetensors(file), FormatError);
+  file.entries[0].bytes[1] = std::byte{0};
+  EXPECT_NO_THROW(serialize_safetensors(file));
+}
+
 TEST_F(SafetensorsTest, RejectsOverlappingTensors) {
   const std::string header =
       object_of({entry_json("a", "F32", "[2]", "[0,8]"), entry_json("b", "F32", "[2]", "[4,12]")});

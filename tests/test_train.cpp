@@ -8,7 +8,9 @@
 
 #include "ferry/checkpoint.h"
 #include "ferry/dataloader.h"
+#include "ferry/ledger.h"
 #include "ferry/nn/functional.h"
+#include "ferry/nn/linear.h"
 #include "ferry/nn/loss.h"
 #include "ferry/trainer.h"
 #include "test_helpers.h"
@@ -63,6 +65,19 @@ TEST(DataLoader, OrderIsSeededPerEpochAndCoversEverySample) {
   EXPECT_EQ(drop.batches_per_epoch(), 2);
   EXPECT_THROW(DataLoader(d, {.batch_size = 0}), InvalidArgument);
   EXPECT_THROW(parse_placement("pinned"), InvalidArgument);
+}
+
+// The loader checks what it is given: one int64 label per image, and a first batch inside the epoch.
+TEST(DataLoader, RefusesMismatchedDatasetsAndBatchesOutsideTheEpoch) {
+  const Dataset good = quadrant_dataset(10, 1);
+  EXPECT_THROW(DataLoader(Dataset{good.images, ferry::take(good, 5).labels}, {.batch_size = 4}), ShapeMismatch);
+  EXPECT_THROW(DataLoader(Dataset{good.images, good.labels.to(DType::Float32)}, {.batch_size = 4}), DTypeMismatch);
+  DataLoader loader(good, {.batch_size = 4, .shuffle = false});
+  EXPECT_THROW(loader.start_epoch(0, -1), InvalidArgument);
+  EXPECT_THROW(loader.start_epoch(0, 4), InvalidArgument);
+  loader.start_epoch(0, 3);  // the epoch's end: no batch left
+  Batch b;
+  EXPECT_FALSE(loader.next(b));
 }
 
 TEST(DataLoader, PlacementsGiveTheSameBatchesWithDifferentCrossings) {
@@ -122,6 +137,29 @@ TEST(DataLoader, NextIntoGathersAResidentBatchStraightIntoTheGivenTensors) {
   Batch b;
   const Tensor wrong = empty({16}, {.device = kSim0, .dtype = DType::Int32});
   EXPECT_THROW(loader.next_into(b, images, wrong), ShapeMismatch);
+}
+
+// A device model's tensors cross to the host under the label "checkpoint" (what a budget error would name), and a
+// stopped epoch's running sums come back exactly.
+TEST(Checkpoint, CopiesAreLabelledAndEpochSumsRoundTrip) {
+  nn::Linear model(3, 2, true, {.device = Device::parse("sim:0")});
+  const std::string path = temp_path("labelled.safetensors");
+  Ledger& ledger = Ledger::global();
+  const std::size_t before = ledger.transfers().size();
+  TrainingProgress progress{.epoch = 1, .batch_in_epoch = 5, .global_step = 12};
+  progress.epoch_sums = EpochSums{.loss_sum = 0.1 + 0.2, .correct = 41, .seen = 80};
+  save_checkpoint(path, model, nullptr, {.progress = progress});
+  const auto transfers = ledger.transfers();
+  ASSERT_EQ(transfers.size() - before, 2u);  // weight, bias
+  for (std::size_t i = before; i < transfers.size(); ++i) EXPECT_EQ(transfers[i].label, "checkpoint");
+  const CheckpointContents read = read_checkpoint_contents(path);
+  ASSERT_TRUE(read.progress.epoch_sums.has_value());
+  EXPECT_EQ(read.progress.epoch_sums->loss_sum, 0.1 + 0.2);  // the double's exact bits
+  EXPECT_EQ(read.progress.epoch_sums->correct, 41);
+  EXPECT_EQ(read.progress.epoch_sums->seen, 80);
+  save_checkpoint(path, model, nullptr, {.progress = {.epoch = 2}});
+  EXPECT_FALSE(read_checkpoint_contents(path).progress.epoch_sums.has_value());
+  std::filesystem::remove(path);
 }
 
 TEST(Checkpoint, RoundTripsModelOptimizerAndProgress) {

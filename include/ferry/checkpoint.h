@@ -32,9 +32,9 @@ struct TrainingProgress {
 };
 
 struct CheckpointContents {
-  TrainingProgress progress;
-  GeneratorState generator;
-  std::map<std::string, std::string> settings;  // the run's settings ("lr", "batch", ...)
+  TrainingProgress progress{};
+  GeneratorState generator{};
+  std::map<std::string, std::string> settings{};  // the run's settings ("lr", "batch", ...)
 };
 
 // A double as the shortest text that reads back as the same double ("0.05", not std::to_string's "0.050000"),

@@ -21,7 +21,8 @@ struct TransferRecord {
   Device source, target;
   std::int64_t bytes = 0;
   bool pinned = false;     // host side page-locked
-  bool blocking = true;    // host waited for the copy
+  bool blocking = true;    // asked as blocking (non_blocking = false); a non_blocking copy with pinned = false
+                           // (pageable host memory) made the host wait too: reports count it as pageable_non_blocking
   double start_ms = 0;     // since the ledger's epoch (host clock)
   double duration_ms = 0;  // host-measured: the whole copy when blocking, the enqueue when not
   std::int64_t step = -1;  // training step, -1 outside steps
@@ -86,7 +87,7 @@ class Ledger {
   void record_sync(SyncRecord record);
   void record_collective(CollectiveRecord record);
 
-  void set_enabled(bool enabled);  // records nothing while disabled (counters too)
+  void set_enabled(bool enabled);  // records nothing while disabled (counters too) and checks no budget
   bool enabled() const;
   void clear();
   double now_ms() const;  // host clock since the epoch

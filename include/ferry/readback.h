@@ -33,6 +33,7 @@ class PendingRead {
   Device device_;
   void* event_ = nullptr;  // marks the copy's end on the device's copy stream (null on cpu and sim)
   std::string label_;
+  bool sync_at_wait_ = false;  // an accelerator's read: wait() is a host sync (recorded even on sim)
 };
 
 }  // namespace ferry

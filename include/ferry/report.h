@@ -50,7 +50,9 @@ struct LedgerReport {
   std::int64_t steps = 0;                 // steps counted (after warm-up)
   std::int64_t warmup_steps_skipped = 0;
   std::vector<StepAccount> per_step;      // every counted step, in time order
-  StepAccount mean;                       // per-step mean over the counted steps
+  StepAccount mean;                       // per-step mean over the counted steps; its counts and bytes are
+                                          // rounded to whole numbers (total / steps is the exact mean, as
+                                          // report_json prints it)
   StepAccount total;                      // sums over the counted steps
   std::map<std::string, std::int64_t> sync_reasons;  // reason -> count over the counted steps
   // Records outside any step (step -1): set-up copies, evaluation.

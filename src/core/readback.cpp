@@ -12,23 +12,23 @@ PendingRead::PendingRead(const Tensor& value, std::string label) : device_(value
     host_ = value;
     return;
   }
-  if (!device_.is_cuda()) {  // sim finishes a copy as it is called: the read happens now (a sync, recorded)
-    host_ = detail::transfer(value, kCPU, false, label_.c_str());
-    return;
-  }
   // Non-blocking into pinned host memory, so the copy is truly asynchronous; later compute work on the device
-  // waits for it (transfer() orders that), so nothing overwrites the value before it is read.
+  // waits for it (transfer() orders that), so nothing overwrites the value before it is read. sim finishes the
+  // copy as it is called (its event is null) but the ledger records it as a card would: a non-blocking copy now,
+  // the sync in wait().
   host_ = detail::transfer(value, kCPU, true, label_.c_str());
   Backend& be = backend(device_);
   event_ = be.create_event(device_.index);
   be.record_event(event_, be.copy_stream(device_.index));
+  sync_at_wait_ = true;
 }
 
 PendingRead::~PendingRead() { release(); }
 
 PendingRead::PendingRead(PendingRead&& other) noexcept
     : host_(std::exchange(other.host_, Tensor())), device_(other.device_),
-      event_(std::exchange(other.event_, nullptr)), label_(std::move(other.label_)) {}
+      event_(std::exchange(other.event_, nullptr)), label_(std::move(other.label_)),
+      sync_at_wait_(std::exchange(other.sync_at_wait_, false)) {}
 
 PendingRead& PendingRead::operator=(PendingRead&& other) noexcept {
   if (this != &other) {
@@ -37,6 +37,7 @@ PendingRead& PendingRead::operator=(PendingRead&& other) noexcept {
     device_ = other.device_;
     event_ = std::exchange(other.event_, nullptr);
     label_ = std::move(other.label_);
+    sync_at_wait_ = std::exchange(other.sync_at_wait_, false);
   }
   return *this;
 }
@@ -44,13 +45,18 @@ PendingRead& PendingRead::operator=(PendingRead&& other) noexcept {
 void PendingRead::release() noexcept {
   if (event_) backend(device_).destroy_event(event_, device_.index);
   event_ = nullptr;
+  sync_at_wait_ = false;
   host_ = Tensor();
 }
 
 Tensor PendingRead::wait() {
   FERRY_CHECK(pending(), InvalidArgument, "PendingRead::wait(): nothing is pending (never started, or read already)");
   Tensor out = host_;
-  if (event_) detail::recorded_sync(device_, label_, [&] { backend(device_).event_synchronize(event_, device_.index); });
+  if (sync_at_wait_) {
+    detail::recorded_sync(device_, label_, [&] {
+      if (event_) backend(device_).event_synchronize(event_, device_.index);
+    });
+  }
   release();
   return out;
 }

@@ -1,5 +1,6 @@
 // transfer.cpp — the one door (DESIGN.md invariant 5): every copy between devices and every host
 // sync passes here, is timed on the host clock and is written to the ledger.
+#include <cstdio>
 #include <cstring>
 #include <functional>
 #include <string>
@@ -44,10 +45,15 @@ void copy_bytes(void* dst, Device target, const void* src, Device source, std::s
   // A blocking copy back to the host waits for the device's queued work: that is a host sync.
   const bool is_sync = direction == Direction::DeviceToHost && !non_blocking;
   if (is_sync) ledger.check_sync_allowed(source, label);
-  if (non_blocking && !pinned && direction != Direction::DeviceToDevice) {
+  // non_blocking with pageable host memory: the driver stages it, and the host waits for that.
+  const bool pageable_async = non_blocking && !pinned && direction != Direction::DeviceToDevice;
+  if (pageable_async) {
     if (current_sync_policy() == SyncPolicy::Error)
       throw SyncPolicyViolation(concat("A non_blocking copy (", label, ") from pageable host memory is really ",
                                        "blocking; pin the host tensor first (pin_memory())"));
+    if (current_sync_policy() == SyncPolicy::Warn)
+      std::fprintf(stderr, "ferry: warning: a non_blocking copy (%s) from pageable host memory is really blocking; "
+                   "pin the host tensor first (pin_memory())\n", label);
   }
   const Device accelerator = source.is_cpu() ? target : source;
   Backend& be = backend(accelerator);
@@ -87,24 +93,28 @@ void copy_bytes(void* dst, Device target, const void* src, Device source, std::s
   record.target = target;
   record.bytes = static_cast<std::int64_t>(bytes);
   record.pinned = pinned;
-  record.blocking = !non_blocking;
+  record.blocking = !non_blocking;  // as asked; pinned = false beside it tells a pageable one (really blocking)
   record.start_ms = start;
   record.duration_ms = duration;
   record.label = label;
-  ledger.record_transfer(record);
+  // The sync first: a byte budget checked in record_transfer may throw, and the host has waited either way.
   if (is_sync) ledger.record_sync({.device = source, .reason = label, .start_ms = start, .duration_ms = duration});
+  ledger.record_transfer(record);
 }
 }  // namespace
 
 Tensor transfer(const Tensor& src_in, Device target, bool non_blocking, const char* label) {
   refuse_in_capture(src_in.device(), target, label);
   Tensor src = src_in.contiguous();
-  // A non_blocking copy into the host needs pinned memory to be truly asynchronous.
+  // A non_blocking copy into the host needs pinned memory to be truly asynchronous: transfer() pins its result.
+  // sim has no page-locked memory (that needs the CUDA driver) and copies as it is called, so its result counts
+  // as pinned: the ledger records what a card would.
   const bool pin_target = target.is_cpu() && non_blocking && is_available(DeviceType::CUDA) && src.device().is_cuda();
+  const bool pinned_as_a_card_would = target.is_cpu() && non_blocking && src.device().type == DeviceType::Sim;
   const bool host_to_device = src.device().is_cpu() && !target.is_cpu();
   Tensor out = host_to_device ? make_tensor_for_copy(src.shape(), {.device = target, .dtype = src.dtype()})
                               : make_tensor(src.shape(), {.device = target, .dtype = src.dtype(), .pinned = pin_target});
-  const bool pinned = src.is_pinned() || out.is_pinned();
+  const bool pinned = src.is_pinned() || out.is_pinned() || pinned_as_a_card_would;
   copy_bytes(out.data_ptr(), target, src.data_ptr(), src.device(), src.nbytes(), pinned, non_blocking, label,
              host_to_device);
   return out;

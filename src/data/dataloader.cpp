@@ -38,6 +38,12 @@ DataLoader::DataLoader(const Dataset& dataset, const DataLoaderOptions& options)
     : dataset_(dataset), options_(options) {
   FERRY_CHECK(options.batch_size > 0, InvalidArgument, "Batch size must be positive, got ", options.batch_size);
   FERRY_CHECK(dataset.size() > 0, InvalidArgument, "The dataset is empty");
+  FERRY_CHECK(dataset.images.dim() >= 1 && dataset.labels.dim() == 1 &&
+                  dataset.labels.size(0) == dataset.images.size(0),
+              ShapeMismatch, "The dataset's images ", shape_str(dataset.images.shape()), " and labels ",
+              shape_str(dataset.labels.shape()), " do not pair up: expected one label per image, labels (N)");
+  FERRY_CHECK(dataset.labels.dtype() == DType::Int64, DTypeMismatch,
+              "The dataset's labels must be int64 class indices, got ", dtype_name(dataset.labels.dtype()));
   FERRY_CHECK(dataset.images.device().is_cpu() && dataset.labels.device().is_cpu(), InvalidArgument,
               "DataLoader expects the dataset on the host; the placement decides what moves");
   if (options_.placement == Placement::Resident && !options_.device.is_cpu()) {
@@ -63,6 +69,9 @@ std::int64_t DataLoader::batch_length(std::int64_t batch_index) const {
 }
 
 void DataLoader::start_epoch(std::int64_t epoch, std::int64_t first_batch) {
+  FERRY_CHECK(first_batch >= 0 && first_batch <= batches_per_epoch(), InvalidArgument,
+              "DataLoader::start_epoch: first batch ", first_batch, " is outside the epoch's ", batches_per_epoch(),
+              " batches");
   const std::int64_t n = dataset_.size();
   order_ = arange(0, static_cast<double>(n), 1, {.dtype = DType::Int64});
   if (options_.shuffle) {

@@ -318,15 +318,15 @@ std::unique_ptr<ProcessGroup> init_process_group(const ProcessGroupOptions& opti
   const bool cuda = options.device.is_cuda();
   if (backend == CommBackend::NCCL) {
     FERRY_CHECK(cuda, InvalidArgument, "The nccl backend communicates cuda tensors only, but the device is ",
-                options.device.str(), "; use --ddp-backend mpi (or auto)");
+                options.device.str(), "; use the mpi backend (or auto)");
     FERRY_CHECK(nccl_built(), NotSupported,
-                "The nccl backend is not in this build (it needs the CUDA backend and libnccl); use --ddp-backend mpi");
+                "The nccl backend is not in this build (it needs the CUDA backend and libnccl); use the mpi backend");
   }
   if (backend != CommBackend::MPI && cuda) {
     const std::string shared = ranks_sharing_a_device(options.device);
     if (backend == CommBackend::NCCL) {
       FERRY_CHECK(shared.empty(), InvalidArgument, "NCCL needs one GPU per rank, but ", shared,
-                  "; use --ddp-backend mpi to stage through host memory, or start fewer ranks per host");
+                  "; use the mpi backend to stage through host memory, or start fewer ranks per host");
     } else {
       backend = nccl_built() && shared.empty() ? CommBackend::NCCL : CommBackend::MPI;
     }

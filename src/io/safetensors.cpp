@@ -388,6 +388,19 @@ std::string_view safetensors_dtype_name(DType dtype) {
   return {};
 }
 
+namespace {
+// A BOOL tensor's bytes are 0 or 1 (safetensors and C++ both say so; any other byte read as a bool is undefined
+// behaviour, and ferry's kernels would treat 2 as true but not equal to true).
+void check_bool_bytes(const SafetensorsEntry& entry, const std::string& where) {
+  if (entry.dtype != DType::Bool) return;
+  for (std::size_t i = 0; i < entry.bytes.size(); ++i) {
+    const auto byte = static_cast<unsigned>(entry.bytes[i]);
+    FERRY_CHECK(byte <= 1, FormatError, where, ": BOOL tensor ", quoted_name(entry.name), " holds the byte ", byte,
+                " at element ", i, " (a bool is 0 or 1)");
+  }
+}
+}  // namespace
+
 SafetensorsFile parse_safetensors(const std::byte* data, std::size_t size,
                                   std::string_view source_name) {
   const std::string where = detail::concat("safetensors file '", source_name, "'");
@@ -500,6 +513,7 @@ SafetensorsFile parse_safetensors(const std::byte* data, std::size_t size,
   file.entries.reserve(parsed.size());
   for (ParsedEntry& entry : parsed) {
     entry.entry.bytes.assign(data_buffer + entry.begin, data_buffer + entry.end);
+    check_bool_bytes(entry.entry, where);
     file.entries.push_back(std::move(entry.entry));
   }
   return file;
@@ -511,6 +525,7 @@ SafetensorsFile read_safetensors(const std::string& path) {
 }
 
 std::vector<std::byte> serialize_safetensors(const SafetensorsFile& file) {
+  for (const SafetensorsEntry& entry : file.entries) check_bool_bytes(entry, "safetensors entry");
   const std::string header = build_header(file);
   std::size_t total = 8 + header.size();
   for (const SafetensorsEntry& entry : file.entries) total += entry.bytes.size();

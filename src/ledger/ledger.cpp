@@ -130,7 +130,8 @@ void Ledger::check_sync_allowed(Device device, const std::string& reason) {
           "or widen the policy with ferry::SyncPolicyGuard(SyncPolicy::Allow)"));
   }
   std::lock_guard lock(mutex_);
-  if (step_ >= 0 && budget_.max_syncs >= 0 && step_syncs_ + 1 > budget_.max_syncs) {
+  // A disabled ledger counts nothing, so it holds no budget either (the sync policy above still applies).
+  if (enabled_ && step_ >= 0 && budget_.max_syncs >= 0 && step_syncs_ + 1 > budget_.max_syncs) {
     throw SyncPolicyViolation(detail::concat("Step ", step_, " asked for host sync number ", step_syncs_ + 1,
                                              " (", reason, " on ", device.str(), "), over its budget of ",
                                              budget_.max_syncs, " per step"));

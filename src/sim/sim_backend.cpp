@@ -5,6 +5,7 @@
 // way CUDA does (ferry/graph.h): while capturing, kernel calls are recorded instead of run, memory allocated
 // belongs to the graph and keeps its address until the graph is destroyed, and freeing memory from before the
 // capture, a copy or a sync spoils the capture, so capture mistakes show up here without a GPU.
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -21,7 +22,7 @@
 #include "../cpu/host_kernels.h"
 #include "../cpu/host_memory.h"
 #include "ferry/error.h"
-#include <algorithm>
+#include "ferry/units.h"
 
 namespace ferry {
 
@@ -29,23 +30,37 @@ namespace {
 constexpr int kMaxSimDevices = 8;
 constexpr std::int64_t kSimCapacity = std::int64_t{8} << 30;  // bytes of "device memory" per sim device
 
-double parse_rate(const char* text) {  // "16GB/s", "500MB/s", "0" (unthrottled), or bytes/s
-  char* end = nullptr;
-  const double value = std::strtod(text, &end);
-  const std::string unit = end ? std::string(end) : "";
-  if (unit == "GB/s") return value * 1e9;
-  if (unit == "MB/s") return value * 1e6;
-  if (unit == "GiB/s") return value * 1073741824.0;
-  return value;
+// FERRY_SIM_LINK: "16GB/s", "500 MB/s", "400Gbit/s" (ferry::parse_bandwidth's units), or "0" (unthrottled).
+double parse_link_setting(const char* text) {
+  if (std::string_view(text) == "0") return 0;
+  try {
+    return parse_bandwidth(text);
+  } catch (const Error& e) {
+    throw InvalidArgument(detail::concat("FERRY_SIM_LINK='", detail::printable(text), "' is not a bandwidth: ",
+                                         e.what(), " (e.g. FERRY_SIM_LINK=16GB/s, or 0 for no limit)"));
+  }
 }
 
+// FERRY_SIM_DEVICES: a whole number of simulated devices, 0 to kMaxSimDevices.
+int parse_device_setting(const char* text) {
+  std::int64_t count = -1;
+  try {
+    count = parse_whole_count(text);
+  } catch (const Error&) {
+  }
+  FERRY_CHECK(count >= 0 && count <= kMaxSimDevices, InvalidArgument, "FERRY_SIM_DEVICES='", detail::printable(text),
+              "' is not a number of simulated devices from 0 to ", kMaxSimDevices);
+  return static_cast<int>(count);
+}
+
+// Read once, at the first use of a sim device; a bad setting throws there (and again at each later use).
 struct SimSettings {
   std::mutex mutex;
   double link_bytes_per_second = 16e9;
   int device_count = 2;
   SimSettings() {
-    if (const char* link = std::getenv("FERRY_SIM_LINK")) link_bytes_per_second = parse_rate(link);
-    if (const char* count = std::getenv("FERRY_SIM_DEVICES")) device_count = std::clamp(std::atoi(count), 0, kMaxSimDevices);
+    if (const char* link = std::getenv("FERRY_SIM_LINK")) link_bytes_per_second = parse_link_setting(link);
+    if (const char* count = std::getenv("FERRY_SIM_DEVICES")) device_count = parse_device_setting(count);
   }
 };
 SimSettings& settings() {

@@ -4,6 +4,7 @@
 #include <charconv>
 #include <cstring>
 
+#include "../core/internal.h"
 #include "ferry/error.h"
 #include "ferry/factories.h"
 #include "ferry/safetensors.h"
@@ -15,7 +16,7 @@ constexpr const char* kOptimizerPrefix = "optimizer.";
 
 SafetensorsEntry to_entry(const std::string& name, const Tensor& tensor) {
   Tensor host = tensor.detach().contiguous();
-  if (!host.device().is_cpu()) host = host.to(kCPU);
+  if (!host.device().is_cpu()) host = detail::transfer(host, kCPU, false, "checkpoint");
   SafetensorsEntry entry;
   entry.name = name;
   entry.dtype = host.dtype();

@@ -32,6 +32,7 @@
 #include "ferry/nn/pooling.h"
 #include "ferry/ops.h"
 #include "ferry/optim.h"
+#include "ferry/phase.h"
 #include "ferry/random.h"
 #include "ferry/readback.h"
 #include "ferry/step_graph.h"
@@ -372,9 +373,10 @@ TrainResult train(nn::Module& model, const Dataset& train_set, const Dataset& te
     }
   };
   auto read_logged_loss = [&] {
-    const auto start = Clock::now();
+    Phase read(PhaseKind::Sync, o.device, "logged loss");
     const double value = pending_loss.wait().item<double>();
-    sync_s += seconds_since(start);
+    read.end();
+    sync_s += read.elapsed_ms() / 1e3;
     report_loss(value);
   };
   model.train();
@@ -399,27 +401,24 @@ TrainResult train(nn::Module& model, const Dataset& train_set, const Dataset& te
         stopped = true;
         break;
       }
-      ledger.begin_step(result.steps);
-      auto phase_start = Clock::now();
+      // The step and its phases go to the ledger's phase log too: --trace draws them beside the copies and syncs.
+      const Step step_scope(result.steps);
       Batch batch;
+      Phase fetch(PhaseKind::Transfer, o.device, "batch");
       // Once the step is a graph, a resident batch is gathered straight into the graph's inputs (no copy).
       const auto [graph_images, graph_labels] = step_graph.inputs();
       const bool more = graph_images.defined() ? train_loader.next_into(batch, graph_images, graph_labels)
                                                : train_loader.next(batch);
-      transfer_s += seconds_since(phase_start);
-      if (!more) {
-        ledger.end_step();
-        break;
-      }
+      fetch.end();
+      transfer_s += fetch.elapsed_ms() / 1e3;
+      if (!more) break;
       loss_weight = 1;
-      if (sampler && !sampler->take(Batch(batch), batch, &loss_weight)) {
-        ledger.end_step();  // a last batch shorter than N: every rank skips it
-        continue;
-      }
-      phase_start = Clock::now();
+      if (sampler && !sampler->take(Batch(batch), batch, &loss_weight)) continue;  // a short last batch: all skip it
+      Phase compute(PhaseKind::Compute, o.device, "forward, backward, update");
       optimizer.set_learning_rate(schedule_lr(o, result.steps, total_steps));
       Tensor loss = step_graph.run(batch.images, batch.labels);
-      compute_s += seconds_since(phase_start);
+      compute.end();
+      compute_s += compute.elapsed_ms() / 1e3;
       seen += batch.labels.numel();
       ++batches;
       ++result.steps;
@@ -428,23 +427,24 @@ TrainResult train(nn::Module& model, const Dataset& train_set, const Dataset& te
       if (result.steps % o.log_every == 0) {  // the only per-step host read, once per log_every steps
         logged = {result.steps, epoch, batch.index, optimizer.learning_rate()};
         if (ddp) {  // the mean over every rank's slice (the all-reduce is a blocking collective anyway)
-          phase_start = Clock::now();
+          Phase read(PhaseKind::Sync, o.device, "logged loss");
           Tensor mean_loss = loss.reshape({1}).clone();
           group->all_reduce(mean_loss, dist::ReduceOp::Avg, "logged loss");
           const double value = mean_loss.item<double>();
           if (o.stop_request) stop_agreed = agree_on_stop();
-          sync_s += seconds_since(phase_start);
+          read.end();
+          sync_s += read.elapsed_ms() / 1e3;
           report_loss(value);
         } else {  // queued behind this step; read when the next one is queued, so the device never waits
           pending_loss = PendingRead(loss, "logged loss");
         }
       }
       if (o.checkpoint_every > 0 && result.steps % o.checkpoint_every == 0) {  // what a kill -9 cannot take away
-        phase_start = Clock::now();
+        Phase keep(PhaseKind::Sync, o.device, "checkpoint");
         save({epoch, batch_in_epoch(), result.steps});
-        sync_s += seconds_since(phase_start);
+        keep.end();
+        sync_s += keep.elapsed_ms() / 1e3;
       }
-      ledger.end_step();
     }
     if (pending_loss.pending()) read_logged_loss();
     bar.clear();
@@ -466,7 +466,7 @@ TrainResult train(nn::Module& model, const Dataset& train_set, const Dataset& te
       break;
     }
     // Epoch end: one sync for the sums, then the test pass.
-    auto phase_start = Clock::now();
+    Phase sums(PhaseKind::Sync, o.device, "epoch sums");
     EpochStats stats;
     stats.epoch = epoch + 1;
     if (group) {  // every rank's sums
@@ -478,7 +478,8 @@ TrainResult train(nn::Module& model, const Dataset& train_set, const Dataset& te
       stats.train_loss = seen ? loss_sum.item<double>() / static_cast<double>(seen) : NAN;
       stats.train_accuracy = seen ? static_cast<double>(correct.item<std::int64_t>()) / static_cast<double>(seen) : NAN;
     }
-    sync_s += seconds_since(phase_start);
+    sums.end();
+    sync_s += sums.elapsed_ms() / 1e3;
     stats.seconds = seconds_since(epoch_start);
     const bool full_epoch = epoch != progress.epoch || progress.batch_in_epoch == 0;
     if (full_epoch) {

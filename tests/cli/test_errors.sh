@@ -121,6 +121,17 @@ expect_failure 2 "--seed: expected a whole number >= 0, got -1" train --device c
 expect_failure 2 "--momentum must be a number >= 0" train --device cpu --data "$scratch/nonexistent" --momentum -1
 expect_failure 2 "--graphs on captures steps on cuda or sim" train --device cpu --data "$scratch/nonexistent" --graphs on
 expect_failure 2 "unknown command 'bogus'|devices, plan, bench, train, eval, inspect" bogus
+expect_failure 2 "--graphs on: a data-parallel run (--ddp) steps eagerly" train --device sim --ddp --graphs on \
+  --data "$scratch/nonexistent"
+# Settings in the environment are checked like options: a sim link of "16 GB/s" with a space is understood, one
+# that is not a bandwidth is refused (it was read as 16 bytes per second, or as no limit).
+FERRY_SIM_LINK=bogus expect_failure 2 "FERRY_SIM_LINK='bogus' is not a bandwidth" devices
+FERRY_SIM_DEVICES=two expect_failure 2 "FERRY_SIM_DEVICES='two'" devices
+if FERRY_SIM_LINK="16 GB/s" timeout 20 "$FERRY" devices 2>&1 | grep -q "16.0 GB/s"; then
+  ok "FERRY_SIM_LINK='16 GB/s' sets a 16 GB/s link"
+else
+  fail "FERRY_SIM_LINK='16 GB/s': $(FERRY_SIM_LINK="16 GB/s" timeout 20 "$FERRY" devices 2>&1 | head -c 400)"
+fi
 
 # --- checkpoints that do not fit: a --model other than the file's is bad usage (2); a file whose settings or tensors
 # are not what ferry train writes is damaged (1). One line each, never PyTorch's several-line state-dict error. Then

@@ -325,7 +325,8 @@ void register_bench_command(CLI::App& app) {
       "bench", "Measure this machine's devices: link copies, memory bandwidth, GEMM FLOP/s (--save keeps a profile), the Golden Rule");
   bench->require_subcommand(1);
   bench->footer(
-      "Every bench prints a table, or one JSON object with --json; --save PROFILE.json keeps the rates for\n"
+      "Every bench prints a table, or one JSON object with --json; link, memory and gemm take --save PROFILE.json,\n"
+      "which keeps the rates for\n"
       "`ferry plan --profile PROFILE.json transfer ...` and for the device-mismatch hint (FERRY_PROFILE=PROFILE.json).");
   add_link_bench(*bench);
   add_memory_bench(*bench);

@@ -19,7 +19,7 @@ void register_eval_command(CLI::App& app) {
   cmd->add_option("--checkpoint", checkpoint, "A checkpoint written by ferry train --checkpoint")->required();
   cmd->add_option("--device", device_text, "auto | cpu | cuda[:N] | sim[:N]")->capture_default_str();
   cmd->add_option("--data", data, "Folder with the Fashion-MNIST idx .gz files")->capture_default_str();
-  cmd->add_flag("--json", json, "Print {\"test_accuracy\": ...}");
+  cmd->add_flag("--json", json, "Print one JSON object: {\"device\", \"model\", \"test_accuracy\"}");
   cmd->callback([] {
     const ferry::Device device = ferry::Device::parse(device_text);
     // The model the checkpoint's run trained (its "model" setting; fmnist when the file does not say).

@@ -477,7 +477,7 @@ void add_golden_command(CLI::App& plan) {
       "  ferry plan golden --speedup 250 --compute 0.1s --transfer 0.7s   (Exercise 3.1)\n"
       "  S_real = 250 / (1 + 7) = 31.25x\n"
       "  ferry plan golden --speedup 250 --compute 0.1s --transfer 0      (Exercise 3.2)\n"
-      "  S_real = 250x: keeping the data on the GPU is 8x better",
+      "  S_real = 250x (keeping the data on the GPU: 8x the 31.25x of Exercise 3.1)",
       options->json);
   command->add_option("--speedup", options->speedup, "Theoretical speedup S (from `ferry plan speedup`): 250")
       ->required()

@@ -206,8 +206,8 @@ void print_ddp_report(const ferry::TrainResult& r, std::FILE* out) {
 void print_report(const ferry::TrainResult& r, std::FILE* out) {
   const double total = r.t_transfer_s + r.t_compute_s + r.t_sync_s;
   auto pct = [&](double t) { return total > 0 ? 100.0 * t / total : 0.0; };
-  fmt::print(out, "\nWhere the time went on {} ({} steps{}, {} host syncs, {} bytes host->device, {} bytes "
-                  "device->host):\n",
+  fmt::print(out, "\nWhere the time went on {} ({} steps{}; the whole run, the model's move and the evaluations "
+                  "included: {} host syncs, {} bytes host->device, {} bytes device->host):\n",
              r.device.str(), r.steps_run, r.steps_run == r.steps ? "" : " in this run", r.syncs,
              r.bytes_host_to_device, r.bytes_device_to_host);
   fmt::print(out, "  transfer  {:8.2f} s  {:5.1f} %   (getting each batch onto the device)\n", r.t_transfer_s,
@@ -313,7 +313,7 @@ void register_train_command(CLI::App& app) {
                   "auto (on cuda: one launch instead of hundreds) | on (cuda or sim) | off")
       ->capture_default_str()
       ->check(CLI::IsMember({"auto", "on", "off"}));
-  cmd->add_option("--max-steps", o.max_steps, "Stop after this many steps in all (and checkpoint)")
+  cmd->add_option("--max-steps", o.max_steps, "Stop after this many steps in all (and checkpoint there, with --checkpoint)")
       ->check(whole_number_at_least(0));
   cmd->add_option("--checkpoint", o.checkpoint_path,
                   "Write a safetensors checkpoint at each epoch end, and where the run stops (--max-steps, or\n"
@@ -372,6 +372,9 @@ void register_train_command(CLI::App& app) {
                               : take_run_settings(*cmd, a, ferry::read_checkpoint_contents(o.resume_path));
     o.placement = ferry::parse_placement(a.placement);
     ferry::check_train_options(o);  // before the data is read: a bad --lr costs nothing
+    FERRY_CHECK(!a.ddp || o.graphs != "on", InvalidArgument,
+                "--graphs on: a data-parallel run (--ddp) steps eagerly, its all-reduces started from hooks during "
+                "backward; use --graphs auto or off");
     std::unique_ptr<ferry::dist::ProcessGroup> group;
     if (a.ddp) {
       const ferry::dist::LaunchInfo launch = ferry::dist::launch_info();
@@ -394,6 +397,10 @@ void register_train_command(CLI::App& app) {
     ferry::Dataset train_set = ferry::load_fashion_mnist(a.data, true);
     ferry::Dataset test_set = ferry::load_fashion_mnist(a.data, false);
     std::vector<std::string> notes = resume_notes;
+    if (!o.resume_path.empty() && o.checkpoint_path.empty()) {
+      notes.push_back(fmt::format("note: no --checkpoint given: this run's progress is not saved (--checkpoint {} "
+                                  "continues the file)", o.resume_path));
+    }
     // A limit above what the split holds takes all of it, said once (the run is not the one asked for).
     const auto limit = [&notes](ferry::Dataset& set, std::int64_t count, const char* flag, const char* split) {
       if (count <= 0) return;
