@@ -144,5 +144,57 @@ TEST(Autograd, AnomalyModeNamesTheOp) {
   autograd::set_detect_anomaly(false);
 }
 
+// Gradients come back in each input's dtype through cat and stack, and a backward seed of another dtype is cast to
+// the output's, as PyTorch does.
+TEST(Autograd, MixedDtypesKeepEachInputsDtype) {
+  Tensor a = from_vector<float>({1, 2}).requires_grad_();
+  Tensor b = from_vector<double>({3}).requires_grad_();
+  const Tensor joined = cat({a, b});
+  sum(mul(joined, joined)).backward();
+  EXPECT_EQ(a.grad().dtype(), DType::Float32);
+  EXPECT_EQ(a.grad().to_vector<float>(), (std::vector<float>{2, 4}));
+  EXPECT_EQ(b.grad().dtype(), DType::Float64);
+  EXPECT_EQ(b.grad().to_vector<double>(), (std::vector<double>{6}));
+  Tensor x = from_vector<float>({1, 2}).requires_grad_();
+  mul(x, 2.0).backward(from_vector<double>({1, 10}));
+  EXPECT_EQ(x.grad().dtype(), DType::Float32);
+  EXPECT_EQ(x.grad().to_vector<float>(), (std::vector<float>{2, 20}));
+}
+
+// Only a leaf's requires_grad can be switched off: on an op's output it would cut the graph without a word.
+TEST(Autograd, RequiresGradOfANonLeafCannotBeSwitchedOff) {
+  Tensor x = from_vector<float>({1, 2}).requires_grad_();
+  Tensor y = mul(x, x);
+  EXPECT_THROW(y.requires_grad_(false), InvalidArgument);
+  EXPECT_NO_THROW(x.requires_grad_(false));
+}
+
+// A long graph dropped without backward is freed by a loop, not a recursion as deep as the graph.
+TEST(Autograd, ADeepGraphDroppedWithoutBackwardIsFreed) {
+  Tensor x = ones({1}).requires_grad_();
+  {
+    Tensor y = x;
+    for (int i = 0; i < 200000; ++i) y = add(y, 1e-9);
+  }
+  Tensor y = x;
+  for (int i = 0; i < 100000; ++i) y = mul(y, 1.0);
+  sum(y).backward();  // backward of a deep graph too
+  EXPECT_EQ(x.grad().to_vector<float>(), (std::vector<float>{1}));
+}
+
+// Anomaly mode reads each output back: inside a graph capture (which allows no sync) it checks nothing, so a step
+// still captures.
+TEST(Autograd, AnomalyModeLeavesAGraphCaptureAlone) {
+  const Device sim{DeviceType::Sim, 0};
+  autograd::set_detect_anomaly(true);
+  Tensor w = ones({4}, {.device = sim}).requires_grad_();
+  Tensor out;
+  Graph graph(sim);
+  EXPECT_NO_THROW(graph.capture([&] { out = sum(mul(w, 2.0)); }));
+  autograd::set_detect_anomaly(false);
+  graph.replay();
+  EXPECT_EQ(out.item<float>(), 8.0F);
+}
+
 }  // namespace
 }  // namespace ferry

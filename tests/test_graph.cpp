@@ -146,6 +146,53 @@ void expect_step_graph_matches_eager(Device device, double tolerance, bool updat
 
 TEST(StepGraph, ReplayedStepsEqualEagerStepsBitForBitOnSim) { expect_step_graph_matches_eager(kSim0, 0, false); }
 
+// Module::to() there and back keeps the parameters' tensors but replaces their memory: the graph, whose kernels
+// point at the old memory, is dropped, the step runs eagerly and is captured again, and every step's loss and the
+// final weights stay the eager arm's, bit for bit.
+TEST(StepGraph, AModelMovedAfterTheCaptureIsCapturedAgain) {
+  BackendKernelsOnly same_kernels;
+  const Device sim1 = Device::parse("sim:1");
+  auto make = [&](bool graphs) {
+    manual_seed(3);
+    auto model = make_fmnist_model({.device = kSim0});
+    auto optimizer = std::make_shared<optim::SGD>(model->parameters(), optim::SGDOptions{.lr = 0.05, .momentum = 0.9});
+    auto step = std::make_shared<StepGraph>(
+        model->parameters(),
+        [model](const Tensor& x, const Tensor& y) {
+          Tensor loss = nn::cross_entropy((*model)(x), y);
+          loss.backward();
+          return loss.detach();
+        },
+        StepGraphOptions{.enabled = graphs});
+    return std::tuple{model, optimizer, step};
+  };
+  auto [eager_model, eager_opt, eager_step] = make(false);
+  auto [graph_model, graph_opt, graph_step] = make(true);
+  manual_seed(4);
+  const Tensor x = randn({8, 1, 28, 28}).to(kSim0), y = randint(0, 10, {8}).to(kSim0);
+  for (int i = 0; i < 10; ++i) {
+    if (i == 4) {  // after two replays: there and back, optimizer state with them
+      for (auto* model : {eager_model.get(), graph_model.get()}) {
+        model->to(sim1);
+        model->to(kSim0);
+      }
+      eager_opt->to_parameter_devices();
+      graph_opt->to_parameter_devices();
+    }
+    const float a = eager_step->run(x, y).item<float>();
+    eager_opt->step();
+    const float b = graph_step->run(x, y).item<float>();
+    graph_opt->step();
+    EXPECT_EQ(a, b) << "step " << i;
+  }
+  EXPECT_TRUE(graph_step->captured()) << graph_step->describe();
+  EXPECT_EQ(graph_step->replays(), 4) << graph_step->describe();  // steps 6 to 9 on the new graph (4, 5 warm up)
+  EXPECT_NE(graph_step->describe().find("captured again 1 time(s) after the parameters moved"), std::string::npos)
+      << graph_step->describe();
+  const auto a = eager_model->state_dict(), b = graph_model->state_dict();
+  for (std::size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(testing::all_close(b[i].second, a[i].second, 0, 0)) << a[i].first;
+}
+
 // A batch written into the graph's own inputs (index_select_out, as DataLoader::next_into does) is replayed on
 // without another copy, with the eager step's result.
 TEST(StepGraph, ABatchWrittenIntoTheInputsIsNotCopiedAgain) {

@@ -248,6 +248,14 @@ TEST(NNModule, InitialisationFollowsPyTorchAndIsTheSameOnEveryDevice) {
   EXPECT_EQ(bn.running_var.to_vector<float>(), std::vector<float>(4, 1.0f));
   EXPECT_EQ(ferry::nn::init::fan_in_and_fan_out(conv.weight), (std::pair<std::int64_t, std::int64_t>{27, 72}));
   EXPECT_NEAR(ferry::nn::init::calculate_gain("leaky_relu", std::sqrt(5.0)), std::sqrt(1.0 / 3.0), 1e-12);
+  EXPECT_EQ(ferry::nn::init::calculate_gain("selu"), 0.75);  // PyTorch's values
+  EXPECT_EQ(ferry::nn::init::calculate_gain("conv_transpose2d"), 1.0);
+  EXPECT_THROW(ferry::nn::init::calculate_gain("swish"), ferry::InvalidArgument);
+  // xavier_normal_: N(0, 2 / (fan_in + fan_out)); 200 x 300 draws give the std to about 0.3 %.
+  Tensor w = ferry::empty({200, 300});
+  ferry::nn::init::xavier_normal_(w, 2.0);
+  const double std_wanted = 2.0 * std::sqrt(2.0 / 500.0);
+  EXPECT_NEAR(std::sqrt(ferry::var(w).item<double>()), std_wanted, 0.02 * std_wanted);
 }
 
 TEST(NNModule, ToDtypeConvertsFloatingTensorsOnly) {

@@ -3,6 +3,7 @@
 // Not here: finite-difference checks (test_nn_gradcheck.cpp), optimizer parity (test_optim.cpp).
 #include <gtest/gtest.h>
 
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -114,31 +115,45 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, NNParityLayer,
                                            "batchnorm1d_cumulative", "relu", "maxpool2d_k2", "maxpool2d_k3s2p1",
                                            "avgpool2d_k2", "avgpool2d_k3s2p1", "flatten"));
 
-class NNParityLoss : public ::testing::TestWithParam<std::string> {};
+namespace {
+nn::Reduction reduction_of(const Fixture& f) {
+  const std::string name = f.text("reduction");
+  return name == "mean" ? nn::Reduction::Mean : name == "sum" ? nn::Reduction::Sum : nn::Reduction::None;
+}
 
-TEST_P(NNParityLoss, MatchesPyTorchOnCpuAndSim) {
-  const Fixture f = load_fixture(GetParam());
-  const std::string reduction_name = f.text("reduction");
-  const nn::Reduction reduction = reduction_name == "mean" ? nn::Reduction::Mean
-                                  : reduction_name == "sum" ? nn::Reduction::Sum
-                                                            : nn::Reduction::None;
+// An input-only function of a fixture (a loss, softmax, ...) on cpu, sim:0 (and cuda:0 where present): `run` gets
+// the fixture's input on the device, with requires_grad, and returns the output. The output and the input's
+// gradient (for grad_output) must be within the layer tolerance of PyTorch's, and cpu and sim:0 equal to the bit.
+void check_function_against_fixture(const std::string& name,
+                                    const std::function<Tensor(const Fixture&, const Tensor&, Device)>& run) {
+  const Fixture f = load_fixture(name);
   std::vector<std::vector<double>> results;
   std::vector<Device> devices = {ferry::kCPU, Device::parse("sim:0")};
   if (have_cuda()) devices.push_back(kCuda0);
   for (const Device device : devices) {
-    const std::string where = GetParam() + " on " + device.str();
+    const std::string where = name + " on " + device.str();
     Tensor x = f["input"].detach().to(device).requires_grad_(true);
-    const Tensor target = f["target"].to(device);
-    Tensor loss = f.text("kind") == "cross_entropy" ? nn::functional::cross_entropy(x, target, reduction)
-                                                    : nn::functional::mse_loss(x, target, reduction);
-    loss.backward(f["grad_output"].to(device));
-    EXPECT_CLOSE_TO_FIXTURE(loss, f["output"], kLayerTolerance, where + ": loss");
+    Tensor out = run(f, x, device);
+    ASSERT_EQ(out.shape(), f["output"].shape()) << where;
+    out.backward(f["grad_output"].to(device));
+    EXPECT_CLOSE_TO_FIXTURE(out, f["output"], kLayerTolerance, where + ": output");
     EXPECT_CLOSE_TO_FIXTURE(x.grad(), f["grad_input"], kLayerTolerance, where + ": grad_input");
-    results.push_back(loss.to_vector<double>());
+    results.push_back(out.to_vector<double>());
     results.push_back(x.grad().to_vector<double>());
   }
-  EXPECT_EQ(results[0], results[2]);
-  EXPECT_EQ(results[1], results[3]);
+  EXPECT_EQ(results[0], results[2]) << name << ": sim:0 output differs from cpu";
+  EXPECT_EQ(results[1], results[3]) << name << ": sim:0 gradient differs from cpu";
+}
+}  // namespace
+
+class NNParityLoss : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(NNParityLoss, MatchesPyTorchOnCpuAndSim) {
+  check_function_against_fixture(GetParam(), [](const Fixture& f, const Tensor& x, Device device) {
+    const Tensor target = f["target"].to(device);
+    return f.text("kind") == "cross_entropy" ? nn::functional::cross_entropy(x, target, reduction_of(f))
+                                             : nn::functional::mse_loss(x, target, reduction_of(f));
+  });
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, NNParityLoss,
@@ -150,39 +165,21 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, NNParityLoss,
 class NNParityClassLoss : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(NNParityClassLoss, MatchesPyTorchOnCpuAndSim) {
-  const Fixture f = load_fixture(GetParam());
-  const std::string reduction_name = f.text("reduction");
-  const nn::Reduction reduction = reduction_name == "mean" ? nn::Reduction::Mean
-                                  : reduction_name == "sum" ? nn::Reduction::Sum
-                                                            : nn::Reduction::None;
-  const std::string ignore = f.text("ignore_index");
-  std::vector<std::vector<double>> results;
-  std::vector<Device> devices = {ferry::kCPU, Device::parse("sim:0")};
-  if (have_cuda()) devices.push_back(kCuda0);
-  for (const Device device : devices) {
-    const std::string where = GetParam() + " on " + device.str();
-    Tensor x = f["input"].detach().to(device).requires_grad_(true);
+  check_function_against_fixture(GetParam(), [](const Fixture& f, const Tensor& x, Device device) {
     const Tensor target = f["target"].to(device);
     const Tensor weight = f.has("weight") ? f["weight"].to(device) : Tensor();
+    const std::string ignore = f.text("ignore_index");
     const std::optional<std::int64_t> ignore_index =
         ignore == "none" ? std::nullopt : std::optional<std::int64_t>(std::stoll(ignore));
-    Tensor loss = f.text("kind") == "cross_entropy"
-                      ? nn::functional::cross_entropy(x, target,
-                                                      nn::CrossEntropyOptions{.reduction = reduction,
-                                                                              .weight = weight,
-                                                                              .ignore_index = ignore_index,
-                                                                              .label_smoothing =
-                                                                                  f.number("label_smoothing")})
-                      : nn::functional::nll_loss(
-                            x, target, {.reduction = reduction, .weight = weight, .ignore_index = ignore_index});
-    loss.backward(f["grad_output"].to(device));
-    EXPECT_CLOSE_TO_FIXTURE(loss, f["output"], kLayerTolerance, where + ": loss");
-    EXPECT_CLOSE_TO_FIXTURE(x.grad(), f["grad_input"], kLayerTolerance, where + ": grad_input");
-    results.push_back(loss.to_vector<double>());
-    results.push_back(x.grad().to_vector<double>());
-  }
-  EXPECT_EQ(results[0], results[2]);
-  EXPECT_EQ(results[1], results[3]);
+    if (f.text("kind") != "cross_entropy") {
+      return nn::functional::nll_loss(
+          x, target, {.reduction = reduction_of(f), .weight = weight, .ignore_index = ignore_index});
+    }
+    return nn::functional::cross_entropy(x, target,
+                                         {.reduction = reduction_of(f), .weight = weight,
+                                          .ignore_index = ignore_index,
+                                          .label_smoothing = f.number("label_smoothing")});
+  });
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, NNParityClassLoss,
@@ -198,27 +195,13 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, NNParityClassLoss,
 class NNParitySoftmax : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(NNParitySoftmax, MatchesPyTorchOnCpuAndSim) {
-  const Fixture f = load_fixture(GetParam());
-  const std::string kind = f.text("kind");
-  const int dim = static_cast<int>(f.number("dim"));
-  std::vector<std::vector<double>> results;
-  std::vector<Device> devices = {ferry::kCPU, Device::parse("sim:0")};
-  if (have_cuda()) devices.push_back(kCuda0);
-  for (const Device device : devices) {
-    const std::string where = GetParam() + " on " + device.str();
-    Tensor x = f["input"].detach().to(device).requires_grad_(true);
-    Tensor out = kind == "softmax"       ? ferry::softmax(x, dim)
-                 : kind == "log_softmax" ? ferry::log_softmax(x, dim)
-                                         : ferry::logsumexp(x, dim, f.number("keepdim") == 1);
-    ASSERT_EQ(out.shape(), f["output"].shape()) << where;
-    out.backward(f["grad_output"].to(device));
-    EXPECT_CLOSE_TO_FIXTURE(out, f["output"], kLayerTolerance, where + ": output");
-    EXPECT_CLOSE_TO_FIXTURE(x.grad(), f["grad_input"], kLayerTolerance, where + ": grad_input");
-    results.push_back(out.to_vector<double>());
-    results.push_back(x.grad().to_vector<double>());
-  }
-  EXPECT_EQ(results[0], results[2]);
-  EXPECT_EQ(results[1], results[3]);
+  check_function_against_fixture(GetParam(), [](const Fixture& f, const Tensor& x, Device) {
+    const std::string kind = f.text("kind");
+    const int dim = static_cast<int>(f.number("dim"));
+    return kind == "softmax"       ? ferry::softmax(x, dim)
+           : kind == "log_softmax" ? ferry::log_softmax(x, dim)
+                                   : ferry::logsumexp(x, dim, f.number("keepdim") == 1);
+  });
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, NNParitySoftmax,

@@ -17,6 +17,14 @@ struct Node {
   std::string name;            // the op, for error messages and anomaly mode
   std::vector<Tensor> inputs;  // kept alive until backward has run
   std::function<std::vector<Tensor>(const Tensor& grad_output)> backward;
+  Node() = default;
+  Node(std::string name, std::vector<Tensor> inputs, std::function<std::vector<Tensor>(const Tensor&)> backward)
+      : name(std::move(name)), inputs(std::move(inputs)), backward(std::move(backward)) {}
+  Node(const Node&) = delete;
+  Node& operator=(const Node&) = delete;
+  // Frees the nodes only this one kept alive with a loop, not by recursion: a graph of 10^5 ops dropped without
+  // backward would otherwise overflow the stack (PyTorch's deleteNode does the same).
+  ~Node();
 };
 
 bool grad_enabled();
@@ -60,7 +68,8 @@ std::uint64_t register_post_accumulate_grad_hook(const Tensor& leaf, PostAccumul
 void remove_post_accumulate_grad_hook(std::uint64_t handle);
 
 // Anomaly mode: every op checks its output, and backward every gradient, for NaN/Inf and throws
-// naming the first op where it appeared.
+// naming the first op where it appeared (each check reads a value back: a sync per op; ops inside a graph
+// capture are not checked, as a capture allows no sync).
 void set_detect_anomaly(bool enabled);
 bool detect_anomaly();
 

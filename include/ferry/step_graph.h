@@ -37,7 +37,9 @@ class StepGraph {
 
   // One step on this batch (on the graph's device). The first batch shape seen after `warmup_steps` eager
   // steps of it is captured; later batches of that shape replay it, others run eagerly. Returns the loss:
-  // when replayed, the graph's own tensor, overwritten by the next replay.
+  // when replayed, the graph's own tensor, overwritten by the next replay. A parameter whose storage changed
+  // since the capture (Module::to() there and back, which keeps the tensor but replaces its memory) drops the
+  // graph, whose kernels point at the old memory: the step runs eagerly and is warmed up and captured again.
   Tensor run(const Tensor& images, const Tensor& labels);
 
   // The graph's own input tensors (images, labels; undefined until captured). run() copies each batch into
@@ -65,6 +67,8 @@ class StepGraph {
   std::unique_ptr<Graph> graph_;
   Tensor static_images_, static_labels_, static_loss_;
   std::vector<Tensor> static_grads_;  // one per parameter (undefined where backward gave none)
+  std::vector<const void*> captured_storage_;  // each parameter's data_ptr() when the graph was captured
+  std::int64_t recaptures_ = 0;       // graphs dropped because a parameter's storage changed
   std::int64_t eager_steps_ = 0;
 };
 

@@ -6,6 +6,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "../core/internal.h"
 #include "ferry/autograd.h"
 #include "ferry/error.h"
 #include "ferry/factories.h"
@@ -101,16 +102,36 @@ bool needs_grad(const std::vector<Tensor>& inputs) {
 
 void record(const char* name, std::vector<Tensor> inputs, Tensor& output,
             std::function<std::vector<Tensor>(const Tensor& grad_output)> backward) {
-  if (g_detect_anomaly && !all_finite(output)) {
+  // Anomaly mode reads each output back (a sync): not inside a graph capture, where a sync is refused; a replay
+  // is checked by nothing.
+  if (g_detect_anomaly && !detail::capture_active() && !all_finite(output)) {
     throw Error(detail::concat("Anomaly: the output of '", name, "' holds NaN or Inf (shape ",
                                shape_str(output.shape()), ")"));
   }
-  auto node = std::make_shared<Node>();
-  node->name = name;
-  node->inputs = std::move(inputs);
-  node->backward = std::move(backward);
   output.impl()->requires_grad = true;
-  output.impl()->grad_fn = std::move(node);
+  output.impl()->grad_fn = std::make_shared<Node>(name, std::move(inputs), std::move(backward));
+}
+
+Node::~Node() {
+  // Each node whose last owner is this graph's teardown goes on a list instead of being destroyed inside its
+  // consumer's destructor. The backward function goes first: its captures may hold the last other reference to
+  // an input.
+  std::vector<std::shared_ptr<Node>> pending;
+  auto release = [&pending](Node& node) {
+    node.backward = nullptr;
+    for (Tensor& input : node.inputs) {
+      const std::shared_ptr<TensorImpl>& impl = input.impl_ptr();
+      if (impl && impl.use_count() == 1 && impl->grad_fn && impl->grad_fn.use_count() == 1)
+        pending.push_back(std::move(impl->grad_fn));
+    }
+    node.inputs.clear();
+  };
+  release(*this);
+  while (!pending.empty()) {
+    std::shared_ptr<Node> node = std::move(pending.back());
+    pending.pop_back();
+    release(*node);  // its inputs' nodes join the list; it is then freed with nothing left to free below it
+  }
 }
 
 Tensor reduce_to_shape(const Tensor& grad, const Shape& shape) {
@@ -145,11 +166,14 @@ void run_backward(const Tensor& root, const Tensor& gradient) {
               " does not match the output's ", shape_str(root.shape()));
   check_same_device("backward", {&root, &seed});
   NoGradGuard no_grad;
+  // A gradient of another dtype is cast to the output's, as PyTorch does (each op's backward sees its own dtype).
+  if (seed.dtype() != root.dtype()) seed = seed.to(root.dtype());
 
   // A leaf accumulates into .grad. A fresh gradient nobody else holds is kept as is; one that may
   // alias another tensor (an expand, the seed, a gradient passed to two inputs) is copied first.
   auto accumulate_leaf = [](const Tensor& leaf, Tensor grad) {
     if (grad.shape() != leaf.shape()) grad = grad.reshape(leaf.shape());
+    if (grad.dtype() != leaf.dtype()) grad = grad.to(leaf.dtype());
     Tensor existing = leaf.grad();
     if (existing.defined()) {
       existing.add_(grad);

@@ -801,12 +801,15 @@ Tensor cat(const std::vector<Tensor>& tensors, int dim) {
     }
   }
   if (needs_grad(tensors)) {
-    record("cat", tensors, out, [d, sizes](const Tensor& g) {
+    std::vector<DType> dtypes;  // each input's: a gradient comes back in its input's dtype
+    for (const Tensor& t : tensors) dtypes.push_back(t.dtype());
+    record("cat", tensors, out, [d, sizes, dtypes](const Tensor& g) {
       Grads grads;
       std::int64_t at = 0;
-      for (std::int64_t s : sizes) {
-        grads.push_back(g.narrow(d, at, s));
-        at += s;
+      for (std::size_t i = 0; i < sizes.size(); ++i) {
+        const Tensor part = g.narrow(d, at, sizes[i]);
+        grads.push_back(is_floating(dtypes[i]) && part.dtype() != dtypes[i] ? part.to(dtypes[i]) : part);
+        at += sizes[i];
       }
       return grads;
     });

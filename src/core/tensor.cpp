@@ -625,6 +625,9 @@ Tensor& Tensor::requires_grad_(bool enabled) {
   FERRY_DEFINED();
   FERRY_CHECK(!enabled || is_floating(dtype()), InvalidArgument,
               "Only floating point tensors can require gradients, got ", dtype_name(dtype()));
+  FERRY_CHECK(enabled || !impl_->grad_fn, InvalidArgument,
+              "requires_grad_(false): you can only change requires_grad flags of leaf variables; this tensor is the "
+              "output of '", impl_->grad_fn->name, "'. Use detach() for a tensor outside the graph");
   impl_->requires_grad = enabled;
   return *this;
 }

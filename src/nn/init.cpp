@@ -34,12 +34,17 @@ std::pair<std::int64_t, std::int64_t> fan_in_and_fan_out(const Tensor& weight) {
 }
 
 double calculate_gain(const std::string& nonlinearity, double param) {
-  if (nonlinearity == "linear" || nonlinearity == "sigmoid" || nonlinearity == "conv2d") return 1.0;
+  for (const char* one : {"linear", "sigmoid", "conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d",
+                          "conv_transpose3d"}) {
+    if (nonlinearity == one) return 1.0;
+  }
   if (nonlinearity == "tanh") return 5.0 / 3.0;
   if (nonlinearity == "relu") return std::sqrt(2.0);
   if (nonlinearity == "leaky_relu") return std::sqrt(2.0 / (1.0 + param * param));
+  if (nonlinearity == "selu") return 3.0 / 4.0;
   throw InvalidArgument("calculate_gain: unsupported nonlinearity \"" + nonlinearity +
-                        "\" (expected linear, conv2d, sigmoid, tanh, relu or leaky_relu)");
+                        "\" (expected linear, conv1d/2d/3d, conv_transpose1d/2d/3d, sigmoid, tanh, relu, leaky_relu "
+                        "or selu)");
 }
 
 Tensor& uniform_(Tensor& tensor, double low, double high) {
@@ -70,6 +75,11 @@ Tensor& xavier_uniform_(Tensor& tensor, double gain) {
   const auto [fan_in, fan_out] = fan_in_and_fan_out(tensor);
   const double bound = gain * std::sqrt(6.0 / static_cast<double>(fan_in + fan_out));
   return uniform_(tensor, -bound, bound);
+}
+
+Tensor& xavier_normal_(Tensor& tensor, double gain) {
+  const auto [fan_in, fan_out] = fan_in_and_fan_out(tensor);
+  return normal_(tensor, 0, gain * std::sqrt(2.0 / static_cast<double>(fan_in + fan_out)));
 }
 
 }  // namespace ferry::nn::init

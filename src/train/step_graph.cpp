@@ -28,11 +28,28 @@ void StepGraph::capture(const Tensor& images, const Tensor& labels) {
   graph_ = std::make_unique<Graph>(images.device());
   graph_->capture([&] { static_loss_ = body_(static_images_, static_labels_); });
   static_grads_.clear();
-  for (const Tensor& p : parameters_) static_grads_.push_back(p.grad());
+  captured_storage_.clear();
+  for (const Tensor& p : parameters_) {
+    static_grads_.push_back(p.grad());
+    captured_storage_.push_back(p.data_ptr());
+  }
 }
 
 Tensor StepGraph::run(const Tensor& images, const Tensor& labels) {
   if (!not_captured_.empty() || images.device().is_cpu()) return run_eagerly(images, labels);
+  if (captured()) {
+    for (std::size_t i = 0; i < parameters_.size(); ++i) {
+      if (parameters_[i].data_ptr() == captured_storage_[i]) continue;
+      // The graph's kernels would read and write the parameter's old (freed) memory: drop it, capture again.
+      graph_.reset();
+      static_images_ = static_labels_ = static_loss_ = Tensor();
+      static_grads_.clear();
+      captured_storage_.clear();
+      warm_ = 0;
+      ++recaptures_;
+      break;
+    }
+  }
   if (!captured()) {
     if (images.shape() != images_shape_ || labels.shape() != labels_shape_) {  // a new shape to warm up
       images_shape_ = images.shape();
@@ -75,7 +92,10 @@ std::string StepGraph::describe() const {
     const std::string kinds = graph_->composition();
     return detail::concat("one graph of ", operations(), " operations", kinds.empty() ? "" : " (" + kinds + ")", " on ",
                           graph_->device().str(), ", replayed ",
-                          replays(), " times; ", eager_steps_, " steps eager (warm-up and other batch shapes)");
+                          replays(), " times; ", eager_steps_, " steps eager (warm-up and other batch shapes)",
+                          recaptures_ > 0 ? detail::concat("; captured again ", recaptures_,
+                                                           " time(s) after the parameters moved")
+                                          : std::string());
   }
   if (!not_captured_.empty()) return "no graph: " + not_captured_;
   return detail::concat("no graph yet (", eager_steps_, " eager steps)");
