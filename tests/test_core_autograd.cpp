@@ -161,6 +161,52 @@ TEST(Autograd, MixedDtypesKeepEachInputsDtype) {
   EXPECT_EQ(x.grad().to_vector<float>(), (std::vector<float>{2, 20}));
 }
 
+// A tensor that backward needs, written in place after the forward pass (through itself, a view or a detach()
+// alias, under NoGradGuard or not requiring grad at all), stops backward with PyTorch's message instead of giving
+// a gradient computed from the new values. Writes that backward does not read (add's operands) are fine.
+TEST(Autograd, BackwardRefusesSavedTensorsWrittenInPlace) {
+  const auto expect_refused = [](const std::function<void()>& run, const std::string& what) {
+    try {
+      run();
+      ADD_FAILURE() << what << ": backward ran on a saved tensor written in place";
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find("modified by an inplace operation"), std::string::npos) << e.what();
+    }
+  };
+  expect_refused([] {
+    Tensor x = from_vector<float>({1, 2}).requires_grad_(), w = from_vector<float>({3, 4});
+    Tensor y = mul(x, w);
+    w.fill_(100);
+    sum(y).backward();
+  }, "a multiplier filled");
+  expect_refused([] {
+    Tensor x = from_vector<float>({1, 2}).requires_grad_();
+    Tensor z = mul(x, x);
+    x.detach().fill_(5);
+    sum(z).backward();
+  }, "a detach() alias");
+  expect_refused([] {
+    Tensor x = from_vector<float>({1, 2}).requires_grad_(), w = from_vector<float>({3, 4});
+    Tensor y = mul(x, w);
+    w.narrow(0, 0, 1).fill_(0);
+    sum(y).backward();
+  }, "a view of a multiplier");
+  expect_refused([] {
+    Tensor x = from_vector<float>({1, 2}).requires_grad_();
+    Tensor e = exp(x);
+    {
+      autograd::NoGradGuard no_grad;
+      e.mul_(10);
+    }
+    sum(e).backward();
+  }, "exp's output");
+  Tensor x = from_vector<float>({1, 2}).requires_grad_(), b = from_vector<float>({3, 4});
+  Tensor y = add(x, b);
+  b.fill_(100);  // add's backward reads neither operand
+  sum(y).backward();
+  EXPECT_EQ(x.grad().to_vector<float>(), (std::vector<float>{1, 1}));
+}
+
 // Only a leaf's requires_grad can be switched off: on an op's output it would cut the graph without a word.
 TEST(Autograd, RequiresGradOfANonLeafCannotBeSwitchedOff) {
   Tensor x = from_vector<float>({1, 2}).requires_grad_();

@@ -13,10 +13,21 @@ namespace ferry::autograd {
 
 // One recorded op: its inputs (edges to where gradients flow) and how to turn the gradient of its
 // output into gradients of its inputs (undefined Tensor = no gradient for that input).
+// What a node's backward reads of its own inputs and output (its lambda keeps them): autograd notes their
+// storage's version when recording, and backward refuses to run on memory written in place since, as PyTorch
+// does, instead of computing a wrong gradient from the new values.
+enum class Saved : std::uint8_t { Nothing = 0, Inputs = 1, Output = 2, InputsAndOutput = 3 };
+
 struct Node {
   std::string name;            // the op, for error messages and anomaly mode
   std::vector<Tensor> inputs;  // kept alive until backward has run
   std::function<std::vector<Tensor>(const Tensor& grad_output)> backward;
+  struct SavedVersion {
+    std::shared_ptr<Storage> storage;
+    std::uint64_t version = 0;  // storage->version() when recorded
+    std::string what;           // "input 1 (shape [4, 3])", "output (shape [4])"
+  };
+  std::vector<SavedVersion> saved;
   Node() = default;
   Node(std::string name, std::vector<Tensor> inputs, std::function<std::vector<Tensor>(const Tensor&)> backward)
       : name(std::move(name)), inputs(std::move(inputs)), backward(std::move(backward)) {}
@@ -47,8 +58,9 @@ bool needs_grad(std::initializer_list<const Tensor*> inputs);
 bool needs_grad(const std::vector<Tensor>& inputs);
 
 // Attach a node to `output` (which then requires grad). Call only when needs_grad(inputs).
+// `saved`: what the backward function reads of the inputs and the output (see Saved).
 void record(const char* name, std::vector<Tensor> inputs, Tensor& output,
-            std::function<std::vector<Tensor>(const Tensor& grad_output)> backward);
+            std::function<std::vector<Tensor>(const Tensor& grad_output)> backward, Saved saved = Saved::Nothing);
 
 // Sum `grad` down to `shape` (undoing broadcasting).
 Tensor reduce_to_shape(const Tensor& grad, const Shape& shape);

@@ -41,8 +41,13 @@ class Storage {
   std::size_t nbytes() const { return nbytes_; }  // bytes
   Device device() const { return device_; }
   bool pinned() const { return pinned_; }
+  // Bumped by every in-place write into this memory, through any view or alias of it: autograd compares it with
+  // what it saw when it saved a tensor for backward (PyTorch's version counter, shared by a base and its views).
+  std::uint64_t version() const { return version_; }
+  void bump_version() { ++version_; }
 
  private:
+  std::uint64_t version_ = 0;
   void* data_ = nullptr;
   std::size_t nbytes_ = 0;
   Device device_;
@@ -60,7 +65,11 @@ struct TensorImpl {
   std::shared_ptr<TensorImpl> grad;
   std::shared_ptr<autograd::Node> grad_fn;
   int output_index = 0;
-  std::uint64_t version = 0;  // bumped by in-place writes
+  std::uint64_t version = 0;  // bumped by in-place writes into this tensor (its storage's version() too)
+  void bump_version() {
+    ++version;
+    if (storage) storage->bump_version();
+  }
 };
 
 class Tensor {

@@ -101,16 +101,41 @@ bool needs_grad(const std::vector<Tensor>& inputs) {
 }
 
 void record(const char* name, std::vector<Tensor> inputs, Tensor& output,
-            std::function<std::vector<Tensor>(const Tensor& grad_output)> backward) {
+            std::function<std::vector<Tensor>(const Tensor& grad_output)> backward, Saved saved) {
   // Anomaly mode reads each output back (a sync): not inside a graph capture, where a sync is refused; a replay
   // is checked by nothing.
   if (g_detect_anomaly && !detail::capture_active() && !all_finite(output)) {
     throw Error(detail::concat("Anomaly: the output of '", name, "' holds NaN or Inf (shape ",
                                shape_str(output.shape()), ")"));
   }
+  auto node = std::make_shared<Node>(name, std::move(inputs), std::move(backward));
+  const auto note = [&node](const Tensor& t, std::string what) {
+    if (t.defined() && t.impl()->storage) {
+      node->saved.push_back({t.impl()->storage, t.impl()->storage->version(),
+                             what + " (shape " + shape_str(t.shape()) + ")"});
+    }
+  };
+  const auto bits = static_cast<std::uint8_t>(saved);
+  if (bits & static_cast<std::uint8_t>(Saved::Inputs)) {
+    for (std::size_t i = 0; i < node->inputs.size(); ++i) note(node->inputs[i], "input " + std::to_string(i));
+  }
+  if (bits & static_cast<std::uint8_t>(Saved::Output)) note(output, "output");
   output.impl()->requires_grad = true;
-  output.impl()->grad_fn = std::make_shared<Node>(name, std::move(inputs), std::move(backward));
+  output.impl()->grad_fn = std::move(node);
 }
+
+namespace {
+// Before a node's backward: refuse when a tensor it saved was written in place since (its values are not the
+// ones the forward pass used, so the gradient would be wrong).
+void check_saved_versions(const Node& node) {
+  for (const Node::SavedVersion& s : node.saved) {
+    FERRY_CHECK(s.storage->version() == s.version, InvalidArgument,
+                "one of the variables needed for gradient computation has been modified by an inplace operation: "
+                "the ", s.what, " of '", node.name, "' is at version ", s.storage->version(), "; expected version ",
+                s.version, ". Write into a clone() instead, or do the in-place update after backward()");
+  }
+}
+}  // namespace
 
 Node::~Node() {
   // Each node whose last owner is this graph's teardown goes on a list instead of being destroyed inside its
@@ -215,6 +240,7 @@ void run_backward(const Tensor& root, const Tensor& gradient) {
     if (found == pending.end()) continue;
     FERRY_CHECK(node->backward != nullptr, InvalidArgument, "backward(): trying to backward through the graph a ",
                 "second time (at '", node->name, "'); its saved tensors were freed after the first backward");
+    check_saved_versions(*node);
     std::vector<Tensor> grads;
     {
       const Tensor grad_output = std::move(found->second);
@@ -235,6 +261,7 @@ void run_backward(const Tensor& root, const Tensor& gradient) {
     }
     node->inputs.clear();  // free what the graph held: it runs once
     node->backward = nullptr;
+    node->saved.clear();
   }
 }
 

@@ -197,7 +197,7 @@ Tensor mul(const Tensor& a, const Tensor& b) {
   if (needs_grad({&a, &b})) {
     record("mul", {a, b}, out, [a = a.detach(), b = b.detach()](const Tensor& g) {
       return Grads{grad_for(mul(g, b), a), grad_for(mul(g, a), b)};
-    });
+    }, autograd::Saved::Inputs);
   }
   return out;
 }
@@ -208,7 +208,7 @@ Tensor div(const Tensor& a, const Tensor& b) {
     record("div", {a, b}, out, [a = a.detach(), b = b.detach()](const Tensor& g) {
       Tensor ga = div(g, b);
       return Grads{grad_for(ga, a), grad_for(neg(mul(ga, div(a, b))), b)};
-    });
+    }, autograd::Saved::Inputs);
   }
   return out;
 }
@@ -224,7 +224,7 @@ Tensor pow(const Tensor& a, const Tensor& b) {
       const Tensor log_term = mul(o, log(a));
       Tensor gb = mul(g, where(eq(a, 0.0), where(ge(b, 0.0), zero, log_term), log_term));
       return Grads{grad_for(ga, a), grad_for(gb, b)};
-    });
+    }, autograd::Saved::InputsAndOutput);
   }
   return out;
 }
@@ -241,7 +241,7 @@ Tensor extremum(BinaryOp op, const Tensor& a, const Tensor& b, const char* name)
       Tensor ga = mul(g, share);
       Tensor gb = sub(g, ga);
       return Grads{grad_for(ga, a), grad_for(gb, b)};
-    });
+    }, autograd::Saved::Inputs);
   }
   return out;
 }
@@ -282,7 +282,7 @@ Tensor rdiv(const Tensor& a, double b) {
   if (needs_grad({&a})) {
     record("rdiv", {a}, out, [a = a.detach(), o = out.detach()](const Tensor& g) {
       return Grads{neg(div(mul(g, o), a))};
-    });
+    }, autograd::Saved::InputsAndOutput);
   }
   return out;
 }
@@ -292,7 +292,7 @@ Tensor pow(const Tensor& a, double exponent) {
     record("pow_scalar", {a}, out, [a = a.detach(), exponent](const Tensor& g) {
       if (exponent == 0) return Grads{zeros_like(g)};  // as PyTorch: not 0 * a^-1 = NaN at a = 0
       return Grads{mul(g, mul(pow(a, exponent - 1), exponent))};
-    });
+    }, autograd::Saved::Inputs);
   }
   return out;
 }
@@ -304,29 +304,34 @@ Tensor neg(const Tensor& a) {
 }
 Tensor exp(const Tensor& a) {
   Tensor out = unary_forward(UnaryOp::Exp, a, true);
-  if (needs_grad({&a})) record("exp", {a}, out, [o = out.detach()](const Tensor& g) { return Grads{mul(g, o)}; });
+  if (needs_grad({&a})) record("exp", {a}, out, [o = out.detach()](const Tensor& g) { return Grads{mul(g, o)}; },
+      autograd::Saved::Output);
   return out;
 }
 Tensor log(const Tensor& a) {
   Tensor out = unary_forward(UnaryOp::Log, a, true);
-  if (needs_grad({&a})) record("log", {a}, out, [a = a.detach()](const Tensor& g) { return Grads{div(g, a)}; });
+  if (needs_grad({&a})) record("log", {a}, out, [a = a.detach()](const Tensor& g) { return Grads{div(g, a)}; },
+      autograd::Saved::Inputs);
   return out;
 }
 Tensor sqrt(const Tensor& a) {
   Tensor out = unary_forward(UnaryOp::Sqrt, a, true);
   if (needs_grad({&a}))
-    record("sqrt", {a}, out, [o = out.detach()](const Tensor& g) { return Grads{div(g, mul(o, 2.0))}; });
+    record("sqrt", {a}, out, [o = out.detach()](const Tensor& g) { return Grads{div(g, mul(o, 2.0))}; },
+        autograd::Saved::Output);
   return out;
 }
 Tensor rsqrt(const Tensor& a) {
   Tensor out = unary_forward(UnaryOp::Rsqrt, a, true);
   if (needs_grad({&a}))
-    record("rsqrt", {a}, out, [o = out.detach()](const Tensor& g) { return Grads{mul(g, mul(pow(o, 3.0), -0.5))}; });
+    record("rsqrt", {a}, out, [o = out.detach()](const Tensor& g) { return Grads{mul(g, mul(pow(o, 3.0), -0.5))}; },
+        autograd::Saved::Output);
   return out;
 }
 Tensor abs(const Tensor& a) {
   Tensor out = unary_forward(UnaryOp::Abs, a, false);
-  if (needs_grad({&a})) record("abs", {a}, out, [a = a.detach()](const Tensor& g) { return Grads{mul(g, sign(a))}; });
+  if (needs_grad({&a})) record("abs", {a}, out, [a = a.detach()](const Tensor& g) { return Grads{mul(g, sign(a))}; },
+      autograd::Saved::Inputs);
   return out;
 }
 Tensor sign(const Tensor& a) {
@@ -342,26 +347,29 @@ Tensor relu(const Tensor& a) {
       backend(g.device()).binary(BinaryOp::ReluBackward, detail::kernel_view(grad), detail::kernel_view(g),
                                  detail::kernel_view(o), detail::compute_stream(g.device()));
       return Grads{grad};
-    });
+    }, autograd::Saved::Output);
   }
   return out;
 }
 Tensor sigmoid(const Tensor& a) {
   Tensor out = unary_forward(UnaryOp::Sigmoid, a, true);
   if (needs_grad({&a}))
-    record("sigmoid", {a}, out, [o = out.detach()](const Tensor& g) { return Grads{mul(g, mul(o, rsub(o, 1.0)))}; });
+    record("sigmoid", {a}, out, [o = out.detach()](const Tensor& g) { return Grads{mul(g, mul(o, rsub(o, 1.0)))}; },
+        autograd::Saved::Output);
   return out;
 }
 Tensor tanh(const Tensor& a) {
   Tensor out = unary_forward(UnaryOp::Tanh, a, true);
   if (needs_grad({&a}))
-    record("tanh", {a}, out, [o = out.detach()](const Tensor& g) { return Grads{mul(g, rsub(square(o), 1.0))}; });
+    record("tanh", {a}, out, [o = out.detach()](const Tensor& g) { return Grads{mul(g, rsub(square(o), 1.0))}; },
+        autograd::Saved::Output);
   return out;
 }
 Tensor square(const Tensor& a) {
   Tensor out = unary_forward(UnaryOp::Square, a, false);
   if (needs_grad({&a}))
-    record("square", {a}, out, [a = a.detach()](const Tensor& g) { return Grads{mul(g, mul(a, 2.0))}; });
+    record("square", {a}, out, [a = a.detach()](const Tensor& g) { return Grads{mul(g, mul(a, 2.0))}; },
+        autograd::Saved::Inputs);
   return out;
 }
 
@@ -540,7 +548,7 @@ Tensor extremum_all(ReduceOp op, const Tensor& a, const char* name) {
     record(name, {a}, out, [a = a.detach(), o = out.detach()](const Tensor& g) {
       Tensor mask = eq(a, o).to(g.dtype());  // ties share the gradient evenly
       return Grads{mul(div(mask, sum(mask)), g)};
-    });
+    }, autograd::Saved::InputsAndOutput);
   }
   return out;
 }
@@ -653,7 +661,7 @@ Tensor bmm(const Tensor& a, const Tensor& b) {
   if (needs_grad({&a, &b})) {
     record("bmm", {a, b}, out, [a = a.detach(), b = b.detach()](const Tensor& g) {
       return Grads{bmm(g, b.transpose(1, 2)), bmm(a.transpose(1, 2), g)};
-    });
+    }, autograd::Saved::Inputs);
   }
   return out;
 }
@@ -679,7 +687,7 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
     if (needs_grad({&a, &b})) {
       record("mm", {a, b}, out, [a = a.detach(), b = b.detach(), ra = a.requires_grad(), rb = b.requires_grad()](const Tensor& g) {
         return Grads{ra ? matmul(g, b.t()) : Tensor(), rb ? matmul(a.t(), g) : Tensor()};
-      });
+      }, autograd::Saved::Inputs);
     }
     return out;
   }
@@ -746,7 +754,7 @@ Tensor& index_select_out(Tensor& out, const Tensor& a_in, int dim, const Tensor&
               shape_str(s.shape), ", got ", dtype_name(out.dtype()), " ", shape_str(out.shape()),
               out.is_contiguous() ? "" : " (not contiguous)");
   run_index_select(out, s);
-  out.impl()->version += 1;
+  out.impl()->bump_version();
   return out;
 }
 

@@ -449,7 +449,7 @@ Tensor& Tensor::copy_(const Tensor& src, bool non_blocking) {
     if (device().is_cpu() && non_blocking && is_pinned() && is_contiguous() && source.dtype() == dtype()) {
       // Straight into this pinned tensor, asynchronously: the caller syncs before reading it (as in PyTorch).
       detail::copy_between(*this, source.contiguous(), true, "copy_()");
-      impl_->version += 1;
+      impl_->bump_version();
       return *this;
     }
     // Otherwise the data lands in a temporary first; into host memory the copy below reads it at once, so that
@@ -459,14 +459,14 @@ Tensor& Tensor::copy_(const Tensor& src, bool non_blocking) {
   }
   backend(device()).unary(UnaryOp::Copy, detail::kernel_view(*this), detail::kernel_view(source),
                           detail::compute_stream(device()));
-  impl_->version += 1;
+  impl_->bump_version();
   return *this;
 }
 
 Tensor& Tensor::fill_(double value) {
   check_in_place(*this, "fill_", {}, /*allow_internal_overlap=*/true);
   backend(device()).fill(detail::kernel_view(*this), value, detail::compute_stream(device()));
-  impl_->version += 1;
+  impl_->bump_version();
   return *this;
 }
 
@@ -491,7 +491,7 @@ Tensor& Tensor::add_(const Tensor& other, double alpha) {
     be.binary(BinaryOp::Add, detail::kernel_view(*this), detail::kernel_view(*this), detail::kernel_view(scaled),
               stream);
   }
-  impl_->version += 1;
+  impl_->bump_version();
   return *this;
 }
 
@@ -502,7 +502,7 @@ Tensor& Tensor::mul_(double scalar) {
               "be cast to the desired output type ", dtype_name(dtype()), " (the scalar ", scalar, " is not whole)");
   backend(device()).binary_scalar(BinaryOp::Mul, detail::kernel_view(*this), detail::kernel_view(*this), scalar,
                                   false, detail::compute_stream(device()));
-  impl_->version += 1;
+  impl_->bump_version();
   return *this;
 }
 

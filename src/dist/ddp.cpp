@@ -6,6 +6,7 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <cstring>
 #include <unordered_set>
 
 #include "../core/internal.h"
@@ -78,6 +79,94 @@ std::uint64_t fnv1a(const void* data, std::size_t bytes, std::uint64_t hash = 0x
   return hash;
 }
 
+// What must agree across ranks about one parameter or buffer: its name, shape and dtype (not its values).
+std::string describe(const std::string& kind, const std::string& name, const Tensor& t) {
+  return fmt::format("{} '{}' (shape {}, {})", kind, name, shape_str(t.shape()), dtype_name(t.dtype()));
+}
+
+std::uint64_t structure_hash(const Tensor& t, std::uint64_t hash = 0xcbf29ce484222325ull) {
+  const auto dtype = static_cast<std::int64_t>(t.dtype());
+  hash = fnv1a(&dtype, sizeof(dtype), hash);
+  for (std::int64_t size : t.shape()) hash = fnv1a(&size, sizeof(size), hash);
+  const auto dims = static_cast<std::int64_t>(t.shape().size());
+  return fnv1a(&dims, sizeof(dims), hash);
+}
+
+// Every rank's values of `mine` (the same count on every rank), rank by rank: one all_gather.
+std::vector<std::int64_t> gather(ProcessGroup& group, const std::vector<std::int64_t>& mine, const std::string& label) {
+  const auto n = static_cast<std::int64_t>(mine.size());
+  const Tensor local = from_vector(mine, {n}).to(group.device());
+  const Tensor all = empty({group.world_size() * n}, {.device = group.device(), .dtype = DType::Int64});
+  group.all_gather(all, local, label);
+  return all.cpu().to_vector<std::int64_t>();
+}
+
+// Every rank must hold the same model: the same parameters and buffers, in the same order, with the same names,
+// shapes and dtypes (PyTorch's _verify_param_shape_across_processes). Otherwise the broadcast and the buckets
+// would move different byte counts on different ranks. One all_gather of 3 numbers when they agree; on a
+// difference two more (hashes per entry, rank 0's description of the first that differs), then InvalidArgument
+// on every rank.
+void verify_same_model(ProcessGroup& group, const std::vector<std::pair<std::string, Tensor>>& entries,
+                       std::int64_t parameters) {
+  std::vector<std::int64_t> hashes;
+  std::uint64_t total = 0xcbf29ce484222325ull;
+  for (const auto& [name, t] : entries) {
+    const std::uint64_t h = structure_hash(t, fnv1a(name.data(), name.size()));
+    hashes.push_back(static_cast<std::int64_t>(h));
+    total = fnv1a(&h, sizeof(h), total);
+  }
+  const auto count = static_cast<std::int64_t>(entries.size());
+  const int n = group.world_size();
+  const std::vector<std::int64_t> summary =
+      gather(group, {parameters, count - parameters, static_cast<std::int64_t>(total)}, "DDP model check");
+  bool same = true;
+  std::int64_t common = count;  // entries every rank has
+  for (int r = 0; r < n; ++r) {
+    const std::int64_t* theirs = &summary[static_cast<std::size_t>(3 * r)];
+    same = same && theirs[0] == summary[0] && theirs[1] == summary[1] && theirs[2] == summary[2];
+    common = std::min(common, theirs[0] + theirs[1]);
+  }
+  if (same) return;
+  // Every rank saw the same summary, so every rank takes this path and calls the same collectives.
+  const std::vector<std::int64_t> mine(hashes.begin(), hashes.begin() + common);
+  const std::vector<std::int64_t> all = common > 0 ? gather(group, mine, "DDP model check (per tensor)")
+                                                   : std::vector<std::int64_t>{};
+  for (std::int64_t i = 0; i < common; ++i) {
+    std::vector<int> differing;
+    for (int r = 1; r < n; ++r) {
+      if (all[static_cast<std::size_t>(r * common + i)] != all[static_cast<std::size_t>(i)]) differing.push_back(r);
+    }
+    if (differing.empty()) continue;
+    const auto& [name, t] = entries[static_cast<std::size_t>(i)];
+    const std::string kind = i < parameters ? "parameter" : "buffer";
+    const std::string here = describe(kind, name, t);
+    // Rank 0's description, so that every rank can name both sides.
+    constexpr std::int64_t kTextBytes = 512;
+    std::vector<std::uint8_t> text(kTextBytes, 0);
+    std::copy_n(here.begin(), std::min<std::size_t>(here.size(), kTextBytes - 1), text.begin());
+    Tensor packed = from_vector(text, {kTextBytes}).to(group.device());
+    group.broadcast(packed, 0, "DDP model check (rank 0's tensor)");
+    const std::vector<std::uint8_t> root_text = packed.cpu().to_vector<std::uint8_t>();
+    const std::string at_root(reinterpret_cast<const char*>(root_text.data()),
+                              strnlen(reinterpret_cast<const char*>(root_text.data()), kTextBytes));
+    throw InvalidArgument(fmt::format(
+        "DistributedDataParallel: the ranks built different models. Entry {} of the parameters and buffers is {} on "
+        "rank 0, but differs on rank(s) {}{}. Every rank must build the same model (same layers, sizes and dtypes, "
+        "in the same order) before wrapping it.",
+        i, at_root, fmt::join(differing, ", "),
+        group.rank() == 0 ? std::string() : fmt::format(" (here, on rank {} of {}: {})", group.rank(), n, here)));
+  }
+  std::string counts;
+  for (int r = 0; r < n; ++r) {
+    counts += fmt::format("{}rank {}: {} parameters and {} buffers", r == 0 ? "" : "; ", r,
+                          summary[static_cast<std::size_t>(3 * r)], summary[static_cast<std::size_t>(3 * r + 1)]);
+  }
+  throw InvalidArgument(fmt::format(
+      "DistributedDataParallel: the ranks built different models ({}). Every rank must build the same model before "
+      "wrapping it.",
+      counts));
+}
+
 }  // namespace
 
 struct DistributedDataParallel::Bucket {
@@ -99,8 +188,19 @@ DistributedDataParallel::DistributedDataParallel(nn::Module& module, ProcessGrou
     parameters_.push_back(p);
     names_.push_back(name);
   }
+  // Before anything moves: a different model on some rank would make the broadcast and the buckets mismatch.
+  std::vector<Tensor> state = parameters_;
+  const std::vector<std::pair<std::string, Tensor>> buffers = module.named_buffers();
+  for (const auto& [name, buffer] : buffers) state.push_back(buffer);
+  if (group.world_size() > 1) {
+    std::vector<std::pair<std::string, Tensor>> entries;
+    for (std::size_t i = 0; i < parameters_.size(); ++i) entries.emplace_back(names_[i], parameters_[i]);
+    for (const auto& entry : buffers) entries.push_back(entry);
+    verify_same_model(group, entries, static_cast<std::int64_t>(parameters_.size()));
+  }
   plan_ = plan_buckets(parameters_, options.bucket_bytes);
   ready_.assign(parameters_.size(), 0);
+  got_gradient_.assign(parameters_.size(), 0);
   bucket_of_.resize(parameters_.size());
   offset_of_.resize(parameters_.size());
   for (std::size_t b = 0; b < plan_.buckets.size(); ++b) {
@@ -119,8 +219,6 @@ DistributedDataParallel::DistributedDataParallel(nn::Module& module, ProcessGrou
   }
 
   // Every replica starts as rank 0's.
-  std::vector<Tensor> state = parameters_;
-  for (const Tensor& buffer : module.buffers()) state.push_back(buffer);
   if (group.world_size() > 1) broadcast_coalesced(group, state, "initial parameters and buffers");
 
   for (std::size_t i = 0; i < parameters_.size(); ++i) {
@@ -151,6 +249,7 @@ void DistributedDataParallel::on_gradient(std::size_t i) {
               "in the forward pass (not supported), or finish_gradient_sync() was not called after the last backward");
   const Tensor& p = parameters_[i];
   const Tensor grad = p.grad();
+  got_gradient_[i] = 1;
   bucket.flat.narrow(0, offset_of_[i], p.numel()).copy_(grad.reshape({p.numel()}));
   // A second gradient into the same leaf before the launch just refreshes the copy: count it once.
   if (!ready_[i]) {
@@ -179,6 +278,18 @@ void DistributedDataParallel::launch(std::size_t b) {
 
 void DistributedDataParallel::finish_gradient_sync() {
   autograd::NoGradGuard no_grad;
+  // Which parameters got a gradient on some rank: one small all-reduce (int32 per parameter, how many ranks), in
+  // flight with the last buckets. A parameter no rank used keeps its .grad as it was (undefined after
+  // zero_grad(true)), as in one process: an optimizer then skips it, instead of decaying it on a zero gradient.
+  const auto count = static_cast<std::int64_t>(parameters_.size());
+  Tensor used;
+  Work used_work;
+  if (group_.world_size() > 1 && count > 0) {
+    std::vector<std::int32_t> flags(got_gradient_.begin(), got_gradient_.end());
+    used = from_vector(flags, {count});
+    if (!group_.device().is_cpu()) used = ferry::detail::transfer(used, group_.device(), false, "parameters used");
+    used_work = group_.all_reduce_async(used, ReduceOp::Sum, "parameters used");
+  }
   // Parameters backward did not reach count as zeros, so every rank reduces every bucket.
   for (std::size_t b = next_launch_; b < buckets_.size(); ++b) {
     Bucket& bucket = *buckets_[b];
@@ -191,7 +302,14 @@ void DistributedDataParallel::finish_gradient_sync() {
   }
   launch_ready_buckets();
   for (auto& bucket : buckets_) bucket->work.wait();
+  used_work.wait();
+  std::vector<std::int32_t> ranks_used(got_gradient_.begin(), got_gradient_.end());
+  if (used.defined()) {
+    const Tensor host = used.device().is_cpu() ? used : ferry::detail::transfer(used, kCPU, false, "parameters used");
+    ranks_used = host.to_vector<std::int32_t>();
+  }
   for (std::size_t i = 0; i < parameters_.size(); ++i) {
+    if (ranks_used[i] == 0) continue;  // no rank's backward reached it: .grad stays as it was
     const Tensor& p = parameters_[i];
     const Tensor averaged = buckets_[bucket_of_[i]]->flat.narrow(0, offset_of_[i], p.numel()).view(p.shape());
     if (Tensor grad = p.grad(); grad.defined()) grad.copy_(averaged);
@@ -202,6 +320,7 @@ void DistributedDataParallel::finish_gradient_sync() {
     bucket->pending = bucket->parameters.size();
   }
   std::fill(ready_.begin(), ready_.end(), 0);
+  std::fill(got_gradient_.begin(), got_gradient_.end(), 0);
   next_launch_ = 0;
   stats_.syncs += 1;
 }
@@ -214,7 +333,8 @@ std::uint64_t DistributedDataParallel::check_replicas() {
   for (std::size_t i = 0; i < count; ++i) {
     Tensor value = parameters_[i].detach().contiguous();
     if (!value.device().is_cpu()) value = ferry::detail::transfer(value, kCPU, false, "check_replicas()");
-    const std::uint64_t hash = fnv1a(value.data_ptr(), value.nbytes());
+    // The shape and dtype first: two replicas with the same bytes in another shape are not the same.
+    const std::uint64_t hash = fnv1a(value.data_ptr(), value.nbytes(), structure_hash(value));
     hashes[i] = static_cast<std::int64_t>(hash);
     total = fnv1a(&hash, sizeof(hash), total);
   }

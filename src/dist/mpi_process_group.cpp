@@ -120,6 +120,51 @@ void add_into(DType dtype, void* destination, const void* source, std::int64_t c
   }
 }
 
+// A receive that learns the message's size before any byte lands: MPI_Improbe matches the message, MPI_Imrecv takes
+// it only when it is the size this rank expects. A receive simply posted for fewer bytes than the peer sends is not
+// safe: Open MPI's single-copy path writes the whole message on, past the buffer (measured: 19000 floats past a
+// 1000-float receive), so ranks whose tensors differ in size corrupted each other's heap. Costs one probe per
+// message and no extra message; the bytes still land straight in the buffer.
+struct CheckedReceive {
+  void* into = nullptr;
+  std::int64_t count = 0;  // elements expected
+  int source = 0, tag = 0;
+  MPI_Request request = MPI_REQUEST_NULL;
+  bool matched = false;
+};
+
+// Advances `receive` a step without blocking; true once its bytes are in. A message of another size throws
+// ShapeMismatch naming both sizes (the collective cannot go on: the ranks called it with different tensors).
+bool progress_receive(CheckedReceive& receive, const Work::Operation& op, DType dtype, MPI_Comm comm) {
+  const MPI_Datatype type = mpi_type(dtype);
+  if (!receive.matched) {
+    int found = 0;
+    MPI_Message message = MPI_MESSAGE_NULL;
+    MPI_Status status;
+    FERRY_COMM_CHECK(MPI_Improbe(receive.source, receive.tag, comm, &found, &message, &status));
+    if (!found) return false;
+    int bytes = 0;
+    FERRY_COMM_CHECK(MPI_Get_count(&status, MPI_BYTE, &bytes));
+    const std::int64_t expected = receive.count * static_cast<std::int64_t>(element_size(dtype));
+    if (bytes != expected) {
+      // Take the message into a buffer of its own size first: the peer's send completes, nothing overflows.
+      std::vector<char> drained(static_cast<std::size_t>(std::max(bytes, 1)));
+      FERRY_COMM_CHECK(MPI_Mrecv(drained.data(), bytes, MPI_BYTE, &message, MPI_STATUS_IGNORE));
+      throw ShapeMismatch(fmt::format(
+          "{}: rank {} sent {} bytes where {} were expected on rank {} of {} ({} {} elements): do the ranks' tensors "
+          "have the same shape and dtype? Every rank must call the same collectives in the same order with the same "
+          "tensors.",
+          op.description(), receive.source, bytes, expected, op.rank, op.world_size, receive.count,
+          dtype_name(dtype)));
+    }
+    FERRY_COMM_CHECK(MPI_Imrecv(receive.into, static_cast<int>(receive.count), type, &message, &receive.request));
+    receive.matched = true;
+  }
+  int done = 0;
+  FERRY_COMM_CHECK(MPI_Test(&receive.request, &done, MPI_STATUS_IGNORE));
+  return done != 0;
+}
+
 // What the all-reduces ferry builds from MPI's point-to-point messages share: the buffer (staged for a device
 // tensor), the messages' tag base, and the end (Avg divides, a staged result goes back to the device).
 struct PointToPointAllReduce : Work::Operation {
@@ -147,7 +192,8 @@ struct RingAllReduce final : PointToPointAllReduce {
   Tensor scratch;                         // (largest segment) incoming partial sums, host
   int step = 0;                           // 0 .. 2(N-1)
   bool posted = false;
-  std::vector<MPI_Request> receives, sends;
+  std::vector<CheckedReceive> receives;  // in the order the peer sends them: matched one after the other
+  std::vector<MPI_Request> sends;
   std::vector<std::pair<std::int64_t, std::int64_t>> pieces;  // (offset in segment, count) per receive
   std::vector<char> received;
 
@@ -183,8 +229,7 @@ struct RingAllReduce final : PointToPointAllReduce {
       const std::int64_t count = std::min(piece, receive_length - offset);
       void* into = reducing ? static_cast<char*>(scratch.data_ptr()) + offset * element()
                             : at(receive_begin + offset);
-      receives.push_back(MPI_REQUEST_NULL);
-      FERRY_COMM_CHECK(MPI_Irecv(into, static_cast<int>(count), type, left, tag + step, comm, &receives.back()));
+      receives.push_back({.into = into, .count = count, .source = left, .tag = tag + step});
       pieces.emplace_back(offset, count);
     }
     const std::int64_t send_begin = segment[send_segment], send_length = segment[send_segment + 1] - send_begin;
@@ -204,13 +249,13 @@ struct RingAllReduce final : PointToPointAllReduce {
       if (!posted) post();
       const bool reducing = step < n - 1;
       const int receive_segment = ((reducing ? rank - step - 1 : rank - (step - (n - 1))) % n + n) % n;
-      bool all_received = true;
+      bool all_received = true, unmatched_before = false;
       for (std::size_t i = 0; i < receives.size(); ++i) {
         if (received[i]) continue;
-        int flag = 0;
-        FERRY_COMM_CHECK(MPI_Test(&receives[i], &flag, MPI_STATUS_IGNORE));
-        if (!flag) {
+        // Pieces share a tag: a probe matches the earliest, so piece i is probed only once i - 1 is matched.
+        if (unmatched_before || !progress_receive(receives[i], *this, dtype, comm)) {
           all_received = false;
+          unmatched_before = unmatched_before || !receives[i].matched;
           continue;
         }
         received[i] = 1;
@@ -245,22 +290,27 @@ struct DoublingAllReduce final : PointToPointAllReduce {
   Tensor scratch;                // (count) the partner's partial sum, host
   int distance = 1;              // 2^step: the partner is rank ^ distance
   int step = 0;
-  bool posted = false;
-  MPI_Request requests[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};  // receive, send
+  bool posted = false, received = false, sent = false;
+  CheckedReceive receive;
+  MPI_Request send = MPI_REQUEST_NULL;
 
   bool progress() override {
     while (distance < world_size) {
       const int partner = rank ^ distance;
       if (!posted) {
-        FERRY_COMM_CHECK(MPI_Irecv(scratch.data_ptr(), static_cast<int>(count), mpi_type(dtype), partner, tag + step,
-                                   comm, &requests[0]));
+        receive = {.into = scratch.data_ptr(), .count = count, .source = partner, .tag = tag + step};
         FERRY_COMM_CHECK(MPI_Isend(view.data(), static_cast<int>(count), mpi_type(dtype), partner, tag + step, comm,
-                                   &requests[1]));
+                                   &send));
         posted = true;
+        received = sent = false;
       }
-      int done = 0;
-      FERRY_COMM_CHECK(MPI_Testall(2, requests, &done, MPI_STATUSES_IGNORE));
-      if (!done) return false;
+      if (!received) received = progress_receive(receive, *this, dtype, comm);
+      if (!sent) {
+        int flag = 0;
+        FERRY_COMM_CHECK(MPI_Test(&send, &flag, MPI_STATUS_IGNORE));
+        sent = flag != 0;
+      }
+      if (!received || !sent) return false;
       add_into(dtype, view.data(), scratch.data_ptr(), count);  // after the send: it read the buffer
       distance *= 2;
       ++step;

@@ -89,13 +89,13 @@ bool SGD::step_fused() {
         if (has_state(order[j], "momentum_buffer") == first) continue;  // the other call's
         Tensor& buffer = state_tensor(order[j], "momentum_buffer");  // created (zeros) in the `first` call
         b_views.push_back(ferry::detail::kernel_view(buffer));
-        buffer.impl()->version += 1;
+        buffer.impl()->bump_version();
       } else if (first) {
         continue;
       }
       p_views.push_back(ferry::detail::kernel_view(p));
       g_views.push_back(ferry::detail::kernel_view(grads[j]));
-      p.impl()->version += 1;
+      p.impl()->bump_version();
     }
     if (p_views.empty()) continue;
     step.first = first;

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # tests/cli/test_ddp.sh PATH/TO/FERRY — mpirun -np 2 and -np 4: parity with one process, replicas, the B/N error, the bench,
-# ranks that die or stall. Not here: single-process parts (tests/test_dist.cpp). Under 3 min on 2 cores; skips with a reason.
+# ranks started with different options, ranks that die or stall. Not here: single-process parts (tests/test_dist.cpp). Under 3 min on 2 cores; skips with a reason.
 set -u
 
 FERRY="${1:?usage: test_ddp.sh path/to/ferry}"
@@ -145,6 +145,24 @@ if [[ $rc -ne 0 ]] && grep -q "B = 30" "$scratch/bn.err" && grep -q "N = 4" "$sc
 else
   fail "B/N error (exit $rc): $(head -c 600 "$scratch/bn.err")"
 fi
+
+# --- ranks started with different options: every rank stops before training, naming the option and both values
+# (another --seed trained silently on the wrong samples; another --batch made the collectives differ and crash) ---
+for differing in "--seed 1:--seed 2:--seed is 1 on rank 0 but 2 on rank 1" \
+                 "--batch 64:--batch 32:--batch is 64 on rank 0 but 32 on rank 1"; do
+  IFS=: read -r rank0_option rank1_option expected <<<"$differing"
+  base=(train --ddp --model mlp --device cpu --max-steps 2 --limit-train 256 --limit-test 64 --data "$data_dir")
+  rc=0
+  # shellcheck disable=SC2086  # the options split into flag and value on purpose
+  timeout 120 mpirun --oversubscribe --bind-to none -np 1 "$FERRY" "${base[@]}" $rank0_option \
+    : -np 1 "$FERRY" "${base[@]}" $rank1_option >"$scratch/differ.out" 2>"$scratch/differ.err" || rc=$?
+  if [[ $rc -eq 2 ]] && [[ $(grep -c -- "$expected" "$scratch/differ.err") -eq 2 ]] &&
+     ! grep -q "step 1/" "$scratch/differ.out"; then
+    ok "$rank0_option on rank 0, $rank1_option on rank 1: both ranks refuse before training (exit 2)"
+  else
+    fail "different options across ranks ($rank0_option / $rank1_option), exit $rc: $(tail -c 600 "$scratch/differ.err")"
+  fi
+done
 
 # --- GPU machine only (scripts/gpu-check runs this through ctest): NCCL with one rank, MPI staging with two
 # ranks on one GPU, each 4 steps of the mlp against one cuda process's parameters.

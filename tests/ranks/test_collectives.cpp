@@ -1,8 +1,10 @@
 // test_collectives.cpp — ferry's collectives across real ranks: run under mpirun -np N (ctest runs N = 2, 3, 4;
 // tests/CMakeLists.txt). Every all-reduce algorithm the mpi backend picks by size and rank count (recursive
 // doubling, MPI's own, the ring), every dtype, Sum and Avg, on cpu tensors and on the sim device's staged ones;
-// every element checked on every rank, and the replicas compared bit for bit. Not here: one rank
-// (tests/test_dist.cpp), training (tests/cli/test_ddp.sh).
+// every element checked on every rank, and the replicas compared bit for bit. Also what ranks that disagree get:
+// tensors of different sizes (an error, not a corrupted heap), different models under DDP (refused), and DDP's
+// parameters that no rank used (their .grad left alone). Not here: one rank (tests/test_dist.cpp), training
+// (tests/cli/test_ddp.sh).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -11,10 +13,14 @@
 #include <memory>
 #include <vector>
 
+#include "ferry/autograd.h"
+#include "ferry/dist/ddp.h"
 #include "ferry/dist/process_group.h"
 #include "ferry/factories.h"
 #include "ferry/ledger.h"
+#include "ferry/nn/linear.h"
 #include "ferry/ops.h"
+#include "ferry/random.h"
 
 namespace ferry {
 namespace {
@@ -162,6 +168,106 @@ TEST(Collectives, BroadcastAllGatherReduceScatterAndBarrier) {
   const std::vector<float> got = out.to_vector<float>();
   for (int i = 0; i < 3; ++i) EXPECT_EQ(got[static_cast<std::size_t>(i)], static_cast<float>(n * (3 * g.rank() + i)));
   g.barrier();
+}
+
+
+// --- ranks that disagree ----------------------------------------------------------------------------------
+
+// An all-reduce whose tensor has another element count on each rank: every rank stops with ShapeMismatch naming
+// the bytes sent and expected, instead of reading past its buffers (Open MPI writes a too-long message on past a
+// receive's end). Each case runs on a group of its own: after the error that group cannot be used again.
+void expect_size_mismatch_is_reported(std::int64_t base, std::int64_t step, const char* algorithm) {
+  auto g = dist::init_process_group({.device = kCPU, .timeout_s = 30});
+  const std::int64_t count = base + step * g->rank();  // a different count on every rank
+  Tensor t = pattern(count, DType::Float32, g->rank(), kCPU);
+  try {
+    g->all_reduce(t, dist::ReduceOp::Sum, "mismatched");
+    ADD_FAILURE() << algorithm << ": an all-reduce of " << count << " elements on rank " << g->rank()
+                  << " completed although every rank's count differs";
+  } catch (const ShapeMismatch& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("all_reduce (mismatched"), std::string::npos) << what;
+    EXPECT_NE(what.find("bytes where"), std::string::npos) << what;
+    EXPECT_NE(what.find("do the ranks' tensors have the same shape and dtype?"), std::string::npos) << what;
+  }
+}
+
+TEST(RanksThatDisagree, ARingAllReduceOfDifferentSizesThrowsOnEveryRank) {
+  expect_size_mismatch_is_reported(40000, 3000, "ring");  // >= 64 KiB of float32 on every rank
+}
+
+TEST(RanksThatDisagree, ARecursiveDoublingAllReduceOfDifferentSizesThrowsOnEveryRank) {
+  if ((g_cpu->world_size() & (g_cpu->world_size() - 1)) != 0) GTEST_SKIP() << "MPI's own all-reduce for this N";
+  expect_size_mismatch_is_reported(1000, 100, "recursive doubling");
+}
+
+// A module whose forward uses `first`, and `second` only when `use_second` (it is set per rank below).
+struct TwoLayers : nn::Module {
+  std::shared_ptr<nn::Linear> first, second, never;
+  bool use_second = false;
+  TwoLayers() {
+    first = register_module("first", std::make_shared<nn::Linear>(3, 3));
+    second = register_module("second", std::make_shared<nn::Linear>(3, 3));
+    never = register_module("never", std::make_shared<nn::Linear>(3, 3));
+  }
+  Tensor forward(const Tensor& x) override {
+    Tensor y = (*first)(x);
+    return use_second ? (*second)(y) : y;
+  }
+  std::string type_name() const override { return "TwoLayers"; }
+};
+
+// Rank 0 builds Linear(6, 4), the others Linear(4, 6): the same number of weights, another shape. The DDP
+// constructor refuses on every rank before anything is broadcast, naming the parameter and the ranks.
+TEST(RanksThatDisagree, DdpRefusesRanksThatBuiltDifferentModels) {
+  auto g = dist::init_process_group({.device = kCPU, .timeout_s = 30});
+  manual_seed(1);
+  nn::Linear linear(g->rank() == 0 ? 6 : 4, g->rank() == 0 ? 4 : 6);
+  try {
+    dist::DistributedDataParallel ddp(linear, *g);
+    ADD_FAILURE() << "DDP accepted weight " << shape_str(linear.weight.shape()) << " on rank " << g->rank();
+  } catch (const InvalidArgument& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("parameter 'weight' (shape [4, 6], float32) on rank 0"), std::string::npos) << what;
+    EXPECT_NE(what.find("differs on rank(s) 1"), std::string::npos) << what;
+  }
+  // The group is still whole: nothing was in flight when the ranks stopped.
+  Tensor t = pattern(5, DType::Float32, g->rank(), kCPU);
+  g->all_reduce(t);
+  EXPECT_EQ(wrong_sums(t, g->world_size()), 0);
+}
+
+TEST(RanksThatDisagree, DdpRefusesADifferentNumberOfParameters) {
+  auto g = dist::init_process_group({.device = kCPU, .timeout_s = 30});
+  nn::Linear linear(4, 4, /*bias=*/g->rank() != g->world_size() - 1);
+  EXPECT_THROW(dist::DistributedDataParallel(linear, *g), InvalidArgument);
+}
+
+// A parameter that no rank's backward reached keeps .grad undefined, as in one process (so SGD's weight decay and
+// momentum leave it alone); one used on rank 0 only gets the average over the ranks, on every rank.
+TEST(RanksThatDisagree, DdpLeavesTheGradientOfParametersNoRankUsedUndefined) {
+  auto g = dist::init_process_group({.device = kCPU, .timeout_s = 30});
+  manual_seed(3);
+  TwoLayers model;
+  model.use_second = g->rank() == 0;
+  dist::DistributedDataParallel ddp(model, *g, {.bucket_bytes = 64});  // several buckets
+  const Tensor x = full({2, 3}, 1.0 + g->rank());
+  sum(ddp(x)).backward();
+  ddp.finish_gradient_sync();
+  EXPECT_FALSE(model.never->weight.grad().defined()) << "rank " << g->rank();
+  EXPECT_FALSE(model.never->bias.grad().defined()) << "rank " << g->rank();
+  ASSERT_TRUE(model.first->weight.grad().defined());
+  ASSERT_TRUE(model.second->bias.grad().defined()) << "used on rank 0: the average reaches every rank";
+  // d sum(second(y)) / d second.bias = 2 (rows) on rank 0, nothing elsewhere: the average is 2 / N.
+  const std::vector<float> bias_grad = model.second->bias.grad().to_vector<float>();
+  for (float v : bias_grad) EXPECT_FLOAT_EQ(v, 2.0f / static_cast<float>(g->world_size()));
+  // A second step, with .grad cleared to undefined as zero_grad(true) does: the same again.
+  for (const Tensor& p : model.parameters()) p.set_grad(Tensor());
+  sum(ddp(x)).backward();
+  ddp.finish_gradient_sync();
+  EXPECT_FALSE(model.never->weight.grad().defined());
+  EXPECT_TRUE(model.second->weight.grad().defined());
+  ddp.check_replicas();
 }
 
 }  // namespace

@@ -25,6 +25,7 @@
 #include "ferry/checkpoint.h"
 #include "ferry/cost_model.h"
 #include "ferry/dist/process_group.h"
+#include "ferry/factories.h"
 #include "ferry/idx.h"
 #include "ferry/ledger.h"
 #include "ferry/random.h"
@@ -283,6 +284,53 @@ void print_results(const ferry::TrainResult& r, const TrainArgs& a, std::FILE* o
   std::fflush(out);
 }
 
+// Data-parallel ranks must run the same training: the same samples in the same order, the same batch, model and
+// schedule, the same collectives at the same steps. A rank given another --seed trains silently on the wrong
+// samples; another --batch makes the ranks' collectives differ (a crash or a hang). So before training, every
+// rank's settings are compared with one all_gather of a hash per setting; on a difference one more all_gather
+// brings every rank's text of the first that differs, and every rank stops with the same line (exit 2).
+void check_ranks_agree(ferry::dist::ProcessGroup& group, const std::vector<std::pair<std::string, std::string>>& settings) {
+  if (group.world_size() == 1) return;
+  const auto count = static_cast<std::int64_t>(settings.size());
+  const int n = group.world_size();
+  std::vector<std::int64_t> hashes;
+  for (const auto& [name, value] : settings) {
+    std::uint64_t hash = 0xcbf29ce484222325ull;  // FNV-1a
+    for (const unsigned char c : name + '=' + value) hash = (hash ^ c) * 0x100000001b3ull;
+    hashes.push_back(static_cast<std::int64_t>(hash));
+  }
+  const auto gather = [&](const auto& mine, ferry::DType dtype, const char* label) {
+    using T = typename std::decay_t<decltype(mine)>::value_type;
+    const auto per_rank = static_cast<std::int64_t>(mine.size());
+    const ferry::Tensor local = ferry::from_vector(mine, {per_rank}).to(group.device());
+    const ferry::Tensor all = ferry::empty({n * per_rank}, {.device = group.device(), .dtype = dtype});
+    group.all_gather(all, local, label);
+    return all.cpu().template to_vector<T>();
+  };
+  const std::vector<std::int64_t> all = gather(hashes, ferry::DType::Int64, "ferry train settings");
+  for (std::int64_t i = 0; i < count; ++i) {
+    int differing = -1;
+    for (int r = 1; r < n && differing < 0; ++r) {
+      if (all[static_cast<std::size_t>(r * count + i)] != all[static_cast<std::size_t>(i)]) differing = r;
+    }
+    if (differing < 0) continue;
+    constexpr std::size_t kTextBytes = 256;
+    const std::string& value = settings[static_cast<std::size_t>(i)].second;
+    std::vector<std::uint8_t> text(kTextBytes, 0);
+    std::copy_n(value.begin(), std::min(value.size(), kTextBytes - 1), text.begin());
+    const std::vector<std::uint8_t> texts = gather(text, ferry::DType::UInt8, "ferry train settings (values)");
+    const auto text_of = [&](int r) {
+      const char* begin = reinterpret_cast<const char*>(texts.data()) + static_cast<std::size_t>(r) * kTextBytes;
+      return ferry::detail::printable(std::string(begin, strnlen(begin, kTextBytes)));
+    };
+    const std::string& name = settings[static_cast<std::size_t>(i)].first;
+    throw ferry::InvalidArgument(fmt::format(
+        "--ddp: the ranks were started with different settings: {} is {} on rank 0 but {} on rank {} (of {}); every "
+        "rank must train with the same options and data",
+        name, text_of(0), text_of(differing), differing, n));
+  }
+}
+
 }  // namespace
 
 void register_train_command(CLI::App& app) {
@@ -367,9 +415,13 @@ void register_train_command(CLI::App& app) {
     check_writable(o.metrics_path, "--metrics");
     check_writable(a.plot_path, "--plot");
     check_writable(a.trace_path, "--trace");
-    const std::vector<std::string> resume_notes =
-        o.resume_path.empty() ? std::vector<std::string>{}
-                              : take_run_settings(*cmd, a, ferry::read_checkpoint_contents(o.resume_path));
+    std::vector<std::string> resume_notes;
+    std::int64_t resume_step = -1;  // the checkpoint's step; -1: no --resume
+    if (!o.resume_path.empty()) {
+      const ferry::CheckpointContents contents = ferry::read_checkpoint_contents(o.resume_path);
+      resume_notes = take_run_settings(*cmd, a, contents);
+      resume_step = contents.progress.global_step;
+    }
     o.placement = ferry::parse_placement(a.placement);
     ferry::check_train_options(o);  // before the data is read: a bad --lr costs nothing
     FERRY_CHECK(!a.ddp || o.graphs != "on", InvalidArgument,
@@ -411,6 +463,20 @@ void register_train_command(CLI::App& app) {
     };
     limit(train_set, a.limit_train, "--limit-train", "training");
     limit(test_set, a.limit_test, "--limit-test", "test");
+    if (group) {  // before any collective of the training: every rank must run the same one
+      check_ranks_agree(*group, {
+          {"--model", o.model_name}, {"--seed", std::to_string(o.seed)}, {"--batch", std::to_string(o.batch_size)},
+          {"--epochs", std::to_string(o.epochs)}, {"--max-steps", std::to_string(o.max_steps)},
+          {"--lr", ferry::metadata_text(o.lr)}, {"--momentum", ferry::metadata_text(o.momentum)},
+          {"--weight-decay", ferry::metadata_text(o.weight_decay)}, {"--schedule", o.schedule},
+          {"--placement", a.placement}, {"--log-every", std::to_string(o.log_every)},
+          {"--check-replicas-every", std::to_string(o.check_replicas_every)},
+          {"--bucket-mb", ferry::metadata_text(a.bucket_mb)}, {"--deterministic", o.deterministic ? "on" : "off"},
+          {"the training images (--limit-train, --data)", std::to_string(train_set.size())},
+          {"the test images (--limit-test, --data)", std::to_string(test_set.size())},
+          {"the step resumed from (--resume)", resume_step < 0 ? std::string("none") : std::to_string(resume_step)},
+      });
+    }
     std::ostringstream sink;
     std::ostream& log = a.json || !is_rank0 ? static_cast<std::ostream&>(sink) : std::cout;
     for (const auto& line : notes) log << line << "\n";

@@ -37,7 +37,9 @@ struct DDPOptions {
 
 class DistributedDataParallel {
  public:
-  // Broadcasts rank 0's parameters and buffers (every rank starts from the same replica) and hooks every
+  // Checks that every rank built the same model (the same parameters and buffers, in order, with the same
+  // names, shapes and dtypes; else InvalidArgument on every rank naming the first that differs and the ranks),
+  // broadcasts rank 0's parameters and buffers (every rank starts from the same replica) and hooks every
   // parameter: when backward has filled a bucket, its all-reduce starts. `module` and `group` must
   // outlive this object; the module must already be on group.device().
   DistributedDataParallel(nn::Module& module, ProcessGroup& group, const DDPOptions& options = {});
@@ -51,12 +53,15 @@ class DistributedDataParallel {
 
   // Call between loss.backward() and optimizer.step(): starts the buckets backward did not fill
   // (a parameter without a gradient counts as zeros), waits for every bucket (group timeout), and
-  // writes the averaged gradients into each parameter's .grad. Then every replica holds the same.
+  // writes the averaged gradients into each parameter's .grad. A parameter that no rank's backward
+  // reached keeps its .grad as it was (undefined after zero_grad(true)), as in one process; one used
+  // on some ranks only gets the average (Σ/N, the others counting zeros). One extra small all-reduce
+  // (an int32 per parameter) says which. Then every replica holds the same.
   void finish_gradient_sync();
 
   // Sends rank 0's buffers to every rank (before evaluating, or saving on rank 0).
   void broadcast_buffers();
-  // Hashes every parameter (FNV-1a over its bytes, read back to the host), gathers every rank's hashes
+  // Hashes every parameter (FNV-1a over its dtype, shape and bytes, read back to the host), gathers every rank's hashes
   // and compares: throws ReplicaMismatch naming the first parameter and the ranks that differ. Returns
   // the hash of this rank's parameters (the same on every rank when it returns).
   std::uint64_t check_replicas();
@@ -90,6 +95,7 @@ class DistributedDataParallel {
   std::vector<std::size_t> bucket_of_;  // parameter -> bucket
   std::vector<std::int64_t> offset_of_; // parameter -> element offset in its bucket
   std::vector<char> ready_;             // parameter -> its gradient is in its bucket this step
+  std::vector<char> got_gradient_;      // parameter -> backward reached it on this rank this step
   std::vector<std::uint64_t> hooks_;
   std::size_t next_launch_ = 0;         // buckets start in plan order on every rank
   Stats stats_;
