@@ -207,6 +207,21 @@ TEST(Autograd, BackwardRefusesSavedTensorsWrittenInPlace) {
   EXPECT_EQ(x.grad().to_vector<float>(), (std::vector<float>{1, 1}));
 }
 
+// A view of a tracked tensor made under NoGradGuard may be written under NoGradGuard (an optimizer's way), not with
+// grad mode on, where the change would bypass autograd (PyTorch refuses it too).
+TEST(Autograd, AViewMadeWithoutGradCannotBeWrittenWithGrad) {
+  Tensor x = from_vector<float>({1, 2, 3}).requires_grad_();
+  Tensor v;
+  {
+    autograd::NoGradGuard no_grad;
+    v = x.narrow(0, 0, 2);
+    v.fill_(5);  // allowed: still without grad
+  }
+  EXPECT_THROW(v.fill_(7), InvalidArgument);
+  EXPECT_THROW(v.reshape({2}).fill_(7), InvalidArgument);  // a view of that view too
+  EXPECT_EQ(x.detach().to_vector<float>(), (std::vector<float>{5, 5, 3}));
+}
+
 // Only a leaf's requires_grad can be switched off: on an op's output it would cut the graph without a word.
 TEST(Autograd, RequiresGradOfANonLeafCannotBeSwitchedOff) {
   Tensor x = from_vector<float>({1, 2}).requires_grad_();

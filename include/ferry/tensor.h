@@ -65,6 +65,9 @@ struct TensorImpl {
   std::shared_ptr<TensorImpl> grad;
   std::shared_ptr<autograd::Node> grad_fn;
   int output_index = 0;
+  // A view of a tensor autograd tracks, made under NoGradGuard (so not recorded): writing into it with grad mode
+  // on would change the tracked tensor behind autograd's back, and is refused (as PyTorch does).
+  bool view_made_without_grad = false;
   std::uint64_t version = 0;  // bumped by in-place writes into this tensor (its storage's version() too)
   void bump_version() {
     ++version;

@@ -179,6 +179,8 @@ Shape infer_shape(const Shape& requested, std::int64_t numel, const Shape& from)
 Tensor record_view(const Tensor& base, Tensor view, const char* name,
                    std::function<std::vector<Tensor>(const Tensor&)> backward) {
   view.impl()->version = base.impl()->version;
+  view.impl()->view_made_without_grad =
+      base.impl()->view_made_without_grad || (!autograd::grad_enabled() && base.requires_grad());
   if (autograd::needs_grad({&base})) autograd::record(name, {base}, view, std::move(backward));
   return view;
 }
@@ -416,6 +418,10 @@ void check_in_place(const Tensor& self, const char* op, std::initializer_list<co
                                       "the gradient would be wrong. Write the out-of-place form (x = x * 3) or "
                                       "work on x.detach()"));
   }
+  FERRY_CHECK(!autograd::grad_enabled() || !self.impl()->view_made_without_grad, InvalidArgument, op,
+              ": a view was created in no_grad mode (under NoGradGuard) and is being modified in place with grad mode "
+              "enabled: autograd would not see the change to the tensor it tracks. Write under NoGradGuard too, or "
+              "make the view with grad mode on");
   // One element written through several indices: an expand()ed view. (fill_ writes one value: allowed.)
   if (!allow_internal_overlap) {
     for (int d = 0; d < self.dim(); ++d) {
