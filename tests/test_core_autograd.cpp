@@ -2,6 +2,7 @@
 // differences in float64, plus the engine's rules (accumulation, no_grad, detach, errors).
 #include <functional>
 
+#include "ferry/nn/functional.h"
 #include "test_helpers.h"
 
 namespace ferry {
@@ -107,7 +108,12 @@ TEST(Autograd, EngineRules) {
   EXPECT_EQ(w.grad().to_vector<float>(), (std::vector<float>{2, 2, 2}));
   sum(w * 3.0).backward();  // accumulates
   EXPECT_EQ(w.grad().to_vector<float>(), (std::vector<float>{5, 5, 5}));
-  EXPECT_THROW(loss.backward(), InvalidArgument);  // graph already freed
+  try {
+    loss.backward();  // graph already freed
+    ADD_FAILURE() << "a second backward through a freed graph ran";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("retain_graph"), std::string::npos) << e.what();
+  }
   {
     autograd::NoGradGuard no_grad;
     EXPECT_FALSE((w * 2.0).requires_grad());
@@ -205,6 +211,117 @@ TEST(Autograd, BackwardRefusesSavedTensorsWrittenInPlace) {
   b.fill_(100);  // add's backward reads neither operand
   sum(y).backward();
   EXPECT_EQ(x.grad().to_vector<float>(), (std::vector<float>{1, 1}));
+}
+
+TEST(Autograd, RetainGraphAllowsASecondBackward) {
+  Tensor x = from_vector<float>({1, 2}).requires_grad_();
+  Tensor loss = sum(mul(exp(x), x));  // d/dx = e^x (1 + x)
+  loss.backward(Tensor(), /*retain_graph=*/true);
+  const std::vector<double> once = testing::values(x.grad());
+  loss.backward();  // the graph was kept; this one frees it
+  const std::vector<double> twice = testing::values(x.grad());
+  for (std::size_t i = 0; i < once.size(); ++i) EXPECT_NEAR(twice[i], 2 * once[i], 1e-5);
+  EXPECT_NEAR(once[1], std::exp(2.0) * 3, 1e-4);
+  EXPECT_THROW(loss.backward(), InvalidArgument);
+}
+
+TEST(Autograd, RetainGradKeepsANonLeafsGradient) {
+  Tensor x = from_vector<float>({1, 2, 3}).requires_grad_();
+  Tensor y = mul(x, 2.0);  // (3)
+  EXPECT_FALSE(y.retains_grad());
+  y.retain_grad();
+  EXPECT_TRUE(y.retains_grad());
+  Tensor z = mul(y, y);
+  z.retain_grad();
+  sum(z).backward(Tensor(), true);
+  EXPECT_EQ(testing::values(z.grad()), (std::vector<double>{1, 1, 1}));
+  EXPECT_EQ(testing::values(y.grad()), (std::vector<double>{4, 8, 12}));  // 2y
+  EXPECT_EQ(testing::values(x.grad()), (std::vector<double>{8, 16, 24}));
+  sum(z).backward();  // accumulates, as a leaf's .grad does
+  EXPECT_EQ(testing::values(y.grad()), (std::vector<double>{8, 16, 24}));
+  Tensor w = mul(x, 3.0);  // not retained: no .grad
+  sum(w).backward();
+  EXPECT_FALSE(w.grad().defined());
+  x.retain_grad();  // a leaf: nothing to do
+  EXPECT_FALSE(x.retains_grad());
+  EXPECT_THROW(ones({2}).retain_grad(), InvalidArgument);
+}
+
+TEST(Autograd, TensorHooksReadOrReplaceTheGradient) {
+  Tensor x = from_vector<float>({1, 2}).requires_grad_();
+  std::vector<std::vector<double>> seen;
+  const unsigned reader = x.register_hook([&](const Tensor& g) { seen.push_back(testing::values(g)); });
+  const unsigned doubler = x.register_hook([](const Tensor& g) { return mul(g, 2.0); });
+  // x used twice: the hooks see the summed gradient once, before it reaches .grad.
+  sum(add(mul(x, 3.0), mul(x, 4.0))).backward();
+  ASSERT_EQ(seen.size(), 1u);
+  EXPECT_EQ(seen[0], (std::vector<double>{7, 7}));
+  EXPECT_EQ(testing::values(x.grad()), (std::vector<double>{14, 14}));
+  x.remove_hook(doubler);
+  EXPECT_THROW(x.remove_hook(doubler), InvalidArgument);
+  x.set_grad(Tensor());
+  sum(x).backward();
+  EXPECT_EQ(testing::values(x.grad()), (std::vector<double>{1, 1}));
+  EXPECT_EQ(seen.size(), 2u);
+  x.remove_hook(reader);
+
+  // On a non-leaf the replaced gradient is what flows on to the ops before it.
+  Tensor a = from_vector<float>({1, 2}).requires_grad_();
+  Tensor b = mul(a, a);
+  b.register_hook([](const Tensor& g) { return mul(g, 10.0); });
+  b.retain_grad();  // sees the gradient after the hooks
+  sum(b).backward();
+  EXPECT_EQ(testing::values(b.grad()), (std::vector<double>{10, 10}));
+  EXPECT_EQ(testing::values(a.grad()), (std::vector<double>{20, 40}));
+
+  Tensor c = ones({2}).requires_grad_();
+  c.register_hook([](const Tensor&) { return ones({3}); });
+  EXPECT_THROW(sum(c).backward(), ShapeMismatch);
+  Tensor d = ones({2}).requires_grad_();
+  d.register_hook([](const Tensor&) { return ones({2}, {.dtype = DType::Float64}); });
+  EXPECT_THROW(sum(d).backward(), DTypeMismatch);
+  EXPECT_THROW(ones({2}).register_hook([](const Tensor&) {}), InvalidArgument);
+}
+
+// A leaf's gradient reaches .grad (and its hooks) when the last op that used it has passed its gradient back, not
+// at the end of backward: DDP starts bucket all-reduces from there.
+TEST(Autograd, ALeafIsFinishedWhenItsLastUseHasRun) {
+  Tensor w1 = ones({2}).requires_grad_(), w2 = ones({2}).requires_grad_();
+  std::vector<std::string> events;
+  autograd::register_post_accumulate_grad_hook(w2, [&](const Tensor&) { events.push_back("w2"); });
+  autograd::register_post_accumulate_grad_hook(w1, [&](const Tensor&) { events.push_back("w1"); });
+  Tensor h = mul(exp(mul(w1, 2.0)), w2);  // w2 used last in the forward pass: its gradient is ready first
+  Tensor out = sum(mul(h, w1));           // w1 used again at the end
+  out.backward();
+  EXPECT_EQ(events, (std::vector<std::string>{"w2", "w1"}));
+  const double e2 = std::exp(2.0);
+  EXPECT_NEAR(testing::values(w1.grad())[0], e2 + 2 * e2, 1e-4);  // d/dw1 of w1 e^{2 w1} w2
+}
+
+// Writing a layer's bias after the forward pass is allowed (its backward never reads it); the weight is not.
+TEST(Autograd, LayersSaveWhatTheirBackwardReads) {
+  Tensor x = randn({4, 3}), w = randn({2, 3}).requires_grad_(), b = zeros({2}).requires_grad_();
+  Tensor y = nn::functional::linear(x, w, b);
+  {
+    autograd::NoGradGuard no_grad;
+    b.fill_(5);
+  }
+  sum(y).backward();
+  EXPECT_EQ(testing::values(b.grad()), (std::vector<double>{4, 4}));
+  Tensor y2 = nn::functional::linear(x, w, b);
+  {
+    autograd::NoGradGuard no_grad;
+    w.fill_(0);
+  }
+  EXPECT_THROW(sum(y2).backward(), InvalidArgument);
+  Tensor img = randn({1, 1, 4, 4}), k = randn({2, 1, 3, 3}).requires_grad_(), kb = zeros({2}).requires_grad_();
+  Tensor conv = nn::functional::conv2d(img, k, kb);
+  {
+    autograd::NoGradGuard no_grad;
+    kb.fill_(1);
+  }
+  sum(conv).backward();
+  EXPECT_EQ(testing::values(kb.grad()), (std::vector<double>{4, 4}));
 }
 
 // A view of a tracked tensor made under NoGradGuard may be written under NoGradGuard (an optimizer's way), not with

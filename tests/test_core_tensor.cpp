@@ -78,6 +78,23 @@ TEST(CoreTensor, SameSeedSameNumbersOnEveryDevice) {
   }
 }
 
+// A 0-d tensor has no dim to index: size/narrow/slice/select/cat refuse it (they read past an empty shape before);
+// transpose and squeeze of dims 0 / -1 give it back, as PyTorch does.
+TEST(CoreTensor, ZeroDimTensorsHaveNoDimToIndex) {
+  const Tensor s = scalar_tensor(3);
+  EXPECT_THROW(s.size(0), InvalidArgument);
+  EXPECT_THROW(s.narrow(0, 0, 1), InvalidArgument);
+  EXPECT_THROW(s.slice(0, 0, 1), InvalidArgument);
+  EXPECT_THROW(s.select(0, 0), InvalidArgument);
+  EXPECT_THROW(cat({scalar_tensor(1), scalar_tensor(2)}), InvalidArgument);
+  EXPECT_EQ(s.transpose(0, -1).dim(), 0);
+  EXPECT_EQ(s.squeeze(0).dim(), 0);
+  EXPECT_EQ(s.squeeze(0).item<double>(), 3.0);
+  EXPECT_THROW(s.transpose(0, 1), InvalidArgument);
+  EXPECT_THROW(s.squeeze(1), InvalidArgument);
+  EXPECT_EQ(s.unsqueeze(0).shape(), (Shape{1}));
+}
+
 TEST(CoreTensor, ViewsShareStorage) {
   Tensor t = arange(0, 12, 1, {.dtype = DType::Float32}).reshape({3, 4});
   Tensor tr = t.t();

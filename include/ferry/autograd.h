@@ -28,6 +28,9 @@ struct Node {
     std::string what;           // "input 1 (shape [4, 3])", "output (shape [4])"
   };
   std::vector<SavedVersion> saved;
+  // The tensor this node made, set only when it has hooks or retains its gradient (register_hook, retain_grad):
+  // backward runs them on the gradient flowing into this node.
+  std::weak_ptr<TensorImpl> output;
   Node() = default;
   Node(std::string name, std::vector<Tensor> inputs, std::function<std::vector<Tensor>(const Tensor&)> backward)
       : name(std::move(name)), inputs(std::move(inputs)), backward(std::move(backward)) {}
@@ -36,6 +39,17 @@ struct Node {
   // Frees the nodes only this one kept alive with a loop, not by recursion: a graph of 10^5 ops dropped without
   // backward would otherwise overflow the stack (PyTorch's deleteNode does the same).
   ~Node();
+};
+
+// A tensor's gradient hooks (Tensor::register_hook) and whether it keeps its gradient (Tensor::retain_grad).
+struct GradHooks {
+  struct Entry {
+    unsigned handle = 0;
+    std::function<Tensor(const Tensor&)> hook;  // returns the replacement gradient, or an undefined Tensor
+  };
+  std::vector<Entry> entries;
+  unsigned next_handle = 0;
+  bool retains_grad = false;
 };
 
 bool grad_enabled();
@@ -58,19 +72,25 @@ bool needs_grad(std::initializer_list<const Tensor*> inputs);
 bool needs_grad(const std::vector<Tensor>& inputs);
 
 // Attach a node to `output` (which then requires grad). Call only when needs_grad(inputs).
-// `saved`: what the backward function reads of the inputs and the output (see Saved).
+// `saved`: what the backward function reads of the inputs and the output (see Saved); `inputs_read`: with
+// Saved::Inputs, how many of the inputs, from the first, it reads (linear's backward reads input and weight, not the
+// bias: 2); -1 for all.
 void record(const char* name, std::vector<Tensor> inputs, Tensor& output,
-            std::function<std::vector<Tensor>(const Tensor& grad_output)> backward, Saved saved = Saved::Nothing);
+            std::function<std::vector<Tensor>(const Tensor& grad_output)> backward, Saved saved = Saved::Nothing,
+            int inputs_read = -1);
 
 // Sum `grad` down to `shape` (undoing broadcasting).
 Tensor reduce_to_shape(const Tensor& grad, const Shape& shape);
 
-// Run backward from `root` with d(root)/d(root) = gradient.
-void run_backward(const Tensor& root, const Tensor& gradient);
+// Run backward from `root` with d(root)/d(root) = gradient. Each leaf's gradient is summed over every path that
+// reaches it before it touches .grad, so its hooks see it once per backward. retain_graph keeps the graph for
+// another backward.
+void run_backward(const Tensor& root, const Tensor& gradient, bool retain_graph = false);
 
 // A hook called right after backward has written or accumulated a gradient into a leaf's .grad: once per
-// gradient that reaches the leaf (a leaf used twice in the forward pass sees it twice), on the thread
-// running backward, with grad mode off. DistributedDataParallel uses it to start the all-reduce of a
+// backward that reaches the leaf (a leaf used twice in the forward pass sees the sum of both gradients, once,
+// after the last op that used it has passed its gradient back), on the thread running backward, with grad mode
+// off. DistributedDataParallel uses it to start the all-reduce of a
 // gradient bucket while the rest of backward runs (PyTorch's register_post_accumulate_grad_hook).
 using PostAccumulateGradHook = std::function<void(const Tensor& leaf)>;
 // Registers `hook` on `leaf` (a tensor that requires grad and has no grad_fn). Hooks run in the order

@@ -4,9 +4,11 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <iosfwd>
 #include <memory>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "ferry/device.h"
@@ -26,7 +28,10 @@ struct TensorOptions {
   bool pinned = false;  // host tensors only: page-locked memory for fast async copies
 };
 
-namespace autograd { struct Node; }
+namespace autograd {
+struct Node;
+struct GradHooks;  // register_hook() and retain_grad() of one tensor (ferry/autograd.h)
+}
 
 // A block of bytes on one device, freed through its backend when the last tensor lets go.
 class Storage {
@@ -68,6 +73,7 @@ struct TensorImpl {
   // A view of a tensor autograd tracks, made under NoGradGuard (so not recorded): writing into it with grad mode
   // on would change the tracked tensor behind autograd's back, and is refused (as PyTorch does).
   bool view_made_without_grad = false;
+  std::shared_ptr<autograd::GradHooks> hooks;  // null unless register_hook() or retain_grad() was called
   std::uint64_t version = 0;  // bumped by in-place writes into this tensor (its storage's version() too)
   void bump_version() {
     ++version;
@@ -133,9 +139,31 @@ class Tensor {
   Tensor& requires_grad_(bool enabled = true);
   Tensor grad() const;               // undefined until backward() reaches this leaf
   void set_grad(const Tensor& grad) const;  // same shape, dtype and device, or undefined (to clear)
-  void backward(const Tensor& gradient = Tensor()) const;  // gradient needed unless scalar
+  // Gradient needed unless scalar. The graph is freed as backward walks it, unless retain_graph: then a second
+  // backward() through it works (PyTorch's retain_graph=True).
+  void backward(const Tensor& gradient = Tensor(), bool retain_graph = false) const;
   Tensor detach() const;             // same storage, no history
   bool is_leaf() const;
+  // A tensor made by an op (not a leaf) keeps the gradient backward computes for it in .grad, accumulating over
+  // backward calls as a leaf's does (PyTorch's retain_grad(); a no-op on a leaf).
+  void retain_grad() const;
+  bool retains_grad() const;
+  // Calls `hook(grad)` each backward, once backward has the whole gradient with respect to this tensor: before it
+  // reaches .grad (a leaf) or flows on to the op that made it. A hook that returns a Tensor (same shape, dtype and
+  // device) replaces the gradient; one that returns void only reads it. Hooks run in the order registered, on the
+  // thread running backward, with grad mode off (PyTorch's Tensor::register_hook). Returns a handle for remove_hook.
+  template <typename Hook>
+  unsigned register_hook(Hook&& hook) const {
+    if constexpr (std::is_void_v<std::invoke_result_t<Hook&, const Tensor&>>) {
+      return add_grad_hook([h = std::forward<Hook>(hook)](const Tensor& grad) mutable {
+        h(grad);
+        return Tensor();
+      });
+    } else {
+      return add_grad_hook(std::function<Tensor(const Tensor&)>(std::forward<Hook>(hook)));
+    }
+  }
+  void remove_hook(unsigned handle) const;  // a handle already removed (or another tensor's) throws InvalidArgument
 
   // --- in place (no history; bumps the version) --------------------------------------------------
   // PyTorch's rules, checked: a tensor that requires grad is written only under autograd::NoGradGuard (a leaf:
@@ -149,6 +177,7 @@ class Tensor {
   Tensor& mul_(double scalar);
 
  private:
+  unsigned add_grad_hook(std::function<Tensor(const Tensor&)> hook) const;
   std::shared_ptr<TensorImpl> impl_;
 };
 

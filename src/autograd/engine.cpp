@@ -101,7 +101,7 @@ bool needs_grad(const std::vector<Tensor>& inputs) {
 }
 
 void record(const char* name, std::vector<Tensor> inputs, Tensor& output,
-            std::function<std::vector<Tensor>(const Tensor& grad_output)> backward, Saved saved) {
+            std::function<std::vector<Tensor>(const Tensor& grad_output)> backward, Saved saved, int inputs_read) {
   // Anomaly mode reads each output back (a sync): not inside a graph capture, where a sync is refused; a replay
   // is checked by nothing.
   if (g_detect_anomaly && !detail::capture_active() && !all_finite(output)) {
@@ -117,7 +117,9 @@ void record(const char* name, std::vector<Tensor> inputs, Tensor& output,
   };
   const auto bits = static_cast<std::uint8_t>(saved);
   if (bits & static_cast<std::uint8_t>(Saved::Inputs)) {
-    for (std::size_t i = 0; i < node->inputs.size(); ++i) note(node->inputs[i], "input " + std::to_string(i));
+    const std::size_t read = inputs_read < 0 ? node->inputs.size()
+                                             : std::min(node->inputs.size(), static_cast<std::size_t>(inputs_read));
+    for (std::size_t i = 0; i < read; ++i) note(node->inputs[i], "input " + std::to_string(i));
   }
   if (bits & static_cast<std::uint8_t>(Saved::Output)) note(output, "output");
   output.impl()->requires_grad = true;
@@ -175,9 +177,56 @@ void accumulate(Tensor& slot, const Tensor& grad) {
   if (!slot.defined()) slot = grad;
   else slot = add(slot, grad);
 }
+
+// Runs a tensor's register_hook() hooks on its gradient, in order; each may replace it.
+Tensor run_tensor_hooks(const TensorImpl& impl, Tensor grad) {
+  if (!impl.hooks) return grad;
+  const std::vector<GradHooks::Entry> entries = impl.hooks->entries;  // a hook may add or remove hooks
+  for (const GradHooks::Entry& entry : entries) {
+    Tensor replaced = entry.hook(grad);
+    if (!replaced.defined()) continue;
+    FERRY_CHECK(replaced.shape() == grad.shape(), ShapeMismatch, "backward(): hook ", entry.handle,
+                " changed the gradient's shape from ", shape_str(grad.shape()), " to ", shape_str(replaced.shape()));
+    FERRY_CHECK(replaced.dtype() == grad.dtype(), DTypeMismatch, "backward(): hook ", entry.handle,
+                " changed the gradient's dtype from ", dtype_name(grad.dtype()), " to ", dtype_name(replaced.dtype()));
+    FERRY_CHECK(replaced.device() == grad.device(), DeviceMismatch, "backward(): hook ", entry.handle,
+                " moved the gradient from ", grad.device().str(), " to ", replaced.device().str());
+    grad = std::move(replaced);
+  }
+  return grad;
+}
+
+// Adds `grad` into .grad of `t` (a leaf, or a tensor that retains its gradient). A fresh gradient nobody else
+// holds is kept as is; one that may alias another tensor (an expand, the seed, a gradient passed on to an op
+// too) is copied first.
+void accumulate_into_grad(const Tensor& t, Tensor grad) {
+  if (grad.shape() != t.shape()) grad = grad.reshape(t.shape());
+  if (grad.dtype() != t.dtype()) grad = grad.to(t.dtype());
+  Tensor existing = t.grad();
+  if (existing.defined()) {
+    existing.add_(grad);
+  } else {
+    const bool owned = grad.impl_ptr().use_count() == 1 && grad.storage().use_count() == 1 && grad.is_contiguous();
+    t.set_grad(owned ? grad : grad.clone());
+  }
+}
+
+// A leaf's whole gradient of this backward: its hooks, then .grad, then the post-accumulate hooks.
+void finish_leaf(const Tensor& leaf, Tensor grad) {
+  grad = run_tensor_hooks(*leaf.impl(), std::move(grad));
+  accumulate_into_grad(leaf, std::move(grad));
+  run_post_accumulate_hooks(leaf);
+}
+
+// Gradient flowing into a leaf, summed until the last node that uses the leaf has run.
+struct LeafSlot {
+  Tensor leaf;
+  Tensor grad;
+  int remaining = 0;  // nodes of this backward still to pass their gradient (one count per edge)
+};
 }  // namespace
 
-void run_backward(const Tensor& root, const Tensor& gradient) {
+void run_backward(const Tensor& root, const Tensor& gradient, bool retain_graph) {
   FERRY_CHECK(root.requires_grad(), InvalidArgument,
               "backward(): the tensor does not require grad and has no grad_fn (did you forget "
               "requires_grad_() on a leaf, or run the forward pass under NoGradGuard?)");
@@ -194,23 +243,9 @@ void run_backward(const Tensor& root, const Tensor& gradient) {
   // A gradient of another dtype is cast to the output's, as PyTorch does (each op's backward sees its own dtype).
   if (seed.dtype() != root.dtype()) seed = seed.to(root.dtype());
 
-  // A leaf accumulates into .grad. A fresh gradient nobody else holds is kept as is; one that may
-  // alias another tensor (an expand, the seed, a gradient passed to two inputs) is copied first.
-  auto accumulate_leaf = [](const Tensor& leaf, Tensor grad) {
-    if (grad.shape() != leaf.shape()) grad = grad.reshape(leaf.shape());
-    if (grad.dtype() != leaf.dtype()) grad = grad.to(leaf.dtype());
-    Tensor existing = leaf.grad();
-    if (existing.defined()) {
-      existing.add_(grad);
-    } else {
-      const bool owned = grad.impl_ptr().use_count() == 1 && grad.storage().use_count() == 1 && grad.is_contiguous();
-      leaf.set_grad(owned ? grad : grad.clone());
-    }
-    run_post_accumulate_hooks(leaf);
-  };
   Node* root_node = root.impl()->grad_fn.get();
   if (!root_node) {
-    accumulate_leaf(root, std::move(seed));
+    finish_leaf(root, std::move(seed));
     return;
   }
 
@@ -232,36 +267,73 @@ void run_backward(const Tensor& root, const Tensor& gradient) {
     }
   }
 
+  // Each leaf that requires grad, with how many edges of the graph lead to it: its gradient is complete (and
+  // its hooks run) when the last node using it has run, not at the end of backward, so that DDP can start a
+  // bucket's all-reduce while the rest of backward runs.
+  std::unordered_map<const TensorImpl*, LeafSlot> leaves;
+  for (const auto& node : order) {
+    for (const Tensor& input : node->inputs) {
+      if (!input.defined() || !input.requires_grad() || input.impl()->grad_fn) continue;
+      LeafSlot& slot = leaves[input.impl()];
+      if (!slot.leaf.defined()) slot.leaf = input;
+      slot.remaining += 1;
+    }
+  }
+  // After `node` has run (or been skipped, with no gradient reaching it): one fewer edge to wait for per leaf.
+  auto edge_done = [&leaves](const Tensor& input, Tensor grad) {
+    if (!input.defined() || !input.requires_grad() || input.impl()->grad_fn) return;
+    auto found = leaves.find(input.impl());
+    LeafSlot& slot = found->second;
+    if (grad.defined()) accumulate(slot.grad, grad);
+    if (--slot.remaining == 0) {
+      if (slot.grad.defined()) finish_leaf(slot.leaf, std::move(slot.grad));
+      leaves.erase(found);
+    }
+  };
+
   std::unordered_map<Node*, Tensor> pending;  // gradient flowing into each node's output
   pending[root_node] = seed;
   for (auto it = order.rbegin(); it != order.rend(); ++it) {
     Node* node = it->get();
     auto found = pending.find(node);
-    if (found == pending.end()) continue;
+    if (found == pending.end()) {
+      for (const Tensor& input : node->inputs) edge_done(input, Tensor());
+      continue;
+    }
     FERRY_CHECK(node->backward != nullptr, InvalidArgument, "backward(): trying to backward through the graph a ",
-                "second time (at '", node->name, "'); its saved tensors were freed after the first backward");
+                "second time (at '", node->name, "'), but its saved tensors were freed after the first backward. ",
+                "Pass retain_graph = true to the first backward() to backward through it again");
     check_saved_versions(*node);
     std::vector<Tensor> grads;
     {
-      const Tensor grad_output = std::move(found->second);
+      Tensor grad_output = std::move(found->second);
       pending.erase(found);
+      if (const std::shared_ptr<TensorImpl> output = node->output.lock()) {
+        grad_output = run_tensor_hooks(*output, std::move(grad_output));
+        if (output->hooks && output->hooks->retains_grad) accumulate_into_grad(Tensor(output), grad_output);
+      }
       grads = node->backward(grad_output);
     }
     FERRY_ASSERT(grads.size() == node->inputs.size(), "node '", node->name, "' returned ", grads.size(),
                  " gradients for ", node->inputs.size(), " inputs");
     for (std::size_t i = 0; i < grads.size(); ++i) {
       const Tensor& input = node->inputs[i];
-      if (!grads[i].defined() || !input.defined() || !input.requires_grad()) continue;
-      if (g_detect_anomaly && !all_finite(grads[i])) {
+      if (!input.defined() || !input.requires_grad()) continue;
+      if (grads[i].defined() && g_detect_anomaly && !all_finite(grads[i])) {
         throw Error(detail::concat("Anomaly: the gradient that '", node->name, "' passes to its input ", i,
                                    " holds NaN or Inf (shape ", shape_str(grads[i].shape()), ")"));
       }
-      if (Node* child = input.impl()->grad_fn.get()) accumulate(pending[child], grads[i]);
-      else accumulate_leaf(input, std::move(grads[i]));
+      if (Node* child = input.impl()->grad_fn.get()) {
+        if (grads[i].defined()) accumulate(pending[child], grads[i]);
+      } else {
+        edge_done(input, std::move(grads[i]));
+      }
     }
-    node->inputs.clear();  // free what the graph held: it runs once
-    node->backward = nullptr;
-    node->saved.clear();
+    if (!retain_graph) {
+      node->inputs.clear();  // free what the graph held: it runs once
+      node->backward = nullptr;
+      node->saved.clear();
+    }
   }
 }
 

@@ -780,6 +780,8 @@ Tensor index_select(const Tensor& a_in, int dim, const Tensor& index) {
 Tensor cat(const std::vector<Tensor>& tensors, int dim) {
   FERRY_CHECK(!tensors.empty(), InvalidArgument, "cat: expected a non-empty list of tensors");
   const Tensor& first = tensors[0];
+  FERRY_CHECK(first.dim() > 0, InvalidArgument, "cat: zero-dimensional tensor (at position 0) cannot be concatenated; "
+              "stack() them, or unsqueeze(0) each first");
   const int d = normalize_dim(dim, first.dim(), "cat");
   Shape shape = first.shape();
   shape[d] = 0;

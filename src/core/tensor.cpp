@@ -119,9 +119,17 @@ Tensor make_view(const Tensor& base, const Shape& shape, const std::vector<std::
 
 #define FERRY_DEFINED() FERRY_CHECK(impl_ != nullptr, InvalidArgument, "Tensor is undefined (default-constructed)")
 
+namespace {
+// A dim of a tensor that has one to index (size, narrow, select...): a 0-d tensor has none (PyTorch's message).
+int indexed_dim(int d, int ndim, const char* op) {
+  FERRY_CHECK(ndim > 0, InvalidArgument, op, ": dimension specified as ", d, " but the tensor has no dimensions (0-d)");
+  return normalize_dim(d, ndim, op);
+}
+}  // namespace
+
 const Shape& Tensor::shape() const { FERRY_DEFINED(); return impl_->shape; }
 int Tensor::dim() const { return static_cast<int>(shape().size()); }
-std::int64_t Tensor::size(int d) const { return shape()[normalize_dim(d, dim(), "size")]; }
+std::int64_t Tensor::size(int d) const { return shape()[indexed_dim(d, dim(), "size")]; }
 const std::vector<std::int64_t>& Tensor::strides() const { FERRY_DEFINED(); return impl_->strides; }
 std::int64_t Tensor::offset() const { FERRY_DEFINED(); return impl_->offset; }
 DType Tensor::dtype() const { FERRY_DEFINED(); return impl_->dtype; }
@@ -201,6 +209,11 @@ Tensor Tensor::reshape(const Shape& requested) const {
 }
 
 Tensor Tensor::transpose(int dim0, int dim1) const {
+  if (dim() == 0) {  // dims 0 and -1 of a 0-d tensor: itself, as in PyTorch
+    normalize_dim(dim0, 0, "transpose");
+    normalize_dim(dim1, 0, "transpose");
+    return *this;
+  }
   std::vector<int> order(dim());
   std::iota(order.begin(), order.end(), 0);
   std::swap(order[normalize_dim(dim0, dim(), "transpose")], order[normalize_dim(dim1, dim(), "transpose")]);
@@ -225,7 +238,7 @@ Tensor Tensor::permute(const std::vector<int>& dims) const {
 }
 
 Tensor Tensor::narrow(int d, std::int64_t start, std::int64_t length) const {
-  d = normalize_dim(d, dim(), "narrow");
+  d = indexed_dim(d, dim(), "narrow");
   const std::int64_t n = shape()[d];
   FERRY_CHECK(start >= -n && start <= n, InvalidArgument, "narrow: start ", start, " is out of range for dim ", d,
               " of size ", n, " (expected to be in range of [", -n, ", ", n, "])");
@@ -244,7 +257,7 @@ Tensor Tensor::narrow(int d, std::int64_t start, std::int64_t length) const {
 }
 
 Tensor Tensor::slice(int d, std::int64_t start, std::int64_t end) const {
-  d = normalize_dim(d, dim(), "slice");
+  d = indexed_dim(d, dim(), "slice");
   const std::int64_t n = shape()[d];
   if (start < 0) start += n;
   if (end < 0) end += n;
@@ -254,7 +267,7 @@ Tensor Tensor::slice(int d, std::int64_t start, std::int64_t end) const {
 }
 
 Tensor Tensor::select(int d, std::int64_t index) const {
-  d = normalize_dim(d, dim(), "select");
+  d = indexed_dim(d, dim(), "select");
   const std::int64_t n = shape()[d];
   if (index < 0) index += n;
   FERRY_CHECK(index >= 0 && index < n, InvalidArgument, "select: index ", index, " is out of range for dim ", d,
@@ -276,7 +289,7 @@ Tensor Tensor::unsqueeze(int d) const {
 
 Tensor Tensor::squeeze(int d) const {
   d = normalize_dim(d, dim(), "squeeze");
-  if (shape()[d] != 1) return *this;
+  if (dim() == 0 || shape()[d] != 1) return *this;
   Shape shape = this->shape();
   std::vector<std::int64_t> strides = this->strides();
   shape.erase(shape.begin() + d);
@@ -659,6 +672,45 @@ Tensor Tensor::detach() const {
   Tensor out = make_view(*this, shape(), strides(), offset());
   return out;
 }
-void Tensor::backward(const Tensor& gradient) const { autograd::run_backward(*this, gradient); }
+void Tensor::backward(const Tensor& gradient, bool retain_graph) const {
+  FERRY_DEFINED();
+  autograd::run_backward(*this, gradient, retain_graph);
+}
+
+namespace {
+// The hooks of `impl`, made on first use; a tensor made by an op is then found by backward through its node.
+autograd::GradHooks& hooks_of(TensorImpl& impl, const std::shared_ptr<TensorImpl>& owner) {
+  if (!impl.hooks) impl.hooks = std::make_shared<autograd::GradHooks>();
+  if (impl.grad_fn) impl.grad_fn->output = owner;
+  return *impl.hooks;
+}
+}  // namespace
+
+void Tensor::retain_grad() const {
+  FERRY_DEFINED();
+  FERRY_CHECK(requires_grad(), InvalidArgument,
+              "retain_grad(): can't retain_grad on a tensor that has requires_grad = false");
+  if (is_leaf()) return;  // a leaf keeps its gradient anyway
+  hooks_of(*impl_, impl_).retains_grad = true;
+}
+bool Tensor::retains_grad() const { return impl_ && !is_leaf() && impl_->hooks && impl_->hooks->retains_grad; }
+
+unsigned Tensor::add_grad_hook(std::function<Tensor(const Tensor&)> hook) const {
+  FERRY_DEFINED();
+  FERRY_CHECK(requires_grad(), InvalidArgument,
+              "register_hook(): cannot register a hook on a tensor that doesn't require gradient");
+  FERRY_CHECK(hook != nullptr, InvalidArgument, "register_hook(): the hook is empty");
+  autograd::GradHooks& hooks = hooks_of(*impl_, impl_);
+  const unsigned handle = hooks.next_handle++;
+  hooks.entries.push_back({handle, std::move(hook)});
+  return handle;
+}
+void Tensor::remove_hook(unsigned handle) const {
+  FERRY_DEFINED();
+  const std::size_t removed =
+      impl_->hooks ? std::erase_if(impl_->hooks->entries, [handle](const auto& e) { return e.handle == handle; }) : 0;
+  FERRY_CHECK(removed == 1, InvalidArgument, "remove_hook(): this tensor has no hook with handle ", handle,
+              " (already removed, or registered on another tensor)");
+}
 
 }  // namespace ferry

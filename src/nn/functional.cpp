@@ -189,7 +189,7 @@ Tensor linear(const Tensor& input, const Tensor& weight, const Tensor& bias, Act
              }
              if (want_b) gb = reduce_sum(g, 1, rows, out_features).view({out_features});
              return Grads{gx, gw, gb};
-           }, autograd::Saved::InputsAndOutput);
+           }, autograd::Saved::InputsAndOutput, /*inputs_read=*/2);  // not the bias
   }
   return out;
 }
@@ -384,7 +384,7 @@ Tensor conv2d(const Tensor& input_in, const Tensor& weight, const Tensor& bias, 
                }
              }
              return Grads{gx, gw, gb};
-           }, autograd::Saved::Inputs);
+           }, autograd::Saved::Inputs, /*inputs_read=*/2);  // not the bias
   }
   return out;
 }
@@ -428,7 +428,7 @@ Tensor batch_norm_library(const Tensor& input, const Tensor& x, const Backend::B
                                                      kernel(w), kernel(save_mean), kernel(save_invstd), shape,
                                                      stream_of(g.device()));
              return Grads{want_x ? gx : Tensor(), want_w ? gw : Tensor(), want_b ? gb : Tensor()};
-           }, autograd::Saved::InputsAndOutput);
+           }, autograd::Saved::InputsAndOutput, /*inputs_read=*/2);  // not the bias
   }
   return out;
 }
@@ -574,7 +574,7 @@ Tensor batch_norm(const Tensor& input, const Tensor& running_mean, const Tensor&
                }
              }
              return Grads{gx, gw, gb};
-           }, autograd::Saved::InputsAndOutput);
+           }, autograd::Saved::InputsAndOutput, /*inputs_read=*/2);  // not the bias
   }
   return out;
 }
@@ -613,7 +613,7 @@ Tensor batch_norm_relu_max_pool2d(const Tensor& input, const Tensor& running_mea
              detail::host_bn_relu_pool_backward(grad.contiguous(), pooled, argmax, x, w, save_mean, save_invstd, gx, gw,
                                                 gb);
              return Grads{want_x ? gx : Tensor(), want_w ? gw : Tensor(), want_b ? gb : Tensor()};
-           }, autograd::Saved::InputsAndOutput);
+           }, autograd::Saved::InputsAndOutput, /*inputs_read=*/2);  // not the bias
   }
   return out;
 }

@@ -44,7 +44,7 @@ PY
   fi
 done
 
-data_dir=/usr/share/datasets/fashion-mnist
+data_dir="${FERRY_DATA:-/usr/share/datasets/fashion-mnist}"  # gpu-check points it at its copy
 if [[ ! -f "$data_dir/train-images-idx3-ubyte.gz" ]]; then
   echo "SKIP (training parts): Fashion-MNIST not found in $data_dir (apt-get install dataset-fashion-mnist)"
   finish test_ddp

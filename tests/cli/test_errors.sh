@@ -136,7 +136,7 @@ fi
 # --- checkpoints that do not fit: a --model other than the file's is bad usage (2); a file whose settings or tensors
 # are not what ferry train writes is damaged (1). One line each, never PyTorch's several-line state-dict error. Then
 # a symlink as --checkpoint: the file it names is written, the link stays; and a disk that fills up under --metrics.
-data_dir=/usr/share/datasets/fashion-mnist
+data_dir="${FERRY_DATA:-/usr/share/datasets/fashion-mnist}"  # gpu-check points it at its copy
 if [[ -f "$data_dir/train-images-idx3-ubyte.gz" ]]; then
   quick=(--device cpu --model mlp --limit-train 64 --limit-test 32 --batch 32 --epochs 1)
   touch "$scratch/real.safetensors"

@@ -14,7 +14,7 @@ if ! "$python" -c "import torch, numpy" 2>/dev/null; then
   echo "SKIP: $python cannot import torch and numpy (apt-get install python3-torch)"
   exit 0
 fi
-data_dir=/usr/share/datasets/fashion-mnist
+data_dir="${FERRY_DATA:-/usr/share/datasets/fashion-mnist}"  # gpu-check points it at its copy
 if [[ ! -f "$data_dir/t10k-images-idx3-ubyte.gz" ]]; then
   echo "SKIP: Fashion-MNIST not found in $data_dir (apt-get install dataset-fashion-mnist)"
   exit 0

@@ -12,7 +12,7 @@ source "$(dirname "$0")/../script_lib.sh"
 run_pid=""
 on_exit '[[ -n "$run_pid" ]] && kill -KILL "$run_pid" 2>/dev/null'
 
-data_dir=/usr/share/datasets/fashion-mnist
+data_dir="${FERRY_DATA:-/usr/share/datasets/fashion-mnist}"  # gpu-check points it at its copy
 if [[ ! -f "$data_dir/train-images-idx3-ubyte.gz" ]]; then
   echo "SKIP: Fashion-MNIST not found in $data_dir (apt-get install dataset-fashion-mnist)"
   exit 0
