@@ -245,8 +245,9 @@ void DistributedDataParallel::broadcast_buffers() {
 void DistributedDataParallel::on_gradient(std::size_t i) {
   Bucket& bucket = *buckets_[bucket_of_[i]];
   FERRY_CHECK(!bucket.launched, InvalidArgument, "DistributedDataParallel: parameter '", names_[i],
-              "' received a gradient after its bucket's all-reduce had started. Either a parameter is used twice ",
-              "in the forward pass (not supported), or finish_gradient_sync() was not called after the last backward");
+              "' received a gradient after its bucket's all-reduce had started: backward() ran a second time ",
+              "before finish_gradient_sync() (accumulating gradients over several backward calls is not supported), ",
+              "or finish_gradient_sync() was not called after the last backward");
   const Tensor& p = parameters_[i];
   const Tensor grad = p.grad();
   got_gradient_[i] = 1;
