@@ -95,6 +95,23 @@ TEST(CoreTensor, ZeroDimTensorsHaveNoDimToIndex) {
   EXPECT_EQ(s.unsqueeze(0).shape(), (Shape{1}));
 }
 
+// Calls that gave a wrong result without a word before (the core audit against PyTorch): now refused as PyTorch does.
+TEST(CoreTensor, SilentWrongResultsAreRefused) {
+  EXPECT_THROW(arange(3.0).expand({-1, 3}), InvalidArgument);     // a negative size in a new leading dim
+  EXPECT_THROW(ones({1, 3}).expand({-2, 3}), InvalidArgument);
+  EXPECT_EQ(ones({1, 3}).expand({4, -1}).shape(), (Shape{4, 3}));   // -1 keeps an existing dim
+  Tensor ints = from_vector<std::int64_t>({1, 2});
+  EXPECT_THROW(ints.add_(from_vector<std::int64_t>({3, 3}), 0.5), InvalidArgument);  // alpha would round to 0
+  ints.add_(from_vector<std::int64_t>({3, 3}), 2);
+  EXPECT_EQ(ints.to_vector<std::int64_t>(), (std::vector<std::int64_t>{7, 8}));
+  const Tensor mask = from_vector<bool>({true, false});
+  EXPECT_THROW(sub(mask, from_vector<bool>({true, true})), InvalidArgument);  // gave the lhs back
+  EXPECT_THROW(neg(mask), InvalidArgument);
+  EXPECT_THROW(abs(mask), InvalidArgument);
+  EXPECT_THROW(relu(mask), InvalidArgument);
+  EXPECT_EQ(logical_not(mask).to_vector<bool>(), (std::vector<bool>{false, true}));
+}
+
 TEST(CoreTensor, ViewsShareStorage) {
   Tensor t = arange(0, 12, 1, {.dtype = DType::Float32}).reshape({3, 4});
   Tensor tr = t.t();

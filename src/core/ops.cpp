@@ -151,6 +151,14 @@ Tensor grad_for(const Tensor& g, const Shape& shape, DType dtype) {
 Tensor grad_for(const Tensor& g, const Tensor& input) { return grad_for(g, input.shape(), input.dtype()); }
 
 Tensor unary_forward(UnaryOp op, const Tensor& a_in, bool needs_float) {
+  // The bool kernels know logic, not arithmetic: these would hand the input back unchanged (PyTorch refuses them).
+  if (a_in.dtype() == DType::Bool) {
+    FERRY_CHECK(op != UnaryOp::Neg, InvalidArgument, "neg: negation, the `-` operator, on a bool tensor is not "
+                "supported. If you are trying to invert a mask, use logical_not() instead");
+    FERRY_CHECK(op != UnaryOp::Abs && op != UnaryOp::Relu && op != UnaryOp::Square, InvalidArgument,
+                op == UnaryOp::Abs ? "abs" : op == UnaryOp::Relu ? "relu" : "square",
+                ": not implemented for bool tensors; convert first (x.to(DType::Int64) or DType::Float32)");
+  }
   const Tensor a = (needs_float && !is_floating(a_in.dtype())) ? a_in.detach().to(DType::Float32) : a_in;
   Tensor out = make_tensor(a.shape(), {.device = a.device(), .dtype = op == UnaryOp::LogicalNot ? DType::Bool : a.dtype()});
   backend(out.device()).unary(op, detail::kernel_view(out), detail::kernel_view(a), detail::compute_stream(out.device()));
@@ -176,6 +184,9 @@ Tensor add(const Tensor& a, const Tensor& b, double alpha) {
 }
 
 Tensor sub(const Tensor& a, const Tensor& b, double alpha) {
+  FERRY_CHECK(a.dtype() != DType::Bool && b.dtype() != DType::Bool, InvalidArgument,
+              "sub: subtraction, the `-` operator, with a bool tensor is not supported. If you are trying to invert a "
+              "mask, use logical_not(); for the difference of two masks, ne(a, b)");
   Tensor out;
   if (alpha == 1) {
     out = binary_forward(BinaryOp::Sub, a, b, "sub");

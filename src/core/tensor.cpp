@@ -308,7 +308,11 @@ Tensor Tensor::expand(const Shape& target) const {
   for (int i = 0; i < nd; ++i) {
     const int src = i - (nd - dim());
     const std::int64_t want = target[i];
+    FERRY_CHECK(want >= -1, InvalidArgument, "expand: the expanded size ", want, " (dim ", i, " of ",
+                shape_str(target), ") is negative; sizes are >= 0, or -1 to keep a dim as it is");
     if (src < 0) {
+      FERRY_CHECK(want >= 0, InvalidArgument, "expand: the expanded size of the tensor (-1) isn't allowed in a "
+                  "leading, non-existing dimension ", i, " (of ", shape_str(target), ")");
       shape[i] = want;
       continue;
     }
@@ -498,6 +502,10 @@ Tensor& Tensor::add_(const Tensor& other, double alpha) {
   const DType result = promote_types(dtype(), other.dtype());
   FERRY_CHECK(kind(result) <= kind(dtype()), DTypeMismatch, "add_: result type ", dtype_name(result),
               " can't be cast to the desired output type ", dtype_name(dtype()));
+  FERRY_CHECK(is_floating(dtype()) || alpha == std::trunc(alpha), InvalidArgument, "add_: alpha ", alpha,
+              " is not a whole number, and this tensor is ", dtype_name(dtype()),
+              ": for integral tensors alpha must not be a floating point number (it would round to ",
+              static_cast<std::int64_t>(alpha), ")");
   Tensor b = other.dtype() == dtype() ? other : other.to(dtype());
   if (b.shape() != shape()) b = b.expand(shape());
   Backend& be = backend(device());
