@@ -139,6 +139,8 @@ fi
 data_dir="${FERRY_DATA:-/usr/share/datasets/fashion-mnist}"  # gpu-check points it at its copy
 if [[ -f "$data_dir/train-images-idx3-ubyte.gz" ]]; then
   quick=(--device cpu --model mlp --limit-train 64 --limit-test 32 --batch 32 --epochs 1)
+  # A switch that is neither on nor off is refused, not read as off (the run would not be the reproducible one).
+  FERRY_DETERMINISTIC=maybe expect_failure 2 "FERRY_DETERMINISTIC='maybe'" train "${quick[@]}" --max-steps 1
   touch "$scratch/real.safetensors"
   ln -s real.safetensors "$scratch/link.safetensors"
   if "$FERRY" train "${quick[@]}" --max-steps 1 --checkpoint "$scratch/link.safetensors" >"$scratch/out" 2>"$scratch/err" &&
