@@ -104,13 +104,19 @@ void staged_host_to_device(char* dst, const char* src, std::size_t bytes, cudaSt
     const int t = omp_get_thread_num(), nt = omp_get_num_threads();
     for (std::size_t c = 0; c < chunks; ++c) {
       const std::size_t begin = c * chunk, length = std::min(chunk, bytes - begin);
-      if (t == 0 && c + 1 < chunks) status = cudaEventSynchronize(ring.done[slot_of(c + 1)]);
+      // Thread 0's wait goes into its own variable: the shared `status` is written only between the two barriers,
+      // so no thread can read it while it changes and all leave the loop at the same chunk.
+      cudaError_t wait = cudaSuccess;
+      if (t == 0 && c + 1 < chunks) wait = cudaEventSynchronize(ring.done[slot_of(c + 1)]);
       const std::size_t lo = slice_start(length, t, nt), hi = slice_start(length, t + 1, nt);
       std::memcpy(ring.buffers[slot_of(c)] + lo, src + begin + lo, hi - lo);
 #pragma omp barrier
-      if (t == 0 && status == cudaSuccess) {
-        status = cudaMemcpyAsync(dst + begin, ring.buffers[slot_of(c)], length, cudaMemcpyHostToDevice, stream);
-        if (status == cudaSuccess) status = cudaEventRecord(ring.done[slot_of(c)], stream);
+      if (t == 0) {
+        if (status == cudaSuccess) status = wait;
+        if (status == cudaSuccess) {
+          status = cudaMemcpyAsync(dst + begin, ring.buffers[slot_of(c)], length, cudaMemcpyHostToDevice, stream);
+          if (status == cudaSuccess) status = cudaEventRecord(ring.done[slot_of(c)], stream);
+        }
       }
       // Every thread stops at the same chunk once a call failed: a buffer whose wait failed may still be read
       // by an earlier copy's DMA, and must not be written.

@@ -32,6 +32,27 @@ void check_cuda(cudaError_t status, const char* call, const char* file, int line
 #define FERRY_COMM_CUDA_CHECK(call) ::ferry::dist::comm_check::check_cuda((call), #call, __FILE__, __LINE__)
 
 namespace {
+// The group's device current while its events are made and recorded (an event belongs to the device current at
+// its creation; recorded on another device's stream it is an invalid resource handle), whichever device the
+// calling thread had; put back after.
+class OnDevice {
+ public:
+  explicit OnDevice(int index) {
+    if (cudaGetDevice(&previous_) != cudaSuccess) {
+      cudaGetLastError();
+      previous_ = -1;
+    }
+    if (previous_ != index) FERRY_COMM_CUDA_CHECK(cudaSetDevice(index));
+  }
+  ~OnDevice() {
+    if (previous_ >= 0) cudaSetDevice(previous_);
+  }
+  OnDevice(const OnDevice&) = delete;
+  OnDevice& operator=(const OnDevice&) = delete;
+
+ private:
+  int previous_ = -1;
+};
 
 ncclDataType_t nccl_type(DType dtype) {
   switch (dtype) {
@@ -179,6 +200,7 @@ class NcclProcessGroup final : public ProcessGroup {
     // event has passed, so it is ordered after it on any stream.
     Backend& be = ferry::backend(device());
     const auto compute = static_cast<cudaStream_t>(be.compute_stream(device().index).handle);
+    const OnDevice on_device(device().index);
     cudaEvent_t ready = nullptr;
     FERRY_COMM_CUDA_CHECK(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming));
     FERRY_COMM_CUDA_CHECK(cudaEventRecord(ready, compute));
