@@ -387,6 +387,8 @@ Tensor Tensor::pin_memory() const {
   FERRY_CHECK(device().is_cpu(), InvalidArgument, "pin_memory(): only cpu tensors can be pinned, this one is on ",
               device().str());
   if (is_pinned()) return *this;
+  // Host work, and on cuda the pinned cache may query an event, which would end a capture on a real card.
+  detail::check_not_capturing("pin_memory()");
   Tensor out = make_tensor(shape(), {.device = kCPU, .dtype = dtype(), .pinned = true});
   Tensor src = contiguous();
   std::memcpy(out.data_ptr(), src.data_ptr(), nbytes());

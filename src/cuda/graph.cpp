@@ -163,7 +163,14 @@ std::string describe_graph(void* handle) {
 void replay_graph(void* handle, DeviceState& s) {
   DeviceGuard guard(s.index);
   auto* g = static_cast<CudaGraph*>(handle);
-  FERRY_CUDA_CHECK(cudaGraphLaunch(g->exec, s.compute_stream));
+  const cudaError_t status = cudaGraphLaunch(g->exec, s.compute_stream);
+  if (status == cudaErrorMemoryAllocation) {  // the graph's memory nodes could not be met: the caller can free some
+    cudaGetLastError();
+    throw OutOfMemory(detail::concat("CUDA out of memory on cuda:", s.index, " while replaying a captured graph ",
+                                     "(its allocations could not be met); free tensors or empty_cache() and replay "
+                                     "again"));
+  }
+  FERRY_CUDA_CHECK(status);
   g->launched = true;
 }
 

@@ -43,6 +43,7 @@ std::string version_text() {
 // An error as one line on stderr: "ferry: error: TEXT". Text that spans lines (a library's message in PyTorch's
 // several-line form) is joined with "; ", so that scripts reading ferry's last line get all of it.
 void say(const char* prefix, const char* what) {
+  std::fflush(stdout);  // what stdout holds came first: into one log file, the error follows its context
   std::string text;
   for (const char* c = what; *c != '\0'; ++c) {
     if (*c != '\n') {
@@ -58,9 +59,6 @@ void say(const char* prefix, const char* what) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  // Line-buffered even into a file or a pipe: `ferry train > log` shows each epoch as it ends, and an error on
-  // stderr comes after the lines that led to it (a non-terminal's default is a 4 KiB block, written at exit).
-  std::setvbuf(stdout, nullptr, _IOLBF, BUFSIZ);
   CLI::App app{
       "ferry: train and run tensors on cpu and cuda, and see what every host<->device crossing costs.\n"
       "Try: ferry devices | ferry plan golden --speedup 250 --compute 0.1s --transfer 0.7s | ferry train",

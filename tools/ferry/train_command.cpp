@@ -479,6 +479,9 @@ void register_train_command(CLI::App& app) {
     }
     std::ostringstream sink;
     std::ostream& log = a.json || !is_rank0 ? static_cast<std::ostream&>(sink) : std::cout;
+    // Each line as it is written, into a file or a pipe too (a non-terminal's stdout is block-buffered, so
+    // `ferry train > log` showed nothing until the run ended).
+    if (&log == &std::cout) std::cout << std::unitbuf;
     for (const auto& line : notes) log << line << "\n";
     o.stop_request = &stop_request;
     ferry::TrainResult r;
