@@ -89,6 +89,15 @@ TEST(Autograd, EveryOpMatchesFiniteDifferences) {
       {"views", [](V x) { return x[0].t().reshape({-1}).narrow(0, 1, 4).unsqueeze(0).expand({2, 4}); }, {r({3, 2})}},
       {"select_permute", [](V x) { return x[0].permute({2, 0, 1}).select(1, 1).flatten(); }, {r({2, 3, 2})}},
       {"clone_contiguous", [](V x) { return x[0].t().contiguous().clone(); }, {r({2, 3})}},
+      {"strided_view", [](V x) { return x[0].t().view({2, 2, 3}); }, {r({3, 4})}},
+      {"clamp", [](V x) { return clamp(x[0], -0.3, 0.4); }, {r({8})}},
+      {"masked_fill", [](V x) { return masked_fill(x[0], gt(x[0].detach(), 0.3), 2.0); }, {r({3, 4})}},
+      {"std", [](V x) { return std(x[0], {1}); }, {r({3, 4})}},
+      {"norm", [](V x) { return norm(x[0], {0}, true); }, {r({3, 4})}},
+      {"repeat", [](V x) { return repeat(x[0], {3, 2}); }, {r({2})}},
+      {"flip", [](V x) { return flip(x[0], {1}); }, {r({2, 3})}},
+      {"chunk", [](V x) { return chunk(x[0], 2, 1)[1]; }, {r({2, 5})}},
+      {"dot_outer", [](V x) { return outer(x[0], x[1]) * dot(x[0], x[1]); }, {r({3}), r({3})}},
   };
   for (const Case& c : cases) gradcheck(c.name, c.f, c.inputs);
 }

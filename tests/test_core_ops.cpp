@@ -97,6 +97,41 @@ std::vector<OpCase> op_cases() {
       {"narrow_then_op", one({6, 6}), [](V x) { return exp(x[0].narrow(1, 2, 3)); }},
       {"float64", [](Device d) { return std::vector<Tensor>{seeded(d, {{4, 4}})[0].to(DType::Float64)}; },
        [](V x) { return matmul(x[0], exp(x[0])); }, 1e-12},
+      // integer pow: exact and wrapping, the same on every device
+      {"pow_int", [](Device d) { return std::vector<Tensor>{from_vector<std::int64_t>({3, -2, 7, 0, 1, -1}, {.device = d}),
+                                                            from_vector<std::int64_t>({39, 5, 30, 0, -3, -3}, {.device = d})}; },
+       [](V x) { return pow(x[0], x[1]); }, 0},
+      {"pow_uint8_scalar", [](Device d) { return std::vector<Tensor>{arange(0, 20, 1, {.device = d, .dtype = DType::UInt8})}; },
+       [](V x) { return pow(x[0], 3.0); }, 0},
+      // composed ops
+      {"clamp", one({10}), [](V x) { return clamp(x[0], -0.5, 0.5); }},
+      {"clamp_max_int", [](Device d) { return std::vector<Tensor>{arange(-5, 5, 1, {.device = d})}; },
+       [](V x) { return clamp(x[0], std::nullopt, 2.0); }, 0},
+      {"masked_fill", one({3, 4}), [](V x) { return masked_fill(x[0], gt(x[0].narrow(0, 0, 1), 0.0), -1.0); }},
+      {"isnan_isinf_isfinite", one({10}), [](V x) {
+         const Tensor y = div(log(x[0]), add(x[0], -x[0]));  // NaN for x < 0, +-inf for x > 0 (but 1)
+         return stack({isnan(y), isinf(y), isfinite(log(x[0]))});
+       }},
+      {"std_norm", one({4, 5}), [](V x) { return cat({std(x[0], {1}), norm(x[0], {0}), norm(x[0]).reshape({1})}); }},
+      {"all_any", one({4, 5}), [](V x) { return cat({all(gt(x[0], -1.0), {1}), any(gt(x[0], 1.0), {0})}); }},
+      {"isclose", two({8}, {8}), [](V x) { return isclose(x[0], add(x[0], mul(x[1], 1e-6)), 1e-5, 1e-6); }},
+      {"chunk_split", one({7, 3}), [](V x) {
+         const auto c = chunk(x[0], 3), s = split(x[0].t(), 2, 1);
+         return cat({c[2], s[3].t(), c[0]}, 0);
+       }},
+      {"repeat", one({2, 3}), [](V x) { return repeat(x[0], {2, 1, 2}); }},
+      {"flip", one({2, 3, 4}), [](V x) { return flip(x[0], {0, 2}); }},
+      {"one_hot", [](Device d) { return std::vector<Tensor>{from_vector<std::int64_t>({2, 0, 4, 1}, {.device = d})}; },
+       [](V x) { return one_hot(x[0], 5); }, 0},
+      {"dot_outer", two({6}, {6}), [](V x) { return cat({outer(x[0], x[1]).flatten(), dot(x[0], x[1]).reshape({1})}); }},
+      {"eye_linspace", [](Device d) { return std::vector<Tensor>{eye(3, 4, {.device = d}), linspace(-1, 2, 7, {.device = d})}; },
+       [](V x) { return cat({x[0].flatten(), x[1]}); }, 0},
+      {"strided_view", one({4, 6}), [](V x) { return x[0].t().view({2, 3, 4, 1}).select(0, 1); }},
+      {"in_place_ops", two({3, 4}, {4}), [](V x) {
+         Tensor y = x[0].clone();
+         y.mul_(x[1]).sub_(x[1], 0.5).div_(add(abs(x[1]), 1.0)).add_(2.0).div_(4.0);
+         return y;
+       }},
   };
   return cases;
 }
@@ -110,6 +145,118 @@ TEST(CoreOpsParity, EveryOpOnEveryDeviceMatchesCpu) {
       EXPECT_TRUE(all_close(got.cpu(), expected, c.rtol, c.rtol)) << c.name << " on " << device.str();
     }
   }
+}
+
+// The composed ops, integer pow, strided views and the in-place ops with PyTorch's values and refusals.
+TEST(CoreOps, ComposedOpsFollowPyTorch) {
+  const double nan = std::numeric_limits<double>::quiet_NaN(), inf = std::numeric_limits<double>::infinity();
+  const Tensor x = from_vector<double>({-2, -0.5, 0.5, 2, nan});
+  std::vector<double> c = clamp(x, -1.0, 1.0).to_vector<double>();
+  EXPECT_EQ(std::vector<double>(c.begin(), c.end() - 1), (std::vector<double>{-1, -0.5, 0.5, 1}));
+  EXPECT_TRUE(std::isnan(c.back()));
+  EXPECT_EQ(clamp(x.narrow(0, 0, 4), 1.0, -1.0).to_vector<double>(), (std::vector<double>{-1, -1, -1, -1}));
+  const Tensor ints = from_vector<std::int64_t>({-3, 0, 3});
+  EXPECT_EQ(clamp(ints, 0.0).dtype(), DType::Int64);
+  EXPECT_EQ(clamp(ints, 0.0).to_vector<std::int64_t>(), (std::vector<std::int64_t>{0, 0, 3}));
+  EXPECT_EQ(clamp(ints, 0.5).dtype(), DType::Float32);
+  EXPECT_THROW(clamp(ints, std::nullopt, std::nullopt), InvalidArgument);
+
+  EXPECT_EQ(masked_fill(ints, from_vector<bool>({true, false, true}), 7).to_vector<std::int64_t>(),
+            (std::vector<std::int64_t>{7, 0, 7}));
+  EXPECT_THROW(masked_fill(ints, from_vector<bool>({true, false, true}), 0.5), InvalidArgument);
+  EXPECT_THROW(masked_fill(ints, from_vector<std::int64_t>({1, 0, 1}), 1), DTypeMismatch);
+  EXPECT_THROW(masked_fill(ints, zeros({2, 3}, {.dtype = DType::Bool}), 1), ShapeMismatch);
+
+  const Tensor odd = from_vector<double>({nan, inf, -inf, 1});
+  EXPECT_EQ(isnan(odd).to_vector<bool>(), (std::vector<bool>{true, false, false, false}));
+  EXPECT_EQ(isinf(odd).to_vector<bool>(), (std::vector<bool>{false, true, true, false}));
+  EXPECT_EQ(isfinite(odd).to_vector<bool>(), (std::vector<bool>{false, false, false, true}));
+  EXPECT_EQ(isfinite(ints).to_vector<bool>(), (std::vector<bool>{true, true, true}));
+  EXPECT_EQ(isclose(odd, from_vector<double>({nan, inf, inf, 1 + 1e-9})).to_vector<bool>(),
+            (std::vector<bool>{false, true, false, true}));
+  EXPECT_TRUE(isclose(odd, odd, 1e-5, 1e-8, /*equal_nan=*/true).to_vector<bool>()[0]);
+  EXPECT_TRUE(allclose(ints, ints));
+  EXPECT_FALSE(allclose(odd, odd));
+  EXPECT_THROW(isclose(ints, odd.narrow(0, 0, 3)), DTypeMismatch);
+
+  EXPECT_TRUE(all(empty({0})).item<bool>());
+  EXPECT_FALSE(any(empty({0})).item<bool>());
+  EXPECT_TRUE(all(odd).item<bool>());  // NaN counts as nonzero
+  EXPECT_EQ(any(from_vector<double>({0, 0, 0, 1}, {2, 2}), {1}).to_vector<bool>(), (std::vector<bool>{false, true}));
+  EXPECT_DOUBLE_EQ(std(from_vector<double>({1, 2, 3, 4})).item<double>(), std::sqrt(5.0 / 3.0));
+  EXPECT_DOUBLE_EQ(norm(from_vector<double>({3, 4})).item<double>(), 5.0);
+  Tensor zero = zeros({3}, {.dtype = DType::Float64, .requires_grad = true});
+  norm(zero).backward();
+  EXPECT_EQ(zero.grad().to_vector<double>(), (std::vector<double>{0, 0, 0}));  // not NaN
+
+  const Tensor seven = arange(7);
+  std::vector<std::int64_t> sizes;
+  for (const Tensor& piece : chunk(seven, 3)) sizes.push_back(piece.numel());
+  EXPECT_EQ(sizes, (std::vector<std::int64_t>{3, 3, 1}));
+  EXPECT_EQ(chunk(arange(6), 4).size(), 3u);  // pieces of ceil(6 / 4) = 2, as PyTorch
+  EXPECT_EQ(split(seven, 3)[2].to_vector<std::int64_t>(), (std::vector<std::int64_t>{6}));
+  EXPECT_EQ(split(seven, 3)[1].storage(), seven.storage());  // views
+  EXPECT_THROW(chunk(seven, 0), InvalidArgument);
+  EXPECT_THROW(split(seven, 0), InvalidArgument);
+
+  const Tensor pair = from_vector<std::int64_t>({1, 2});
+  EXPECT_EQ(repeat(pair, {2, 2}).to_vector<std::int64_t>(), (std::vector<std::int64_t>{1, 2, 1, 2, 1, 2, 1, 2}));
+  EXPECT_EQ(repeat(pair, {2, 2}).shape(), (Shape{2, 4}));
+  EXPECT_NE(repeat(pair, {1}).storage(), pair.storage());  // always a copy
+  EXPECT_THROW(repeat(ones({2, 2}), {2}), InvalidArgument);
+  EXPECT_EQ(flip(arange(6).view({2, 3}), {0, 1}).to_vector<std::int64_t>(),
+            (std::vector<std::int64_t>{5, 4, 3, 2, 1, 0}));
+  EXPECT_THROW(flip(arange(6).view({2, 3}), {1, -1}), InvalidArgument);
+
+  EXPECT_EQ(one_hot(from_vector<std::int64_t>({1, 0})).to_vector<std::int64_t>(), (std::vector<std::int64_t>{0, 1, 1, 0}));
+  EXPECT_THROW(one_hot(from_vector<std::int64_t>({1, 5}), 5), InvalidArgument);
+  EXPECT_THROW(one_hot(from_vector<std::int64_t>({1, -1}), 5), InvalidArgument);
+  EXPECT_THROW(one_hot(ints.to(DType::Int32), 5), DTypeMismatch);
+
+  EXPECT_EQ(eye(2, 3).to_vector<float>(), (std::vector<float>{1, 0, 0, 0, 1, 0}));
+  EXPECT_EQ(linspace(0, 1, 5).to_vector<float>(), (std::vector<float>{0, 0.25f, 0.5f, 0.75f, 1}));
+  EXPECT_EQ(linspace(3, 9, 1).to_vector<float>(), (std::vector<float>{3}));
+  EXPECT_EQ(linspace(0, 0.3, 4, {.dtype = DType::Float64}).to_vector<double>().back(), 0.3);  // the end is exact
+  EXPECT_EQ(full_like(ints, 4).to_vector<std::int64_t>(), (std::vector<std::int64_t>{4, 4, 4}));
+
+  // Integer pow: exact beyond 2^53, integer dtype; a negative exponent tensor truncates; a negative scalar refused.
+  const Tensor p = pow(from_vector<std::int64_t>({3, 2, 1, -1, 2}), from_vector<std::int64_t>({39, 10, -4, -3, -1}));
+  EXPECT_EQ(p.dtype(), DType::Int64);
+  EXPECT_EQ(p.to_vector<std::int64_t>(), (std::vector<std::int64_t>{4052555153018976267, 1024, 1, -1, 0}));
+  EXPECT_EQ(pow(ints, 2.0).to_vector<std::int64_t>(), (std::vector<std::int64_t>{9, 0, 9}));
+  EXPECT_EQ(pow(ints, 2.5).dtype(), DType::Float32);
+  EXPECT_THROW(pow(ints, -1.0), InvalidArgument);
+
+  // view() of a stride-compatible non-contiguous tensor is a view; reshape() copies only when it must.
+  const Tensor m = arange(12).view({3, 4});
+  const Tensor mt = m.t();  // (4, 3), strides (1, 4)
+  EXPECT_EQ(mt.view({4, 3, 1}).storage(), m.storage());
+  EXPECT_EQ(mt.reshape({2, 2, 3}).storage(), m.storage());  // splitting a dim keeps it in one chunk
+  EXPECT_EQ(mt.reshape({2, 2, 3}).to_vector<std::int64_t>(), mt.contiguous().to_vector<std::int64_t>());
+  EXPECT_THROW(mt.view({12}), InvalidArgument);
+  EXPECT_NE(mt.reshape({12}).storage(), m.storage());
+  EXPECT_EQ(mt.reshape({12}).to_vector<std::int64_t>(), mt.contiguous().to_vector<std::int64_t>());
+  EXPECT_THROW(arange(8).view({2, 2, 2}).t(), InvalidArgument);
+
+  // In place: PyTorch's casting rule, no growing by broadcast.
+  Tensor i = ints.clone();
+  EXPECT_THROW(i.div_(2.0), DTypeMismatch);
+  EXPECT_THROW(i.div_(ints), DTypeMismatch);
+  EXPECT_THROW(i.mul_(ones({3})), DTypeMismatch);
+  EXPECT_THROW(i.add_(ones({3}), 2), DTypeMismatch);  // float into int64, alpha or not
+  EXPECT_EQ(i.to_vector<std::int64_t>(), ints.to_vector<std::int64_t>());  // nothing written by a refused op
+  EXPECT_THROW(ones({3}).mul_(ones({2, 3})), ShapeMismatch);
+  EXPECT_THROW(from_vector<bool>({true}).sub_(from_vector<bool>({true})), InvalidArgument);
+  i.sub_(ints, 2).mul_(ints);
+  EXPECT_EQ(i.to_vector<std::int64_t>(), (std::vector<std::int64_t>{-9, 0, -9}));
+  Tensor u = from_vector<std::uint8_t>({1, 2});
+  u.sub_(from_vector<std::uint8_t>({2, 2}));
+  EXPECT_EQ(u.to_vector<std::uint8_t>(), (std::vector<std::uint8_t>{255, 0}));  // wraps, as PyTorch's uint8
+  // alpha of the out-of-place add/sub: in the result's dtype, never fractional for integers.
+  EXPECT_THROW(add(ints, ints, 0.5), InvalidArgument);
+  const Tensor w = sub(from_vector<std::uint8_t>({10}), from_vector<std::uint8_t>({4}), 3);
+  EXPECT_EQ(w.dtype(), DType::UInt8);
+  EXPECT_EQ(w.to_vector<std::uint8_t>(), (std::vector<std::uint8_t>{254}));  // 10 - 12 wraps
 }
 
 TEST(CoreOps, ValuesOnCpu) {

@@ -6,6 +6,8 @@
 #include <zlib.h>
 
 #include <array>
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -353,6 +355,63 @@ TEST_F(FashionMnistTest, LoadsBothSplitsOfSmallFiles) {
     EXPECT_EQ(split.images.shape, (std::vector<std::int64_t>{5, 28, 28}));
     EXPECT_EQ(split.labels.shape, (std::vector<std::int64_t>{5}));
   }
+}
+
+TEST_F(FashionMnistTest, LoadsUncompressedFiles) {
+  // What `gunzip *.gz` (or torchvision's raw/ folder) leaves: the same idx files without .gz, here one split of each.
+  write_fake(path("fmnist"), 5, 5);
+  write_plain(path("fmnist/train-images-idx3-ubyte"), idx_bytes({5, 28, 28}, counting(5 * 28 * 28)));
+  write_plain(path("fmnist/train-labels-idx1-ubyte"), idx_bytes({5}, std::vector<std::uint8_t>(5, 3)));
+  fs::remove(path("fmnist/train-images-idx3-ubyte.gz"));
+  fs::remove(path("fmnist/train-labels-idx1-ubyte.gz"));
+  const FashionMnistFiles files = find_fashion_mnist(path("fmnist"));
+  EXPECT_EQ(files.train_images, path("fmnist") + "/train-images-idx3-ubyte");
+  EXPECT_EQ(files.test_images, path("fmnist") + "/t10k-images-idx3-ubyte.gz");
+  const RawDataset plain = load_fashion_mnist_split(files, true);
+  const RawDataset gzipped = load_fashion_mnist_split(files, false);
+  EXPECT_EQ(plain.images.shape, (std::vector<std::int64_t>{5, 28, 28}));
+  EXPECT_EQ(plain.images.data, gzipped.images.data);
+  EXPECT_EQ(plain.labels.data, gzipped.labels.data);
+}
+
+TEST_F(FashionMnistTest, MissingFileNamesBothSpellings) {
+  write_fake(path("fmnist"), 5, 5);
+  fs::remove(path("fmnist/train-labels-idx1-ubyte.gz"));
+  try {
+    find_fashion_mnist(path("fmnist"));
+    ADD_FAILURE() << "expected IoError";
+  } catch (const IoError& error) {
+    EXPECT_CONTAINS(error.what(), "train-labels-idx1-ubyte.gz' is missing (nor is there an uncompressed "
+                                  "'train-labels-idx1-ubyte')");
+  }
+}
+
+TEST_F(FashionMnistTest, FolderThatCannotBeReadIsNotCalledMissing) {
+  // A symlink loop: stat fails with ELOOP, not ENOENT (and does so for root too).
+  fs::create_symlink(path("loop"), path("loop"));
+  try {
+    find_fashion_mnist(path("loop"));
+    ADD_FAILURE() << "expected IoError";
+  } catch (const IoError& error) {
+    EXPECT_CONTAINS(error.what(), "cannot read the Fashion-MNIST folder '" + path("loop") + "'");
+    EXPECT_EQ(std::string(error.what()).find("does not exist"), std::string::npos) << error.what();
+    EXPECT_EQ(std::string(error.what()).find("install"), std::string::npos) << error.what();
+  }
+}
+
+TEST_F(FashionMnistTest, FolderWithoutPermissionIsNotCalledMissing) {
+  if (::geteuid() == 0) GTEST_SKIP() << "root reads any folder";
+  write_fake(path("fmnist"), 5, 5);
+  fs::permissions(path("fmnist"), fs::perms::none);
+  std::string message;
+  try {
+    find_fashion_mnist(path("fmnist"));
+  } catch (const IoError& error) {
+    message = error.what();
+  }
+  fs::permissions(path("fmnist"), fs::perms::owner_all);
+  EXPECT_CONTAINS(message, "cannot read the Fashion-MNIST folder");
+  EXPECT_CONTAINS(message, std::strerror(EACCES));
 }
 
 TEST_F(FashionMnistTest, RejectsImagesAndLabelsThatDisagreeInCount) {

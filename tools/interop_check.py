@@ -2,7 +2,7 @@
 """interop_check.py — load a `ferry train` checkpoint into PyTorch's equivalent nn.Sequential (the fmnist CNN or
 the mlp, as its metadata says) and evaluate it on Fashion-MNIST's test set; the accuracy must equal `ferry eval`'s.
 
-Usage: /usr/bin/python3 tools/interop_check.py fmnist.safetensors [--data DIR] [--expect ACCURACY]
+Usage: /usr/bin/python3 tools/interop_check.py fmnist.safetensors [--data DIR] [--expect ACCURACY] [--save-weights F]
 Needs Debian's python3-torch (or any torch); parses safetensors with json + numpy, no other package.
 """
 import argparse
@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 DTYPES = {"F32": np.float32, "F64": np.float64, "I64": np.int64, "I32": np.int32, "U8": np.uint8, "BOOL": np.bool_}
+NAMES = {np.dtype(v): k for k, v in DTYPES.items()}
 
 
 def read_safetensors(path):
@@ -31,6 +32,21 @@ def read_safetensors(path):
         array = np.frombuffer(data[base + begin : base + end], dtype=DTYPES[info["dtype"]]).reshape(info["shape"])
         tensors[name] = torch.from_numpy(array.copy())
     return tensors, metadata
+
+
+def write_safetensors(path, tensors):
+    """A state_dict as safetensors without metadata: what safetensors.torch.save_file(model.state_dict()) writes."""
+    header, blobs, offset = {}, [], 0
+    for name, tensor in tensors.items():
+        array = tensor.detach().cpu().contiguous().numpy()
+        blob = array.tobytes()
+        header[name] = {"dtype": NAMES[array.dtype], "shape": list(array.shape), "data_offsets": [offset, offset + len(blob)]}
+        blobs.append(blob)
+        offset += len(blob)
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)  # the data starts 8-byte aligned
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(text)) + text + b"".join(blobs))
 
 
 def fmnist_model():
@@ -63,6 +79,8 @@ def main():
     parser.add_argument("checkpoint")
     parser.add_argument("--data", default="/usr/share/datasets/fashion-mnist")
     parser.add_argument("--expect", type=float, help="ferry's test accuracy (0-1); exit 1 if PyTorch's differs")
+    parser.add_argument("--save-weights", help="also write PyTorch's state_dict there as weights-only safetensors "
+                        "(for `ferry eval --model`)")
     args = parser.parse_args()
 
     tensors, metadata = read_safetensors(args.checkpoint)
@@ -74,6 +92,8 @@ def main():
     model = MODELS[name]()
     model.load_state_dict(weights, strict=True)  # ferry's names are PyTorch's
     model.eval()
+    if args.save_weights:
+        write_safetensors(args.save_weights, model.state_dict())
 
     images = read_idx(f"{args.data}/t10k-images-idx3-ubyte.gz").astype(np.float32)
     labels = torch.from_numpy(read_idx(f"{args.data}/t10k-labels-idx1-ubyte.gz").astype(np.int64))

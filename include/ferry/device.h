@@ -44,6 +44,9 @@ inline constexpr Device kCPU{DeviceType::CPU, 0};
 
 int device_count(DeviceType type);    // 0 when the type is absent; cpu is always 1
 bool is_available(DeviceType type);   // device_count(type) > 0
+// Why device_count(type) is 0, in words: "This build of ferry has no CUDA backend (...)", or the driver's answer
+// ("cudaGetDeviceCount: cudaErrorNoDevice (no CUDA-capable device is detected)"). Empty when devices are present.
+std::string unavailable_reason(DeviceType type);
 std::vector<Device> available_devices();  // every device present, cpu first
 std::string available_devices_text();     // "cpu, sim:0, sim:1" for error messages
 

@@ -16,6 +16,11 @@ Tensor full(const Shape& shape, double value, const TensorOptions& options = {})
 Tensor zeros_like(const Tensor& like);
 Tensor ones_like(const Tensor& like);
 Tensor empty_like(const Tensor& like);
+Tensor full_like(const Tensor& like, double value);
+// The (n, m) identity (m -1: square): ones on the diagonal. float32 unless options say otherwise.
+Tensor eye(std::int64_t n, std::int64_t m = -1, const TensorOptions& options = {});
+// `steps` values from start to end inclusive, evenly spaced (float32 unless options say otherwise).
+Tensor linspace(double start, double end, std::int64_t steps, const TensorOptions& options = {});
 // TensorOptions whose dtype may be left unset, for arange (TensorOptions' dtype cannot tell "not given" from float32).
 struct ArangeOptions {
   Device device = kCPU;

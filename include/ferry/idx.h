@@ -40,16 +40,17 @@ IdxArray read_idx_gz(const std::string& path);
 
 inline constexpr const char* kDefaultFashionMnistDir = "/usr/share/datasets/fashion-mnist";
 
-struct FashionMnistFiles {  // full paths
-  std::string train_images;  // train-images-idx3-ubyte.gz  (60000, 28, 28)
-  std::string train_labels;  // train-labels-idx1-ubyte.gz  (60000)
-  std::string test_images;   // t10k-images-idx3-ubyte.gz   (10000, 28, 28)
-  std::string test_labels;   // t10k-labels-idx1-ubyte.gz   (10000)
+struct FashionMnistFiles {  // full paths, each NAME.gz or (uncompressed) NAME
+  std::string train_images;  // train-images-idx3-ubyte[.gz]  (60000, 28, 28)
+  std::string train_labels;  // train-labels-idx1-ubyte[.gz]  (60000)
+  std::string test_images;   // t10k-images-idx3-ubyte[.gz]   (10000, 28, 28)
+  std::string test_labels;   // t10k-labels-idx1-ubyte[.gz]   (10000)
 };
 
-// The four files in dir. Throws IoError naming the first missing folder or file, and how to get
-// them: Debian's package dataset-fashion-mnist, or --data DIR. A name that is there but is no regular
-// file (a directory) is named as such, without the package hint.
+// The four files in dir, each the .gz name if present, else the uncompressed one. Throws IoError naming the first
+// missing folder or file, and how to get them: Debian's package dataset-fashion-mnist, or --data DIR. A folder that
+// cannot be read is said so with the system's reason; a name that is there but is no regular file (a directory) is
+// named as such, without the package hint.
 FashionMnistFiles find_fashion_mnist(const std::string& dir = kDefaultFashionMnistDir);
 
 struct RawDataset {

@@ -11,8 +11,9 @@
 namespace ferry {
 
 // --- elementwise, with NumPy broadcasting ---------------------------------------------------------
-// Two tensors: the result dtype is PyTorch's torch.result_type (see result_type below); div and pow of integers
-// give float32.
+// Two tensors: the result dtype is PyTorch's torch.result_type (see result_type below); div of integers gives
+// float32 (true division); pow of integers stays integer, exact and wrapping (a negative exponent gives
+// 1 / base^|e| truncated: 0 unless the base is 1 or -1).
 Tensor add(const Tensor& a, const Tensor& b, double alpha = 1);  // a + alpha * b
 Tensor sub(const Tensor& a, const Tensor& b, double alpha = 1);
 Tensor mul(const Tensor& a, const Tensor& b);
@@ -24,8 +25,9 @@ Tensor minimum(const Tensor& a, const Tensor& b);
 // tensor keeps its dtype; an integer tensor keeps its dtype when the scalar is a whole number within that dtype's
 // range (int64 + 1.0 -> int64, uint8 - 1.0 -> uint8: the scalar as written), otherwise the result is float32
 // (int64 * 2.5, int32 + 2^31, uint8 + -1.0), never a wrapped scalar. A bool tensor counts as int64: bool * 3.0 ->
-// int64, bool * 2.5 -> float32. div and pow of an integer or bool tensor give float32. Comparisons compute in that
-// dtype and give bool.
+// int64, bool * 2.5 -> float32. div of an integer or bool tensor gives float32; pow by a whole exponent keeps the
+// integer dtype (exact; a negative whole exponent is an InvalidArgument), by a fraction gives float32. Comparisons
+// compute in that dtype and give bool.
 Tensor add(const Tensor& a, double b);
 Tensor sub(const Tensor& a, double b);
 Tensor mul(const Tensor& a, double b);
@@ -93,6 +95,40 @@ Tensor index_select(const Tensor& a, int dim, const Tensor& index);  // index: i
 Tensor& index_select_out(Tensor& out, const Tensor& a, int dim, const Tensor& index);
 Tensor cat(const std::vector<Tensor>& tensors, int dim = 0);
 Tensor stack(const std::vector<Tensor>& tensors, int dim = 0);
+
+// --- composed ops: built from the ops above on the input's device, so they run on every backend and autograd
+// differentiates the composition. No host sync unless the comment says so. ------------------------------------
+// Each element limited to [min, max] (either bound may be absent; min > max gives max everywhere, as PyTorch). NaN
+// stays NaN. The gradient flows where min <= a <= max. An integer tensor keeps its dtype when the bounds are whole.
+Tensor clamp(const Tensor& a, std::optional<double> min, std::optional<double> max = std::nullopt);
+Tensor masked_fill(const Tensor& a, const Tensor& mask, double value);  // value where mask (bool, broadcast to a)
+Tensor isnan(const Tensor& a);     // -> bool
+Tensor isinf(const Tensor& a);     // -> bool (+inf and -inf)
+Tensor isfinite(const Tensor& a);  // -> bool: neither NaN nor inf
+Tensor logical_and(const Tensor& a, const Tensor& b);  // -> bool; nonzero counts as true
+Tensor logical_or(const Tensor& a, const Tensor& b);
+// Standard deviation: sqrt(var(...)); unbiased divides by n - 1.
+Tensor std(const Tensor& a, std::vector<int> dims = {}, bool unbiased = true, bool keepdim = false);
+Tensor norm(const Tensor& a, std::vector<int> dims = {}, bool keepdim = false);  // the 2-norm: sqrt(sum(a^2))
+Tensor all(const Tensor& a, std::vector<int> dims = {}, bool keepdim = false);   // -> bool: every element nonzero
+Tensor any(const Tensor& a, std::vector<int> dims = {}, bool keepdim = false);   // -> bool: some element nonzero
+// PyTorch's isclose: |a - b| <= atol + rtol * |b|, elementwise -> bool; an inf is close only to itself, NaN to
+// nothing (to NaN too with equal_nan). allclose is all of it as a host bool: a sync on accelerators.
+Tensor isclose(const Tensor& a, const Tensor& b, double rtol = 1e-5, double atol = 1e-8, bool equal_nan = false);
+bool allclose(const Tensor& a, const Tensor& b, double rtol = 1e-5, double atol = 1e-8, bool equal_nan = false);
+// Views of `a` along dim (no copy): chunk gives at most `chunks` pieces of ceil(size / chunks) (the last smaller);
+// split gives pieces of split_size (the last smaller).
+std::vector<Tensor> chunk(const Tensor& a, std::int64_t chunks, int dim = 0);
+std::vector<Tensor> split(const Tensor& a, std::int64_t split_size, int dim = 0);
+// a tiled repeats[i] times along dim i (repeats may have more dims than a: leading ones are added). A copy.
+Tensor repeat(const Tensor& a, const Shape& repeats);
+Tensor flip(const Tensor& a, const std::vector<int>& dims);  // reversed along each of dims. A copy, as PyTorch's
+// (n) int64 class indices -> (n, num_classes) int64 rows of 0 and 1 (any leading shape: a new last dim).
+// num_classes -1 means max(labels) + 1 (a host sync on accelerators). On cpu, a label outside [0, num_classes) is
+// an InvalidArgument; on an accelerator checking would cost a sync, so such a label gives a row of zeros.
+Tensor one_hot(const Tensor& labels, std::int64_t num_classes = -1);
+Tensor dot(const Tensor& a, const Tensor& b);    // (k) . (k) -> 0-d
+Tensor outer(const Tensor& a, const Tensor& b);  // (n) x (m) -> (n, m)
 
 // --- operators ------------------------------------------------------------------------------------
 inline Tensor operator+(const Tensor& a, const Tensor& b) { return add(a, b); }

@@ -107,10 +107,12 @@ class Tensor {
   bool is_same(const Tensor& other) const { return impl_ == other.impl_; }
 
   // --- views: share storage, never copy ----------------------------------------------------------
-  Tensor view(const Shape& shape) const;      // contiguous tensors only; one dim may be -1
-  Tensor reshape(const Shape& shape) const;   // a view when possible, else a copy
+  // One dim may be -1. A view needs strides that allow it (PyTorch's rule: each new dim lies within one run of
+  // memory-contiguous old dims; any contiguous tensor qualifies), else InvalidArgument: use reshape().
+  Tensor view(const Shape& shape) const;
+  Tensor reshape(const Shape& shape) const;   // a view when view() could make one, else a contiguous copy
   Tensor transpose(int dim0, int dim1) const;
-  Tensor t() const { return dim() < 2 ? *this : transpose(0, 1); }  // a 0-d or 1-d tensor as it is (PyTorch)
+  Tensor t() const;  // transpose(0, 1) of a 2-d tensor; 0-d and 1-d as they are; >2-d: InvalidArgument (PyTorch)
   Tensor permute(const std::vector<int>& dims) const;
   Tensor narrow(int dim, std::int64_t start, std::int64_t length) const;
   Tensor slice(int dim, std::int64_t start, std::int64_t end) const;  // [start, end), negatives wrap
@@ -173,8 +175,13 @@ class Tensor {
   Tensor& fill_(double value);
   Tensor& zero_() { return fill_(0); }
   Tensor& copy_(const Tensor& src, bool non_blocking = false);  // same shape (broadcast ok); any device
-  Tensor& add_(const Tensor& other, double alpha = 1);
+  Tensor& add_(const Tensor& other, double alpha = 1);  // this += alpha * other (other broadcasts to this shape)
+  Tensor& sub_(const Tensor& other, double alpha = 1);  // this -= alpha * other
+  Tensor& mul_(const Tensor& other);
+  Tensor& div_(const Tensor& other);  // floating tensors (true division)
+  Tensor& add_(double scalar);
   Tensor& mul_(double scalar);
+  Tensor& div_(double scalar);  // floating tensors
 
  private:
   unsigned add_grad_hook(std::function<Tensor(const Tensor&)> hook) const;

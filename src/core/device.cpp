@@ -5,6 +5,7 @@
 
 #include "ferry/backend.h"
 #include "ferry/error.h"
+#include "registry.h"
 
 namespace ferry {
 
@@ -32,6 +33,22 @@ int device_count(DeviceType type) {
 }
 
 bool is_available(DeviceType type) { return device_count(type) > 0; }
+
+std::string unavailable_reason(DeviceType type) {
+  if (device_count(type) > 0) return "";
+  try {
+    (void)backend(type);
+  } catch (const DeviceUnavailable& e) {
+    return e.what();  // no backend for the type in this build
+  }
+  if (type == DeviceType::Sim) return "FERRY_SIM_DEVICES is 0";
+#ifdef FERRY_HAVE_CUDA
+  const std::string reason = cuda::unavailable_reason();
+#else  // linked with a cuda backend all the same (the tests' emulated GPU), or none
+  const std::string reason = cuda::unavailable_reason ? cuda::unavailable_reason() : "";
+#endif
+  return reason.empty() ? "the cuda backend found no device" : reason;
+}
 
 std::vector<Device> available_devices() {
   std::vector<Device> devices{kCPU};
@@ -90,7 +107,7 @@ Device Device::parse(std::string_view text) {
   if (index >= count) {
     throw DeviceUnavailable(detail::concat(
         "Device '", printable(text), "' is not available: this machine has ",
-        count == 0 ? std::string("no ") + std::string(device_type_name(type)) + " devices"
+        count == 0 ? std::string("no ") + std::string(device_type_name(type)) + " devices (" + unavailable_reason(type) + ")"
                    : detail::concat(count, " ", device_type_name(type), " device", count == 1 ? "" : "s",
                                     " (", device_type_name(type), ":0..", count - 1, ")"),
         ". Devices present: ", available_devices_text()));

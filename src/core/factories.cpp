@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "ferry/ops.h"
 #include "ferry/random.h"
 #include "internal.h"
 
@@ -34,6 +35,35 @@ Tensor ones(const Shape& shape, const TensorOptions& options) { return full(shap
 Tensor zeros_like(const Tensor& like) { return zeros(like.shape(), {.device = like.device(), .dtype = like.dtype()}); }
 Tensor ones_like(const Tensor& like) { return ones(like.shape(), {.device = like.device(), .dtype = like.dtype()}); }
 Tensor empty_like(const Tensor& like) { return empty(like.shape(), {.device = like.device(), .dtype = like.dtype()}); }
+Tensor full_like(const Tensor& like, double value) {
+  return full(like.shape(), value, {.device = like.device(), .dtype = like.dtype()});
+}
+
+Tensor eye(std::int64_t n, std::int64_t m, const TensorOptions& options) {
+  if (m == -1) m = n;
+  FERRY_CHECK(n >= 0 && m >= 0, InvalidArgument, "eye: n and m must be greater or equal to 0, got n = ", n,
+              " and m = ", m);
+  // Row index == column index, made on the device (no host copy crosses the link).
+  const ArangeOptions index{.device = options.device, .dtype = DType::Int64};
+  Tensor t = eq(arange(0, static_cast<double>(n), 1, index).unsqueeze(1),
+                arange(0, static_cast<double>(m), 1, index).unsqueeze(0)).to(options.dtype);
+  return with_grad(t, options);
+}
+
+Tensor linspace(double start, double end, std::int64_t steps, const TensorOptions& options) {
+  FERRY_CHECK(steps >= 0, InvalidArgument, "linspace: number of steps must be non-negative, got ", steps);
+  FERRY_CHECK(is_floating(options.dtype), DTypeMismatch, "linspace: ferry makes floating dtypes only, got ",
+              dtype_name(options.dtype), "; make it as float64 and convert");
+  if (steps <= 1) return full({steps}, start, options);
+  // As PyTorch: the first half counts up from start, the second down from end, so both ends are exact. In
+  // float64 on the device, then converted.
+  const double step = (end - start) / static_cast<double>(steps - 1);
+  const Tensor i = arange(0, static_cast<double>(steps), 1, {.device = options.device, .dtype = DType::Float64});
+  const Tensor up = add(mul(i, step), start);
+  const Tensor down = rsub(mul(rsub(i, static_cast<double>(steps - 1)), step), end);
+  Tensor t = where(lt(i, static_cast<double>(steps / 2)), up, down).to(options.dtype);
+  return with_grad(t, options);
+}
 
 Tensor arange(double end, const ArangeOptions& options) { return arange(0, end, 1, options); }
 

@@ -38,4 +38,7 @@ bool capture_active();
 // compose `what` test capture_active() first, so no message is built on the way of an ordinary copy or sync.
 void check_not_capturing(const char* what);
 
+// Whether `scalar` is a whole number that integer dtype `dtype` holds (no wrap when a kernel converts it).
+bool holds_whole(DType dtype, double scalar);
+
 }  // namespace ferry::detail

@@ -91,25 +91,7 @@ DType result_type(const Tensor& a, const Tensor& b) {
 
 // --- elementwise --------------------------------------------------------------------------------
 
-namespace {
-bool is_comparison(BinaryOp op) {
-  return op == BinaryOp::Eq || op == BinaryOp::Ne || op == BinaryOp::Lt || op == BinaryOp::Le ||
-         op == BinaryOp::Gt || op == BinaryOp::Ge;
-}
-
-Tensor binary_forward(BinaryOp op, const Tensor& a_in, const Tensor& b_in, const char* name) {
-  check_same_device(name, {&a_in, &b_in});
-  const Shape shape = broadcast_shapes(name, a_in.shape(), b_in.shape());
-  DType compute = result_type(a_in, b_in);
-  if ((op == BinaryOp::Div || op == BinaryOp::Pow) && !is_floating(compute)) compute = DType::Float32;
-  const Tensor a = a_in.dtype() == compute ? a_in : a_in.detach().to(compute);
-  const Tensor b = b_in.dtype() == compute ? b_in : b_in.detach().to(compute);
-  Tensor out = make_tensor(shape, {.device = a.device(), .dtype = is_comparison(op) ? DType::Bool : compute});
-  backend(out.device()).binary(op, detail::kernel_view(out), detail::kernel_broadcast(a, shape),
-                               detail::kernel_broadcast(b, shape), detail::compute_stream(out.device()));
-  return out;
-}
-
+namespace detail {
 // Whether `scalar` is a whole number that integer dtype `dtype` holds (no wrap when the kernel converts it).
 bool holds_whole(DType dtype, double scalar) {
   if (std::floor(scalar) != scalar) return false;  // also NaN; +-inf is caught by the range below
@@ -120,13 +102,39 @@ bool holds_whole(DType dtype, double scalar) {
     default: return false;
   }
 }
+}  // namespace detail
+
+namespace {
+bool is_comparison(BinaryOp op) {
+  return op == BinaryOp::Eq || op == BinaryOp::Ne || op == BinaryOp::Lt || op == BinaryOp::Le ||
+         op == BinaryOp::Gt || op == BinaryOp::Ge;
+}
+
+Tensor binary_forward(BinaryOp op, const Tensor& a_in, const Tensor& b_in, const char* name) {
+  check_same_device(name, {&a_in, &b_in});
+  const Shape shape = broadcast_shapes(name, a_in.shape(), b_in.shape());
+  DType compute = result_type(a_in, b_in);
+  if (op == BinaryOp::Div && !is_floating(compute)) compute = DType::Float32;
+  if (op == BinaryOp::Pow && compute == DType::Bool) compute = DType::Int64;  // bool ** bool: 0 and 1 as integers
+  const Tensor a = a_in.dtype() == compute ? a_in : a_in.detach().to(compute);
+  const Tensor b = b_in.dtype() == compute ? b_in : b_in.detach().to(compute);
+  Tensor out = make_tensor(shape, {.device = a.device(), .dtype = is_comparison(op) ? DType::Bool : compute});
+  backend(out.device()).binary(op, detail::kernel_view(out), detail::kernel_broadcast(a, shape),
+                               detail::kernel_broadcast(b, shape), detail::compute_stream(out.device()));
+  return out;
+}
+
 
 // The dtype `tensor op scalar` computes in (the rule in ferry/ops.h): a floating tensor's own; an integer one's
-// (bool counts as int64) when `scalar` is a whole number it holds and the op is not div or pow; else float32.
+// (bool counts as int64) when `scalar` is a whole number it holds and the op is not div; else float32. An integer
+// to a whole negative power is refused, as PyTorch does (it would truncate to 0 for every base but 1 and -1).
 DType scalar_compute_dtype(BinaryOp op, DType tensor, double scalar) {
   if (is_floating(tensor)) return tensor;
   const DType integral = tensor == DType::Bool ? DType::Int64 : tensor;
-  if (op == BinaryOp::Div || op == BinaryOp::Pow || !holds_whole(integral, scalar)) return DType::Float32;
+  if (op == BinaryOp::Div || !detail::holds_whole(integral, scalar)) return DType::Float32;
+  FERRY_CHECK(op != BinaryOp::Pow || scalar >= 0, InvalidArgument, "pow: integers to negative integer powers are not "
+              "allowed (", dtype_name(tensor), " tensor to the power ", scalar, "); convert the tensor to a floating "
+              "dtype first, or write the exponent as a fraction");
   return integral;
 }
 
@@ -166,13 +174,27 @@ Tensor unary_forward(UnaryOp op, const Tensor& a_in, bool needs_float) {
 }
 }  // namespace
 
+namespace {
+// alpha * b in the dtype a <op> b computes in (PyTorch's: int64 - uint8 * 2 stays int64; uint8 - uint8 * 3 wraps in
+// uint8), so that the product never widens the result. A fractional alpha with an integer result is refused: it
+// would be truncated (PyTorch's rule).
+Tensor scaled_by_alpha(const Tensor& a, const Tensor& b, double alpha, const char* op) {
+  check_same_device(op, {&a, &b});
+  const DType compute = result_type(a, b);
+  FERRY_CHECK(is_floating(compute) || (compute != DType::Bool && alpha == std::trunc(alpha)), InvalidArgument, op,
+              ": for integral input tensors, argument alpha must not be a floating point number (alpha ", alpha,
+              ", operands ", dtype_name(a.dtype()), " and ", dtype_name(b.dtype()), "); bool operands take only alpha 1");
+  return scalar_forward(BinaryOp::Mul, b.detach(), alpha, false, compute);
+}
+}  // namespace
+
 Tensor add(const Tensor& a, const Tensor& b, double alpha) {
   Tensor out;
   if (alpha == 1) {
     out = binary_forward(BinaryOp::Add, a, b, "add");
   } else {
     autograd::NoGradGuard no_grad;
-    out = binary_forward(BinaryOp::Add, a, mul(b, alpha), "add");
+    out = binary_forward(BinaryOp::Add, a, scaled_by_alpha(a, b, alpha, "add"), "add");
   }
   if (needs_grad({&a, &b})) {
     record("add", {a, b}, out, [sa = a.shape(), sb = b.shape(), ta = a.dtype(), tb = b.dtype(),
@@ -192,7 +214,7 @@ Tensor sub(const Tensor& a, const Tensor& b, double alpha) {
     out = binary_forward(BinaryOp::Sub, a, b, "sub");
   } else {
     autograd::NoGradGuard no_grad;
-    out = binary_forward(BinaryOp::Sub, a, mul(b, alpha), "sub");
+    out = binary_forward(BinaryOp::Sub, a, scaled_by_alpha(a, b, alpha, "sub"), "sub");
   }
   if (needs_grad({&a, &b})) {
     record("sub", {a, b}, out, [sa = a.shape(), sb = b.shape(), ta = a.dtype(), tb = b.dtype(),

@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <iomanip>
 #include <limits>
 #include <numeric>
 #include <optional>
@@ -64,6 +63,8 @@ Storage::Storage(std::size_t nbytes, Device device, bool pinned, bool copy_order
   if (nbytes == 0) return;
   if (pinned) {
     FERRY_CHECK(device.is_cpu(), InvalidArgument, "Pinned memory is host memory; asked for it on ", device.str());
+    // cudaHostAlloc and the pinned cache's event queries are refused inside a capture (and end it on a real card).
+    detail::check_not_capturing("Allocating pinned host memory");
     data_ = backend(DeviceType::CUDA).allocate_pinned(nbytes);
   } else if (copy_order) {
     data_ = backend(device).allocate_for_copy(nbytes, device.index);
@@ -194,18 +195,63 @@ Tensor record_view(const Tensor& base, Tensor view, const char* name,
 }
 }  // namespace
 
+namespace {
+// The strides that show `old_shape`/`old_strides` memory as `new_shape` without a copy, or nothing when one new dim
+// would span two memory chunks (PyTorch's computeStride). A chunk is a run of old dims that are contiguous with
+// each other (stride[d-1] == stride[d] * size[d]); new dims must tile each chunk exactly, innermost first.
+std::optional<std::vector<std::int64_t>> view_strides(const Shape& old_shape, const std::vector<std::int64_t>& old_strides,
+                                                      const Shape& new_shape) {
+  if (old_shape.empty() || shape_numel(old_shape) == 0) return contiguous_strides(new_shape);  // any layout will do
+  std::vector<std::int64_t> strides(new_shape.size(), 1);
+  int view_d = static_cast<int>(new_shape.size()) - 1;
+  std::int64_t chunk_base_stride = old_strides.back();
+  std::int64_t tensor_numel = 1, view_numel = 1;
+  for (int d = static_cast<int>(old_shape.size()) - 1; d >= 0; --d) {
+    tensor_numel *= old_shape[d];
+    const bool chunk_ends = d == 0 || (old_shape[d - 1] != 1 && old_strides[d - 1] != tensor_numel * chunk_base_stride);
+    if (!chunk_ends) continue;
+    while (view_d >= 0 && (view_numel < tensor_numel || new_shape[view_d] == 1)) {
+      strides[view_d] = view_numel * chunk_base_stride;
+      view_numel *= new_shape[view_d];
+      --view_d;
+    }
+    if (view_numel != tensor_numel) return std::nullopt;
+    if (d > 0) {
+      chunk_base_stride = old_strides[d - 1];
+      tensor_numel = view_numel = 1;
+    }
+  }
+  if (view_d != -1) return std::nullopt;
+  return strides;
+}
+}  // namespace
+
 Tensor Tensor::view(const Shape& requested) const {
   Shape shape = infer_shape(requested, numel(), this->shape());
-  FERRY_CHECK(is_contiguous(), InvalidArgument, "view() needs a contiguous tensor (shape ",
-              shape_str(this->shape()), " is strided); use reshape() or contiguous()");
+  std::optional<std::vector<std::int64_t>> strides =
+      is_contiguous() ? contiguous_strides(shape) : view_strides(this->shape(), this->strides(), shape);
+  FERRY_CHECK(strides.has_value(), InvalidArgument, "view size is not compatible with input tensor's size and stride "
+              "(at least one dimension spans across two contiguous subspaces): shape ", shape_str(this->shape()),
+              " with strides ", shape_str(this->strides()), " cannot be seen as ", shape_str(shape),
+              ". Use .reshape(...) instead (it copies when it must)");
   Shape from = this->shape();
-  return record_view(*this, make_view(*this, shape, contiguous_strides(shape), offset()), "view",
+  return record_view(*this, make_view(*this, shape, *strides, offset()), "view",
                      [from](const Tensor& g) { return std::vector<Tensor>{g.reshape(from)}; });
 }
 
 Tensor Tensor::reshape(const Shape& requested) const {
+  // A view whenever the strides allow one (as PyTorch: a transposed (3, 4) reshaped to (4, 3, 1) shares memory),
+  // else a contiguous copy.
   if (is_contiguous()) return view(requested);
-  return contiguous().view(requested);
+  const Shape shape = infer_shape(requested, numel(), this->shape());
+  if (view_strides(this->shape(), this->strides(), shape)) return view(shape);
+  return contiguous().view(shape);
+}
+
+Tensor Tensor::t() const {
+  FERRY_CHECK(dim() <= 2, InvalidArgument, "t() expects a tensor with <= 2 dimensions, but self is ", dim(),
+              "D (shape ", shape_str(shape()), "); use transpose(dim0, dim1) or permute()");
+  return dim() < 2 ? *this : transpose(0, 1);  // a 0-d or 1-d tensor as it is (PyTorch)
 }
 
 Tensor Tensor::transpose(int dim0, int dim1) const {
@@ -331,6 +377,8 @@ Tensor Tensor::flatten(int start_dim, int end_dim) const {
   if (dim() == 0) return reshape({1});
   start_dim = normalize_dim(start_dim, dim(), "flatten");
   end_dim = normalize_dim(end_dim, dim(), "flatten");
+  FERRY_CHECK(start_dim <= end_dim, InvalidArgument, "flatten() has invalid args: start_dim (", start_dim,
+              ") cannot come after end_dim (", end_dim, ")");
   Shape shape;
   for (int d = 0; d < start_dim; ++d) shape.push_back(this->shape()[d]);
   std::int64_t n = 1;
@@ -387,8 +435,7 @@ Tensor Tensor::pin_memory() const {
   FERRY_CHECK(device().is_cpu(), InvalidArgument, "pin_memory(): only cpu tensors can be pinned, this one is on ",
               device().str());
   if (is_pinned()) return *this;
-  // Host work, and on cuda the pinned cache may query an event, which would end a capture on a real card.
-  detail::check_not_capturing("pin_memory()");
+  detail::check_not_capturing("pin_memory()");  // host work, and a pinned allocation (refused in a capture)
   Tensor out = make_tensor(shape(), {.device = kCPU, .dtype = dtype(), .pinned = true});
   Tensor src = contiguous();
   std::memcpy(out.data_ptr(), src.data_ptr(), nbytes());
@@ -495,31 +542,90 @@ Tensor& Tensor::fill_(double value) {
   return *this;
 }
 
-Tensor& Tensor::add_(const Tensor& other, double alpha) {
-  check_same_device("add_", {this, &other});
-  check_in_place(*this, "add_", {&other});
-  // PyTorch's in-place rule: the result type of (self, other) must cast to self's dtype within its kind
-  // (bool < integer < floating); `other` is then converted, so the kernel reads both in self's dtype.
+namespace {
+// self = self <op> other, in self's dtype. PyTorch's in-place rule: the result type of (self, other) must cast to
+// self's dtype within its kind (bool < integer < floating); `other` is then converted, so the kernel reads both in
+// self's dtype. Div of an integer tensor gives a float (true division), so it is refused there as PyTorch does.
+void check_result_fits(const Tensor& self, BinaryOp op, DType other, const char* name) {
   const auto kind = [](DType t) { return t == DType::Bool ? 0 : is_floating(t) ? 2 : 1; };
-  const DType result = promote_types(dtype(), other.dtype());
-  FERRY_CHECK(kind(result) <= kind(dtype()), DTypeMismatch, "add_: result type ", dtype_name(result),
-              " can't be cast to the desired output type ", dtype_name(dtype()));
+  DType result = promote_types(self.dtype(), other);
+  if (op == BinaryOp::Div && !is_floating(result)) result = DType::Float32;
+  FERRY_CHECK(kind(result) <= kind(self.dtype()), DTypeMismatch, name, ": result type ", dtype_name(result),
+              " can't be cast to the desired output type ", dtype_name(self.dtype()));
+}
+
+void binary_in_place(Tensor& self, BinaryOp op, const Tensor& other, const char* name) {
+  check_same_device(name, {&self, &other});
+  check_in_place(self, name, {&other});
+  check_result_fits(self, op, other.dtype(), name);
+  const Shape out_shape = broadcast_shapes(name, self.shape(), other.shape());
+  FERRY_CHECK(out_shape == self.shape(), ShapeMismatch, name, ": output with shape ", shape_str(self.shape()),
+              " doesn't match the broadcast shape ", shape_str(out_shape), " (of ", shape_str(self.shape()), " and ",
+              shape_str(other.shape()), "): an in-place op cannot grow the tensor it writes");
+  Tensor b = other.dtype() == self.dtype() ? other : other.to(self.dtype());
+  if (b.shape() != self.shape()) b = b.expand(self.shape());
+  backend(self.device()).binary(op, detail::kernel_view(self), detail::kernel_view(self), detail::kernel_view(b),
+                                detail::compute_stream(self.device()));
+  self.impl()->bump_version();
+}
+}  // namespace
+
+Tensor& Tensor::add_(const Tensor& other, double alpha) {
   FERRY_CHECK(is_floating(dtype()) || alpha == std::trunc(alpha), InvalidArgument, "add_: alpha ", alpha,
               " is not a whole number, and this tensor is ", dtype_name(dtype()),
               ": for integral tensors alpha must not be a floating point number (it would round to ",
               static_cast<std::int64_t>(alpha), ")");
-  Tensor b = other.dtype() == dtype() ? other : other.to(dtype());
-  if (b.shape() != shape()) b = b.expand(shape());
-  Backend& be = backend(device());
-  const Stream stream = detail::compute_stream(device());
   if (alpha == 1) {
-    be.binary(BinaryOp::Add, detail::kernel_view(*this), detail::kernel_view(*this), detail::kernel_view(b), stream);
-  } else {
-    Tensor scaled = make_tensor(shape(), {.device = device(), .dtype = dtype()});
-    be.binary_scalar(BinaryOp::Mul, detail::kernel_view(scaled), detail::kernel_view(b), alpha, false, stream);
-    be.binary(BinaryOp::Add, detail::kernel_view(*this), detail::kernel_view(*this), detail::kernel_view(scaled),
-              stream);
+    binary_in_place(*this, BinaryOp::Add, other, "add_");
+    return *this;
   }
+  check_same_device("add_", {this, &other});
+  check_in_place(*this, "add_", {&other});
+  check_result_fits(*this, BinaryOp::Add, other.dtype(), "add_");
+  // alpha * other in this tensor's dtype (uint8 - uint8 wraps, as PyTorch's), then added.
+  const Tensor b = other.dtype() == dtype() ? other : other.to(dtype());
+  Tensor scaled = make_tensor(b.shape(), {.device = device(), .dtype = dtype()});
+  backend(device()).binary_scalar(BinaryOp::Mul, detail::kernel_view(scaled), detail::kernel_view(b), alpha, false,
+                                  detail::compute_stream(device()));
+  binary_in_place(*this, BinaryOp::Add, scaled, "add_");
+  return *this;
+}
+
+Tensor& Tensor::sub_(const Tensor& other, double alpha) {
+  FERRY_CHECK(dtype() != DType::Bool, InvalidArgument, "sub_: subtraction, the `-` operator, with a bool tensor is "
+              "not supported. If you are trying to invert a mask, use logical_not() instead");
+  return add_(other, -alpha);
+}
+
+Tensor& Tensor::mul_(const Tensor& other) {
+  binary_in_place(*this, BinaryOp::Mul, other, "mul_");
+  return *this;
+}
+
+Tensor& Tensor::div_(const Tensor& other) {
+  binary_in_place(*this, BinaryOp::Div, other, "div_");
+  return *this;
+}
+
+Tensor& Tensor::add_(double scalar) {
+  check_in_place(*this, "add_", {});
+  FERRY_CHECK(is_floating(dtype()) || std::nearbyint(scalar) == scalar, DTypeMismatch, "add_: result type Float "
+              "can't be cast to the desired output type ", dtype_name(dtype()), " (the scalar ", scalar,
+              " is not whole)");
+  FERRY_CHECK(dtype() != DType::Bool, DTypeMismatch, "add_: a number added to a bool tensor in place would not stay "
+              "a bool; use logical ops, or .to(DType::Int64) first");
+  backend(device()).binary_scalar(BinaryOp::Add, detail::kernel_view(*this), detail::kernel_view(*this), scalar,
+                                  false, detail::compute_stream(device()));
+  impl_->bump_version();
+  return *this;
+}
+
+Tensor& Tensor::div_(double scalar) {
+  check_in_place(*this, "div_", {});
+  FERRY_CHECK(is_floating(dtype()), DTypeMismatch, "div_: result type Float can't be cast to the desired output type ",
+              dtype_name(dtype()), " (true division of an integer tensor gives floats)");
+  backend(device()).binary_scalar(BinaryOp::Div, detail::kernel_view(*this), detail::kernel_view(*this), scalar,
+                                  false, detail::compute_stream(device()));
   impl_->bump_version();
   return *this;
 }
@@ -593,59 +699,6 @@ FERRY_INSTANTIATE_VALUES(std::int64_t)
 FERRY_INSTANTIATE_VALUES(std::uint8_t)
 template bool Tensor::item<bool>() const;
 
-namespace {
-void print_values(std::ostream& out, const std::vector<double>& values, const Shape& shape, std::size_t dim,
-                  std::int64_t& position, bool floating, int indent) {
-  out << "[";
-  const std::int64_t n = shape[dim];
-  const bool last = dim + 1 == shape.size();
-  const std::int64_t limit = 6;  // summarise long dims like PyTorch: first 3, ..., last 3
-  for (std::int64_t i = 0; i < n; ++i) {
-    if (n > limit && i == 3) {
-      out << (last ? "..., " : "...,\n" + std::string(indent + 1, ' '));
-      std::int64_t skip = n - 6;
-      std::int64_t inner = 1;
-      for (std::size_t d = dim + 1; d < shape.size(); ++d) inner *= shape[d];
-      position += skip * inner;
-      i = n - 3;
-    }
-    if (last) {
-      const double v = values[position++];
-      if (floating) out << std::fixed << std::setprecision(4) << v;
-      else out << static_cast<long long>(v);
-      if (i + 1 < n) out << ", ";
-    } else {
-      print_values(out, values, shape, dim + 1, position, floating, indent + 1);
-      if (i + 1 < n) out << ",\n" << std::string(indent + 1, ' ');
-    }
-  }
-  out << "]";
-}
-}  // namespace
-
-std::string Tensor::str() const {
-  if (!defined()) return "tensor(undefined)";
-  std::ostringstream out;
-  out << "tensor(";
-  std::vector<double> values = host_copy(*this, "print").to_vector<double>();
-  if (dim() == 0) {
-    if (is_floating(dtype())) out << std::fixed << std::setprecision(4) << values[0];
-    else out << static_cast<long long>(values[0]);
-  } else if (numel() == 0) {
-    out << "[]";
-  } else {
-    std::int64_t position = 0;
-    print_values(out, values, shape(), 0, position, is_floating(dtype()), 7);
-  }
-  if (!device().is_cpu()) out << ", device='" << device().str() << "'";
-  if (dtype() != DType::Float32 && dtype() != DType::Int64) out << ", dtype=" << dtype_name(dtype());
-  if (dtype() == DType::Int64 && numel() == 0) out << ", dtype=int64";
-  if (requires_grad()) out << ", requires_grad=True";
-  out << ")";
-  return out.str();
-}
-
-std::ostream& operator<<(std::ostream& out, const Tensor& tensor) { return out << tensor.str(); }
 
 // --- autograd accessors -------------------------------------------------------------------------
 

@@ -13,6 +13,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "../core/int_pow.h"
 #include "../core/philox.h"
 #include "blas_threads.h"
 #include "dispatch.h"
@@ -132,8 +133,8 @@ Out cast_to(T v) {
 }
 
 // One binary op's value in the output dtype. Integer inputs into an integer output stay integers where the
-// op's result is one (add, sub and mul wrapping as two's complement, max, min, the masks): exact beyond 2^53,
-// as on cuda; the rest (div, pow) goes through double.
+// op's result is one (add, sub, mul and pow wrapping as two's complement, max, min, the masks): exact beyond 2^53,
+// as on cuda; the rest (div) goes through double.
 template <typename O, typename T>
 O binary_value(BinaryOp op, T a, T b) {
   if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool> && std::is_integral_v<O> &&
@@ -143,6 +144,7 @@ O binary_value(BinaryOp op, T a, T b) {
       case BinaryOp::Add: return static_cast<O>(static_cast<T>(static_cast<U>(a) + static_cast<U>(b)));
       case BinaryOp::Sub: return static_cast<O>(static_cast<T>(static_cast<U>(a) - static_cast<U>(b)));
       case BinaryOp::Mul: return static_cast<O>(static_cast<T>(static_cast<U>(a) * static_cast<U>(b)));
+      case BinaryOp::Pow: return static_cast<O>(ferry::detail::int_pow(a, b));
       case BinaryOp::Maximum: return static_cast<O>(a > b ? a : b);
       case BinaryOp::Minimum: return static_cast<O>(a < b ? a : b);
       case BinaryOp::ReluBackward: return static_cast<O>(b > 0 ? a : T(0));

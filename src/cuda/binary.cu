@@ -6,6 +6,7 @@
 #include <cmath>
 #include <type_traits>
 
+#include "../core/int_pow.h"
 #include "elementwise.cuh"
 #include "kernels.h"
 
@@ -19,7 +20,7 @@ bool is_comparison(BinaryOp op) {
 }
 
 // The cpu's apply_binary followed by its cast to the output type. Integers add, subtract and
-// multiply in their own (wrapping) arithmetic; division and pow go through double as on the cpu.
+// multiply and pow in their own (wrapping) arithmetic; division goes through double as on the cpu.
 template <typename O, typename T>
 __device__ __forceinline__ O binary_value(BinaryOp op, T a, T b) {
   if constexpr (std::is_same_v<T, bool>) {
@@ -67,7 +68,7 @@ __device__ __forceinline__ O binary_value(BinaryOp op, T a, T b) {
       case BinaryOp::Mul: return cast_to<O>(static_cast<T>(static_cast<U>(a) * static_cast<U>(b)));
       case BinaryOp::Div:
         return b == 0 ? cast_to<O>(0.0) : cast_to<O>(static_cast<double>(a) / static_cast<double>(b));
-      case BinaryOp::Pow: return cast_to<O>(pow(static_cast<double>(a), static_cast<double>(b)));
+      case BinaryOp::Pow: return cast_to<O>(ferry::detail::int_pow(a, b));  // exact, wrapping, as the cpu
       case BinaryOp::Maximum: return cast_to<O>(a > b ? a : b);
       case BinaryOp::Minimum: return cast_to<O>(a < b ? a : b);
       case BinaryOp::Eq: return cast_to<O>(a == b);

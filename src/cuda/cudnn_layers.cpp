@@ -2,6 +2,7 @@
 // Without cuDNN in the build every query says false and the layers are composed from ferry's kernels.
 #include "cudnn_layers.h"
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <climits>
@@ -164,9 +165,12 @@ bool math_allowed(cudnnMathType_t math, const ConvMode& mode) { return mode.tf32
 // From timed results (cudnnFind*, fastest first): among those that succeeded, keep the requested precision and
 // fit the workspace cap, the one with the smallest workspace within 5 % of the fastest's time (a step's peak
 // memory counts the workspace, as PyTorch's does, and a few percent of one convolution are not worth hundreds
-// of megabytes).
-template <typename Perf, typename Algo>
-bool choose_timed(const Perf* results, int count, const ConvMode& mode, Algo* algo, std::size_t* bytes,
+// of megabytes). The chosen one's workspace is asked for again with its math set on `conv` (Find has reported
+// less than the algorithm then needs, which PyTorch guards against the same way); the larger figure is kept.
+// Leaves `conv` with `search_math`.
+template <typename Perf, typename Algo, typename WorkspaceSize>
+bool choose_timed(const Perf* results, int count, const ConvMode& mode, cudnnConvolutionDescriptor_t conv,
+                  cudnnMathType_t search_math, WorkspaceSize workspace_size, Algo* algo, std::size_t* bytes,
                   cudnnMathType_t* math, const char* direction, const Backend::Conv2dShape& s) {
   const Perf* best = nullptr;
   double time_limit = 0;
@@ -187,6 +191,10 @@ bool choose_timed(const Perf* results, int count, const ConvMode& mode, Algo* al
   *algo = best->algo;
   *bytes = best->memory;
   *math = best->mathType;
+  FERRY_CUDNN_CHECK(cudnnSetConvolutionMathType(conv, best->mathType));
+  std::size_t asked = 0;
+  if (workspace_size(best->algo, &asked) == CUDNN_STATUS_SUCCESS) *bytes = std::max(*bytes, asked);
+  FERRY_CUDNN_CHECK(cudnnSetConvolutionMathType(conv, search_math));
   return true;
 }
 
@@ -244,56 +252,58 @@ std::unique_ptr<ConvPlan> make_plan(cudnnHandle_t handle, const Backend::Conv2dS
   const cudnnConvolutionDescriptor_t conv = plan->conv.get();
 
   std::array<cudnnConvolutionFwdAlgoPerf_t, kRequested> forward{};
+  const auto forward_workspace = [&](cudnnConvolutionFwdAlgo_t algo, std::size_t* bytes) {
+    return cudnnGetConvolutionForwardWorkspaceSize(handle, x, wd, conv, y, algo, bytes);
+  };
   if (mode.deterministic) {
     FERRY_CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithm_v7(handle, x, wd, conv, y, kRequested, &returned, forward.data()));
-    const auto workspace = [&](cudnnConvolutionFwdAlgo_t algo, std::size_t* bytes) {
-      return cudnnGetConvolutionForwardWorkspaceSize(handle, x, wd, conv, y, algo, bytes);
-    };
-    if (!choose_deterministic(forward.data(), returned, mode, conv, search_math, workspace, &plan->forward,
+    if (!choose_deterministic(forward.data(), returned, mode, conv, search_math, forward_workspace, &plan->forward,
                               &plan->forward_bytes, &plan->forward_math, "forward", s))
       return plan;
   } else {
     FERRY_CUDNN_CHECK(cudnnFindConvolutionForwardAlgorithm(handle, x, wd, conv, y, kRequested, &returned, forward.data()));
-    if (!choose_timed(forward.data(), returned, mode, &plan->forward, &plan->forward_bytes, &plan->forward_math,
-                      "forward", s))
+    if (!choose_timed(forward.data(), returned, mode, conv, search_math, forward_workspace, &plan->forward,
+                      &plan->forward_bytes, &plan->forward_math, "forward", s))
       return plan;
   }
 
   std::array<cudnnConvolutionBwdDataAlgoPerf_t, kRequested> backward_input{};
+  const auto data_workspace = [&](cudnnConvolutionBwdDataAlgo_t algo, std::size_t* bytes) {
+    return cudnnGetConvolutionBackwardDataWorkspaceSize(handle, wd, y, conv, x, algo, bytes);
+  };
   if (mode.deterministic) {
     FERRY_CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithm_v7(handle, wd, y, conv, x, kRequested, &returned,
                                                                   backward_input.data()));
-    const auto workspace = [&](cudnnConvolutionBwdDataAlgo_t algo, std::size_t* bytes) {
-      return cudnnGetConvolutionBackwardDataWorkspaceSize(handle, wd, y, conv, x, algo, bytes);
-    };
-    if (!choose_deterministic(backward_input.data(), returned, mode, conv, search_math, workspace,
+    if (!choose_deterministic(backward_input.data(), returned, mode, conv, search_math, data_workspace,
                               &plan->backward_input, &plan->backward_input_bytes, &plan->backward_input_math,
                               "backward-data", s))
       return plan;
   } else {
     FERRY_CUDNN_CHECK(cudnnFindConvolutionBackwardDataAlgorithm(handle, wd, y, conv, x, kRequested, &returned,
                                                                 backward_input.data()));
-    if (!choose_timed(backward_input.data(), returned, mode, &plan->backward_input, &plan->backward_input_bytes,
-                      &plan->backward_input_math, "backward-data", s))
+    if (!choose_timed(backward_input.data(), returned, mode, conv, search_math, data_workspace,
+                      &plan->backward_input, &plan->backward_input_bytes, &plan->backward_input_math,
+                      "backward-data", s))
       return plan;
   }
 
   std::array<cudnnConvolutionBwdFilterAlgoPerf_t, kRequested> backward_weight{};
+  const auto filter_workspace = [&](cudnnConvolutionBwdFilterAlgo_t algo, std::size_t* bytes) {
+    return cudnnGetConvolutionBackwardFilterWorkspaceSize(handle, x, y, conv, wd, algo, bytes);
+  };
   if (mode.deterministic) {
     FERRY_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithm_v7(handle, x, y, conv, wd, kRequested, &returned,
                                                                     backward_weight.data()));
-    const auto workspace = [&](cudnnConvolutionBwdFilterAlgo_t algo, std::size_t* bytes) {
-      return cudnnGetConvolutionBackwardFilterWorkspaceSize(handle, x, y, conv, wd, algo, bytes);
-    };
-    if (!choose_deterministic(backward_weight.data(), returned, mode, conv, search_math, workspace,
+    if (!choose_deterministic(backward_weight.data(), returned, mode, conv, search_math, filter_workspace,
                               &plan->backward_weight, &plan->backward_weight_bytes, &plan->backward_weight_math,
                               "backward-filter", s))
       return plan;
   } else {
     FERRY_CUDNN_CHECK(cudnnFindConvolutionBackwardFilterAlgorithm(handle, x, y, conv, wd, kRequested, &returned,
                                                                   backward_weight.data()));
-    if (!choose_timed(backward_weight.data(), returned, mode, &plan->backward_weight, &plan->backward_weight_bytes,
-                      &plan->backward_weight_math, "backward-filter", s))
+    if (!choose_timed(backward_weight.data(), returned, mode, conv, search_math, filter_workspace,
+                      &plan->backward_weight, &plan->backward_weight_bytes, &plan->backward_weight_math,
+                      "backward-filter", s))
       return plan;
   }
   plan->usable = true;

@@ -11,6 +11,8 @@
 #include <cstring>
 #include <filesystem>
 
+#include <unistd.h>
+
 #include "ferry/error.h"
 
 namespace ferry {
@@ -239,26 +241,44 @@ FashionMnistFiles find_fashion_mnist(const std::string& dir) {
       "install Debian's package dataset-fashion-mnist (apt-get install dataset-fashion-mnist) or "
       "pass --data DIR";
   std::error_code error;
-  FERRY_CHECK(fs::is_directory(dir, error), IoError, "Fashion-MNIST folder '", dir, "' ",
-              fs::exists(dir, error) ? "is not a folder" : "does not exist", "; ", kHint);
-  const auto in_dir = [&](const char* name) { return (fs::path(dir) / name).string(); };
-  FashionMnistFiles files{
-      .train_images = in_dir("train-images-idx3-ubyte.gz"),
-      .train_labels = in_dir("train-labels-idx1-ubyte.gz"),
-      .test_images = in_dir("t10k-images-idx3-ubyte.gz"),
-      .test_labels = in_dir("t10k-labels-idx1-ubyte.gz"),
-  };
-  for (const std::string* file :
-       {&files.train_images, &files.train_labels, &files.test_images, &files.test_labels}) {
-    const fs::file_status status = fs::status(*file, error);
-    if (fs::is_regular_file(status)) continue;
-    // There but not a file (a folder of that name): installing the package would not help.
-    FERRY_CHECK(!fs::exists(status), IoError, "Fashion-MNIST file '", *file, "' is not a regular file (it is ",
-                fs::is_directory(status) ? "a directory" : "a special file",
-                "); put the gzip-compressed idx file there, or pass --data DIR");
-    throw IoError(detail::concat("Fashion-MNIST file '", *file, "' is missing; ", kHint));
+  const fs::file_status folder = fs::status(dir, error);
+  // A folder that is there but cannot be looked into (permissions, an I/O error) is not "missing": installing the
+  // package would not help. Said with the system's reason.
+  if (error && error != std::errc::no_such_file_or_directory) {
+    throw IoError(detail::concat("cannot read the Fashion-MNIST folder '", dir, "': ", error.message()));
   }
-  return files;
+  FERRY_CHECK(fs::is_directory(folder), IoError, "Fashion-MNIST folder '", dir, "' ",
+              fs::exists(folder) ? "is not a folder" : "does not exist", "; ", kHint);
+  // Files are looked up by name (stat), which needs the folder's search permission, not its read permission.
+  if (access(dir.c_str(), X_OK) != 0) {
+    const int saved_errno = errno;
+    throw IoError(detail::concat("cannot read the Fashion-MNIST folder '", dir, "': ", errno_text(saved_errno)));
+  }
+  // Each file gzip-compressed, as Debian and the Fashion-MNIST repository ship them, or uncompressed (what
+  // `gunzip *.gz` or torchvision's raw/ folder leaves): the .gz name first, then the plain one.
+  const auto find = [&](const char* name) {
+    const std::string gz = (fs::path(dir) / (std::string(name) + ".gz")).string();
+    const std::string plain = (fs::path(dir) / name).string();
+    for (const std::string* file : {&gz, &plain}) {
+      const fs::file_status status = fs::status(*file, error);
+      if (error && error != std::errc::no_such_file_or_directory) {
+        throw IoError(detail::concat("cannot read Fashion-MNIST file '", *file, "': ", error.message()));
+      }
+      if (fs::is_regular_file(status)) return *file;
+      // There but not a file (a folder of that name): installing the package would not help.
+      FERRY_CHECK(!fs::exists(status), IoError, "Fashion-MNIST file '", *file, "' is not a regular file (it is ",
+                  fs::is_directory(status) ? "a directory" : "a special file",
+                  "); put the idx file there (gzip-compressed or not), or pass --data DIR");
+    }
+    throw IoError(detail::concat("Fashion-MNIST file '", gz, "' is missing (nor is there an uncompressed '", name,
+                                 "'); ", kHint));
+  };
+  return {
+      .train_images = find("train-images-idx3-ubyte"),
+      .train_labels = find("train-labels-idx1-ubyte"),
+      .test_images = find("t10k-images-idx3-ubyte"),
+      .test_labels = find("t10k-labels-idx1-ubyte"),
+  };
 }
 
 RawDataset load_fashion_mnist_split(const FashionMnistFiles& files, bool train) {

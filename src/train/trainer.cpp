@@ -458,9 +458,10 @@ TrainResult train(nn::Module& model, const Dataset& train_set, const Dataset& te
       check_replicas();
       save({epoch, batch_in_epoch(), result.steps});
       if (result.stopped_by == 0) {
-        out << "stopped after " << result.steps << " steps (--max-steps)\n";
+        out << "stopped after " << result.steps << (result.steps == 1 ? " step" : " steps") << " (--max-steps)\n";
       } else {
-        out << "stopped on request (signal " << result.stopped_by << ") after " << result.steps << " steps, in epoch "
+        out << "stopped on request (signal " << result.stopped_by << ") after " << result.steps
+            << (result.steps == 1 ? " step" : " steps") << ", in epoch "
             << epoch + 1 << " at batch " << batch_in_epoch() << " of " << steps_per_epoch << written_to << "\n";
       }
       break;

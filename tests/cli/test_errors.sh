@@ -57,6 +57,11 @@ for bad in gpu cuda:-1 cuda:x cuda:0:1 "" cpu:1 sim: CUDA " cpu" cuda:99 sim:7 $
   expect_failure 2 "Devices present: cpu" eval --checkpoint "$scratch/absent.safetensors" --device "$bad"
 done
 expect_failure 2 "--graphs" train --graphs sometimes --data "$scratch/no-data"
+# Where cuda is asked for and there is none, the error says why (no cuda backend in this build, or no device found).
+if ! "$FERRY" devices 2>/dev/null | grep -q "^cuda"; then
+  expect_failure 2 "Device 'cuda' is not available|no cuda devices (|cuda" train --device cuda --data "$scratch/no-data"
+  expect_failure 2 "Device 'cuda:1' is not available|no cuda devices (|cuda" eval --device cuda:1 --checkpoint "$scratch/absent.safetensors"
+fi
 # Whole-number options say what they take, not a range up to the largest double.
 # A limit of 0 once meant "no limit" and trained on all 60000 images.
 for bad in "--epochs -1" "--epochs 0" "--batch 0" "--batch 1.5" "--log-every abc" "--limit-train 0" "--limit-test -5"; do
@@ -69,6 +74,16 @@ for bad in "--max-steps -2" "--check-replicas-every -1"; do
 done
 expect_failure 2 "Devices present: cpu" bench link --device gpu
 expect_failure 2 "Devices present: cpu" bench memory --device cuda:42
+# Bench counts and times that must be positive are refused as read (a --batch of 0 or -5 ran the workload's own).
+expect_failure 2 "--batch: expected a whole number >= 1, got -5" bench golden --batch -5
+expect_failure 2 "--batch: expected a whole number >= 1, got 0" bench golden --batch 0
+expect_failure 2 "--steps: expected a whole number >= 1, got 0" bench golden --steps 0
+expect_failure 2 "--warmup: expected a whole number >= 0, got -1" bench golden --warmup -1
+expect_failure 2 "--repeats: expected a whole number >= 1, got -3" bench gemm --device cpu --repeats -3
+expect_failure 2 "--max-seconds: expected a number > 0, got 0" bench memory --device cpu --max-seconds 0
+expect_failure 2 "--factor: expected a whole number >= 2, got 1" bench allreduce --factor 1
+expect_failure 2 "--iters: expected a whole number >= 1, got 0" bench allreduce --iters 0
+expect_failure 2 "--timeout: expected a number > 0, got -1" bench allreduce --timeout -1
 
 # --- ferry inspect: every malformed file of the fuzz corpus, a truncated file, a missing file and a folder.
 for file in "$corpus"/bad-*; do
@@ -123,10 +138,30 @@ expect_failure 2 "--graphs on captures steps on cuda or sim" train --device cpu 
 expect_failure 2 "unknown command 'bogus'|devices, plan, bench, train, eval, inspect" bogus
 expect_failure 2 "--graphs on: a data-parallel run (--ddp) steps eagerly" train --device sim --ddp --graphs on \
   --data "$scratch/nonexistent"
+# Options only a data-parallel run reads, given without --ddp (they were accepted and ignored).
+for bad in "--bucket-mb 3" "--ddp-timeout 5" "--ddp-backend mpi" "--check-replicas-every 2"; do
+  read -r option value <<< "$bad"
+  expect_failure 2 "$option $value applies to a data-parallel run: it needs --ddp" train --device cpu "$option" "$value" \
+    --data "$scratch/nonexistent"
+done
+# The cpu has no placement to choose (the data is in host memory): one asked for is refused, not ignored.
+expect_failure 2 "--placement per-step decides how batches reach an accelerator|--device cpu" train --device cpu \
+  --placement per-step --data "$scratch/nonexistent"
+expect_failure 2 "--placement prefetch|--device cpu" train --device cpu --placement prefetch --data "$scratch/nonexistent"
+# A data folder that cannot be looked into is not "missing" (a symlink loop: ELOOP, for root too).
+ln -s loop "$scratch/loop"
+expect_failure 1 "cannot read the Fashion-MNIST folder '$scratch/loop'|Too many levels of symbolic links" train \
+  --device cpu --data "$scratch/loop"
 # Settings in the environment are checked like options: a sim link of "16 GB/s" with a space is understood, one
 # that is not a bandwidth is refused (it was read as 16 bytes per second, or as no limit).
 FERRY_SIM_LINK=bogus expect_failure 2 "FERRY_SIM_LINK='bogus' is not a bandwidth" devices
 FERRY_SIM_DEVICES=two expect_failure 2 "FERRY_SIM_DEVICES='two'" devices
+# ... by every command, also those that use no sim device (the settings were read at a sim device's first use only).
+FERRY_SIM_LINK=bogus expect_failure 2 "FERRY_SIM_LINK='bogus' is not a bandwidth" train --device cpu \
+  --data "$scratch/nonexistent"
+FERRY_SIM_DEVICES=two expect_failure 2 "FERRY_SIM_DEVICES='two'" eval --device cpu --checkpoint "$scratch/absent.safetensors"
+FERRY_SIM_DEVICES=99 expect_failure 2 "FERRY_SIM_DEVICES='99'" plan golden --speedup 250 --compute 0.1s --transfer 0.7s
+FERRY_SIM_LINK=fast expect_failure 2 "FERRY_SIM_LINK='fast'" bench gemm --device cpu --sizes 16 --repeats 1
 if FERRY_SIM_LINK="16 GB/s" timeout 20 "$FERRY" devices 2>&1 | grep -q "16.0 GB/s"; then
   ok "FERRY_SIM_LINK='16 GB/s' sets a 16 GB/s link"
 else
@@ -150,6 +185,69 @@ if [[ -f "$data_dir/train-images-idx3-ubyte.gz" ]]; then
     fail "--checkpoint through a symlink: link $(ls -l "$scratch/link.safetensors"), $(tail -c 300 "$scratch/err")"
   fi
   mlp="$scratch/real.safetensors"
+  # A one-step run says "1 step", not "1 steps".
+  if grep -q "(1 step on cpu)" "$scratch/out" && grep -q "^Where the time went on cpu (1 step;" "$scratch/out"; then
+    ok "one step is \"1 step\""
+  else
+    fail "one step: $(grep -i "step" "$scratch/out" | head -c 400)"
+  fi
+  # --resume of a checkpoint already at --max-steps: a note and exit 0, before the data is read (it once trained
+  # nothing without a word).
+  rc=0
+  "$FERRY" train --device cpu --resume "$mlp" --max-steps 1 --data "$scratch/nonexistent" >"$scratch/out" \
+    2>"$scratch/err" || rc=$?
+  if [[ $rc == 0 && ! -s "$scratch/err" ]] &&
+     grep -q "^note: checkpoint $mlp is already at step 1 >= --max-steps 1: nothing to train" "$scratch/out"; then
+    ok "--resume at step 1 with --max-steps 1: $(tail -n 1 "$scratch/out")"
+  else
+    fail "--resume at step 1 with --max-steps 1: exit $rc, $(head -c 300 "$scratch/out") $(head -c 300 "$scratch/err")"
+  fi
+  rc=0
+  "$FERRY" train --device cpu --resume "$mlp" --max-steps 1 --json >"$scratch/out" 2>"$scratch/err" || rc=$?
+  if [[ $rc == 0 && ! -s "$scratch/out" ]] && grep -q "^ferry: note: checkpoint .* nothing to train" "$scratch/err"; then
+    ok "--resume --json at --max-steps: the note on stderr, stdout empty"
+  else
+    fail "--resume --json at --max-steps: exit $rc, $(head -c 300 "$scratch/out") $(head -c 300 "$scratch/err")"
+  fi
+  # Run as one of several mpirun ranks without --ddp: a one-line warning (each rank trains alone).
+  rc=0
+  OMPI_COMM_WORLD_SIZE=2 OMPI_COMM_WORLD_RANK=0 "$FERRY" train "${quick[@]}" --max-steps 1 >"$scratch/out" \
+    2>"$scratch/err" || rc=$?
+  if [[ $rc == 0 && $(wc -l <"$scratch/err") == 1 ]] &&
+     grep -q "^ferry: warning: started as one of 2 ranks (mpirun) without --ddp: every rank trains the full model" \
+       "$scratch/err"; then
+    ok "2 ranks without --ddp: $(cat "$scratch/err")"
+  else
+    fail "2 ranks without --ddp: exit $rc, stderr $(head -c 400 "$scratch/err")"
+  fi
+  # --device auto on a machine without cuda: a note says why the cpu was chosen, and that --placement does nothing.
+  if ! "$FERRY" devices 2>/dev/null | grep -q "^cuda"; then
+    if "$FERRY" train "${quick[@]}" --device auto --placement per-step --max-steps 1 >"$scratch/out" 2>"$scratch/err" &&
+       grep -q "^note: --device auto chose cpu: ." "$scratch/out" &&
+       grep -q "^note: --placement per-step does nothing on the cpu" "$scratch/out"; then
+      ok "$(grep "^note: --device auto" "$scratch/out")"
+    else
+      fail "--device auto without cuda: $(head -c 400 "$scratch/out") $(head -c 300 "$scratch/err")"
+    fi
+  fi
+  # A loss that blows up (--lr 1e30) is reported as "nan", never glibc's "-nan".
+  rc=0
+  "$FERRY" train "${quick[@]}" --limit-train 256 --log-every 1 --lr 1e30 --max-steps 8 >"$scratch/out" 2>"$scratch/err" ||
+    rc=$?
+  if [[ $rc == 1 ]] && grep -q "^ferry: error: The loss became nan at step" "$scratch/err"; then
+    ok "a diverging loss: $(cat "$scratch/err")"
+  else
+    fail "--lr 1e30: exit $rc, $(tail -c 300 "$scratch/err")"
+  fi
+  # Uncompressed idx files (gunzip's), beside .gz ones.
+  mkdir "$scratch/plain"
+  for name in train-images-idx3-ubyte train-labels-idx1-ubyte; do gunzip -c "$data_dir/$name.gz" >"$scratch/plain/$name"; done
+  ln -s "$data_dir"/t10k-*.gz "$scratch/plain/"
+  if "$FERRY" train "${quick[@]}" --max-steps 1 --data "$scratch/plain" >"$scratch/out" 2>"$scratch/err"; then
+    ok "uncompressed idx files in --data are read"
+  else
+    fail "uncompressed idx files: $(tail -c 400 "$scratch/err")"
+  fi
   # with_setting KEY VALUE OUT: a copy of the mlp checkpoint with one metadata value changed (safetensors: an 8-byte
   # little-endian header length, the JSON header, the tensors' bytes).
   with_setting() {

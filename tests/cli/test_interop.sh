@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # tests/cli/test_interop.sh PATH/TO/FERRY — a ferry checkpoint in PyTorch (issue 6, point 6): tools/interop_check.py
 # loads it into PyTorch's own nn.Sequential with strict names and evaluates Fashion-MNIST's 10000 test images; the
-# accuracy must be ferry eval's, for the fmnist CNN (BatchNorm buffers included) and the mlp. Skips with a reason
+# accuracy must be ferry eval's, for the fmnist CNN (BatchNorm buffers included) and the mlp. And back: PyTorch's
+# state_dict written as weights-only safetensors gives the same accuracy in `ferry eval --model`. Skips with a reason
 # where Debian's python3-torch is absent. Not here: layer-by-layer parity (tests/test_nn_parity.cpp, fixtures).
 set -u
 
@@ -33,13 +34,34 @@ for model in fmnist mlp; do
     fail "$model: ferry eval: $(tail -c 600 "$scratch/$model.eval.err")"
     continue
   fi
+  weights="$scratch/$model.torch.safetensors"
   if "$python" "$root/tools/interop_check.py" "$checkpoint" --data "$data_dir" --expect "$accuracy" \
-       >"$scratch/$model.torch.json" 2>"$scratch/$model.torch.err" &&
+       --save-weights "$weights" >"$scratch/$model.torch.json" 2>"$scratch/$model.torch.err" &&
      grep -q "\"model\": \"$model\"" "$scratch/$model.torch.json"; then
     ok "$model after 40 steps: PyTorch $(head -c 200 "$scratch/$model.torch.json"), ferry eval $accuracy"
   else
     fail "$model: PyTorch's accuracy is not ferry's $accuracy: $(tail -c 600 "$scratch/$model.torch.err") $(head -c 300 "$scratch/$model.torch.json")"
+    continue
+  fi
+  # And back: PyTorch's own state_dict (weights only, no ferry metadata) evaluated by ferry eval --model.
+  back="$("$FERRY" eval --checkpoint "$weights" --model "$model" --device cpu --data "$data_dir" --json \
+          2>"$scratch/$model.back.err" | "$python" -c 'import json, sys; print(json.load(sys.stdin)["test_accuracy"])')"
+  if [[ -n "$back" && "$back" == "$accuracy" ]]; then
+    ok "$model: PyTorch's weights-only file in ferry eval --model $model: $back"
+  else
+    fail "$model: ferry eval of PyTorch's weights gave '$back', not $accuracy: $(tail -c 600 "$scratch/$model.back.err")"
   fi
 done
+# A weights-only file of one model read as the other: the mismatch is named, one line, exit 1.
+if [[ -f "$scratch/mlp.torch.safetensors" ]]; then
+  if "$FERRY" eval --checkpoint "$scratch/mlp.torch.safetensors" --device cpu --data "$data_dir" \
+       >"$scratch/wrong.out" 2>"$scratch/wrong.err"; then
+    fail "mlp weights read as fmnist: ferry eval succeeded"
+  elif grep -q "has no ferry metadata, so it was read as the weights of the fmnist model" "$scratch/wrong.err"; then
+    ok "mlp weights read as fmnist: $(head -c 200 "$scratch/wrong.err")"
+  else
+    fail "mlp weights read as fmnist: $(head -c 400 "$scratch/wrong.err")"
+  fi
+fi
 
 finish test_interop

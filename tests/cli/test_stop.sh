@@ -52,7 +52,7 @@ start_and_signal() {
 checkpoint="$scratch/stopped.safetensors"
 start_and_signal int INT "${long_run[@]}" --checkpoint "$checkpoint"
 if [[ $rc -eq 130 ]] && grep -q "stopping after this step" "$scratch/int.err" &&
-   grep -q "^ferry: stopped by SIGINT (Ctrl-C) after [0-9]* steps; $checkpoint holds it: continue with ferry train --resume $checkpoint" "$scratch/int.err" &&
+   grep -q "^ferry: stopped by SIGINT (Ctrl-C) after [0-9]* steps\?; $checkpoint holds it: continue with ferry train --resume $checkpoint" "$scratch/int.err" &&
    grep -Eq "^stopped on request \(signal 2\) (after [0-9]+ steps, in epoch [0-9]+ at batch [0-9]+ of 32|at the end of epoch [0-9]+); checkpoint written to $checkpoint" "$scratch/int.out" &&
    grep -q "Where the time went" "$scratch/int.out"; then
   ok "SIGINT: exit 130, the report, and one line naming the checkpoint and --resume"

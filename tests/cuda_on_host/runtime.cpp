@@ -994,8 +994,11 @@ cudaError_t complete_event(cudaEvent_t event, bool wait) {
 }
 }  // namespace
 
+// Both are "potentially unsafe" during a capture: refused (invalidating it) as cudaMalloc is, which is why
+// PyTorch's caching allocator stops querying its events while a graph is captured.
 cudaError_t cudaEventSynchronize(cudaEvent_t event) {
   Lock lock(state().mutex);
+  if (const cudaError_t e = refuse_if_capturing(); e != cudaSuccess) return e;
   const cudaError_t e = complete_event(event, true);
   if (e == cudaSuccess) release_above_thresholds();
   return e;
@@ -1005,6 +1008,7 @@ cudaError_t cudaEventSynchronize(cudaEvent_t event) {
 // flight (finish_later).
 cudaError_t cudaEventQuery(cudaEvent_t event) {
   Lock lock(state().mutex);
+  if (const cudaError_t e = refuse_if_capturing(); e != cudaSuccess) return e;
   return complete_event(event, false);
 }
 

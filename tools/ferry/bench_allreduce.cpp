@@ -216,15 +216,25 @@ void register_bench_allreduce(CLI::App& bench) {
   command->add_option("--backend", o->backend, "auto | mpi | nccl")->capture_default_str();
   command->add_option("--min-bytes", o->min_bytes, "Smallest size")->capture_default_str();
   command->add_option("--max-bytes", o->max_bytes, "Largest size")->capture_default_str();
-  command->add_option("--factor", o->factor, "Size multiplier between points")->capture_default_str();
-  command->add_option("--iters", o->iterations, "Timed all-reduces per run, at most")->capture_default_str();
-  command->add_option("--warmup", o->warmup, "Untimed all-reduces per size")->capture_default_str();
+  // Checked as they are read, before mpirun's ranks start their collectives.
+  command->add_option("--factor", o->factor, "Size multiplier between points")
+      ->capture_default_str()
+      ->check(whole_number_at_least(2));
+  command->add_option("--iters", o->iterations, "Timed all-reduces per run, at most")
+      ->capture_default_str()
+      ->check(whole_number_at_least(1));
+  command->add_option("--warmup", o->warmup, "Untimed all-reduces per size")
+      ->capture_default_str()
+      ->check(whole_number_at_least(0));
   command->add_option("--repeats", o->repeats, "Timed runs per size and path (interleaved); the best counts")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(whole_number_at_least(1));
   command->add_option("--max-seconds", o->max_seconds, "Seconds per timed run (fewer iterations for large sizes)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(number_above_zero());
   command->add_option("--timeout", o->timeout_s, "Seconds a rank waits for a collective before it stops")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(number_above_zero());
   command->add_flag("--json", o->json, "Print one JSON object (rank 0) instead of the table");
   command->callback([o] { run(*o); });
 }

@@ -44,10 +44,12 @@ void add_common_options(CLI::App* command, CommonOptions& options, const char* s
   command->add_option("--device", options.device, "Device to measure: cpu, sim[:N], cuda[:N], auto")->type_name("DEVICE");
   command->add_option("--sizes", options.sizes, sizes_help)->delimiter(',')->type_name("LIST");
   command->add_option("--repeats", options.repeats, "Timed runs per size (after one warm-up); medians are reported")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(whole_number_at_least(1));
   command->add_option("--max-seconds", options.max_seconds_per_size,
                       "Stop repeating a size after this many seconds (at least one timed run)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(number_above_zero());
   command->add_flag("--json", options.json, "Print one JSON object instead of the table");
   command->add_option("--save", options.save,
                       "Keep the measured rates in this profile file (created, or updated in place)")

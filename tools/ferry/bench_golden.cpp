@@ -388,9 +388,14 @@ void register_bench_golden(CLI::App& bench) {
   command->add_option("--workload", options->workload, "mlp (784-1024-1024-10, batch 512) | cnn (3x32x32, batch 256)")
       ->capture_default_str();
   command->add_option("--device", options->device, "The accelerator: cuda[:N] or sim[:N] (default cuda:0, else sim:0)");
-  command->add_option("--batch", options->batch, "Batch size (default: the workload's)");
-  command->add_option("--steps", options->steps, "Timed steps per measurement")->capture_default_str();
-  command->add_option("--warmup", options->warmup, "Untimed steps before each measurement")->capture_default_str();
+  // Checked as they are read: a --batch of 0 or -5 once ran the workload's own batch without a word.
+  command->add_option("--batch", options->batch, "Batch size (default: the workload's)")->check(whole_number_at_least(1));
+  command->add_option("--steps", options->steps, "Timed steps per measurement")
+      ->capture_default_str()
+      ->check(whole_number_at_least(1));
+  command->add_option("--warmup", options->warmup, "Untimed steps before each measurement")
+      ->capture_default_str()
+      ->check(whole_number_at_least(0));
   command->add_flag("--json", options->json, "Print one JSON object instead of the table");
   command->add_option("--trace", options->trace, "Write the crossings and syncs as Chrome trace JSON")->type_name("FILE");
   command->callback([options] { run_golden(*options); });

@@ -35,3 +35,19 @@ inline CLI::Validator whole_number_at_least(long long least) {
       },
       "");
 }
+
+// A check for options that take a positive real number (seconds, MiB): "--max-seconds: expected a number > 0, got
+// -1". Refused rather than read as "no limit" or as the default.
+inline CLI::Validator number_above_zero() {
+  return CLI::Validator(
+      [](std::string& input) -> std::string {
+        try {
+          std::size_t used = 0;
+          const double value = std::stod(input, &used);
+          if (used == input.size() && value > 0 && value <= 1.7976931348623157e308) return "";
+        } catch (const std::exception&) {
+        }
+        return "expected a number > 0, got " + input;
+      },
+      "");
+}

@@ -12,25 +12,56 @@
 #include "ferry/trainer.h"
 
 void register_eval_command(CLI::App& app) {
-  static std::string checkpoint, device_text = "auto", data = ferry::kDefaultFashionMnistDir;
+  static std::string checkpoint, device_text = "auto", data = ferry::kDefaultFashionMnistDir, model_option;
   static bool json = false;
-  auto* cmd = app.add_subcommand("eval", "Test accuracy of a `ferry train` checkpoint on Fashion-MNIST's 10000 test images.\n"
+  auto* cmd = app.add_subcommand("eval", "Test accuracy of a model on Fashion-MNIST's 10000 test images: a `ferry train`\n"
+                                         "checkpoint, or a weights-only safetensors file (a PyTorch state_dict of the\n"
+                                         "same model, saved with safetensors) with --model.\n"
                                          "Example: ferry eval --checkpoint fmnist.safetensors");
-  cmd->add_option("--checkpoint", checkpoint, "A checkpoint written by ferry train --checkpoint")->required();
+  cmd->add_option("--checkpoint", checkpoint, "A checkpoint written by ferry train --checkpoint, or weights only")
+      ->required();
+  cmd->add_option("--model", model_option,
+                  "fmnist | mlp: the model a weights-only file holds (default fmnist); a ferry checkpoint names its own");
   cmd->add_option("--device", device_text, "auto | cpu | cuda[:N] | sim[:N]")->capture_default_str();
-  cmd->add_option("--data", data, "Folder with the Fashion-MNIST idx .gz files")->capture_default_str();
+  cmd->add_option("--data", data, "Folder with the Fashion-MNIST idx files (.gz, or uncompressed)")->capture_default_str();
   cmd->add_flag("--json", json, "Print one JSON object: {\"device\", \"model\", \"test_accuracy\"}");
   cmd->callback([] {
     const ferry::Device device = ferry::Device::parse(device_text);
-    // The model the checkpoint's run trained (its "model" setting; fmnist when the file does not say).
-    const auto settings = ferry::read_checkpoint_contents(checkpoint).settings;
-    const auto named = settings.find("model");
-    const std::string model_name = named == settings.end() ? "fmnist" : named->second;
-    FERRY_CHECK(model_name == "fmnist" || model_name == "mlp", FormatError, "Checkpoint '",
-                ferry::detail::printable(checkpoint), "': its setting 'model' is '", ferry::detail::printable(model_name),
-                "', which ferry does not build (fmnist | mlp); the file is damaged or was not written by ferry train");
+    std::map<std::string, std::string> metadata;
+    ferry::nn::NamedTensors tensors = ferry::read_tensors(checkpoint, &metadata);
+    // A file `ferry train` wrote says so ("format") and names its model; any other safetensors file is read as a
+    // state_dict under PyTorch's names (ferry's names are PyTorch's), for the model --model names.
+    const bool from_ferry = metadata.count("format") > 0 || metadata.count("global_step") > 0;
+    const auto named = metadata.find("model");
+    const std::string saved_model = from_ferry && named != metadata.end() ? named->second : "";
+    FERRY_CHECK(model_option.empty() || saved_model.empty() || model_option == saved_model, InvalidArgument,
+                "--model ", model_option, ": checkpoint '", ferry::detail::printable(checkpoint), "' holds the ",
+                ferry::detail::printable(saved_model), " model (leave --model out for a ferry checkpoint)");
+    const std::string model_name = !saved_model.empty() ? saved_model : model_option.empty() ? "fmnist" : model_option;
+    if (model_name != "fmnist" && model_name != "mlp") {
+      if (!from_ferry) {
+        throw ferry::InvalidArgument(ferry::detail::concat("--model ", ferry::detail::printable(model_name),
+                                                           ": ferry builds fmnist | mlp"));
+      }
+      throw ferry::FormatError(ferry::detail::concat(
+          "Checkpoint '", ferry::detail::printable(checkpoint), "': its setting 'model' is '",
+          ferry::detail::printable(model_name),
+          "', which ferry does not build (fmnist | mlp); the file is damaged or was not written by ferry train"));
+    }
     auto model = ferry::make_model(model_name);
-    ferry::load_checkpoint(checkpoint, *model, nullptr);
+    if (from_ferry) {
+      ferry::load_checkpoint(checkpoint, *model, nullptr);
+    } else {
+      try {
+        model->load_state_dict(tensors, true);
+      } catch (const ferry::nn::StateDictError& e) {
+        throw ferry::nn::StateDictError(
+            ferry::detail::concat("'", ferry::detail::printable(checkpoint), "' has no ferry metadata, so it was read ",
+                                  "as the weights of the ", model_name, " model (--model), and they do not fit: ",
+                                  e.what()),
+            e.missing_keys(), e.unexpected_keys(), e.mismatched_keys());
+      }
+    }
     model->to(device);
     ferry::DataLoader loader(ferry::load_fashion_mnist(data, false),
                              {.batch_size = 1000, .shuffle = false, .placement = ferry::Placement::Resident, .device = device});
@@ -39,8 +70,8 @@ void register_eval_command(CLI::App& app) {
       fmt::print("{}\n",
                  nlohmann::json{{"test_accuracy", accuracy}, {"device", device.str()}, {"model", model_name}}.dump());
     } else {
-      fmt::print("test accuracy {:.2f} % ({} images, {} model, {})\n", 100 * accuracy, loader.size(), model_name,
-                 device.str());
+      fmt::print("test accuracy {:.2f} % ({} images, {} model{}, {})\n", 100 * accuracy, loader.size(), model_name,
+                 from_ferry ? "" : ", weights only", device.str());
     }
   });
 }

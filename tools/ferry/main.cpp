@@ -3,11 +3,13 @@
 // cleanly by signal N (130 for Ctrl-C, 143 for SIGTERM), its progress saved.
 #include <cblas.h>
 
+#include <cctype>
 #include <cstdio>
 #include <exception>
 #include <string>
 
 #include "commands.h"
+#include "ferry/backend.h"
 #include "ferry/error.h"
 #include "ferry/nn/module.h"
 
@@ -54,6 +56,13 @@ void say(const char* prefix, const char* what) {
     if (c[1] != '\0') text += "; ";
   }
   while (!text.empty() && text.back() == ' ') text.pop_back();
+  // A NaN with its sign bit set streams as "-nan" (glibc); the sign of a NaN means nothing, so it reads "nan", as
+  // Python and PyTorch print it. Only the word on its own: "--nan-check" stays.
+  for (std::size_t at = text.find("-nan"); at != std::string::npos; at = text.find("-nan", at + 1)) {
+    const bool starts = at == 0 || (!std::isalnum(static_cast<unsigned char>(text[at - 1])) && text[at - 1] != '-');
+    const bool ends = at + 4 == text.size() || !std::isalnum(static_cast<unsigned char>(text[at + 4]));
+    if (starts && ends) text.erase(at, 1);
+  }
   std::fprintf(stderr, "ferry: %s%s\n", prefix, text.c_str());
 }
 }  // namespace
@@ -72,6 +81,13 @@ int main(int argc, char** argv) {
   // Set before the commands are added: their options inherit it.
   app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   app.fallthrough(false);
+  // The sim device's settings in the environment (FERRY_SIM_LINK, FERRY_SIM_DEVICES) are read at its first use, so a
+  // bad value went unnoticed by a command that used no sim device (train --device cpu, eval, plan). Checked here,
+  // after the command line is parsed and before any command runs, like an option (exit 2). inspect reads a file only.
+  app.parse_complete_callback([&app] {
+    if (app.got_subcommand("inspect")) return;
+    (void)ferry::sim_link_bandwidth();  // throws InvalidArgument for a bad FERRY_SIM_LINK or FERRY_SIM_DEVICES
+  });
   register_devices_command(app);
   register_plan_command(app);
   register_bench_command(app);

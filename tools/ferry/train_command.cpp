@@ -22,6 +22,7 @@
 #include <nlohmann/json.hpp>
 
 #include "commands.h"
+#include "ferry/backend.h"
 #include "ferry/checkpoint.h"
 #include "ferry/cost_model.h"
 #include "ferry/dist/process_group.h"
@@ -184,6 +185,26 @@ std::vector<std::string> take_run_settings(const CLI::App& cmd, TrainArgs& a, co
   return notes;
 }
 
+// "1 step", "2 steps".
+std::string steps_text(std::int64_t count) { return fmt::format("{} step{}", count, count == 1 ? "" : "s"); }
+
+// A process that mpirun (Open MPI, or MPICH / Intel MPI through PMI) started as one of several ranks, without
+// --ddp: each rank trains the whole model on all the data by itself. Said once, by the launcher's rank 0.
+void warn_if_ranks_without_ddp() {
+  const auto env_int = [](const char* name) {
+    const char* text = std::getenv(name);
+    return text != nullptr ? std::atoi(text) : -1;
+  };
+  int size = env_int("OMPI_COMM_WORLD_SIZE"), rank = env_int("OMPI_COMM_WORLD_RANK");
+  if (size < 0) size = env_int("PMI_SIZE"), rank = env_int("PMI_RANK");
+  if (size <= 1 || rank > 0) return;
+  std::fprintf(stderr,
+               "ferry: warning: started as one of %d ranks (mpirun) without --ddp: every rank trains the full model "
+               "on all the data independently; add --ddp to train one model data-parallel\n",
+               size);
+  std::fflush(stderr);
+}
+
 // Data-parallel part of the report: what the all-reduces carried and cost, against Exercise 4.1's figure.
 void print_ddp_report(const ferry::TrainResult& r, std::FILE* out) {
   const auto plan = ferry::cost::allreduce_bytes(r.parameters, ferry::DType::Float32, r.world_size);
@@ -207,9 +228,9 @@ void print_ddp_report(const ferry::TrainResult& r, std::FILE* out) {
 void print_report(const ferry::TrainResult& r, std::FILE* out) {
   const double total = r.t_transfer_s + r.t_compute_s + r.t_sync_s;
   auto pct = [&](double t) { return total > 0 ? 100.0 * t / total : 0.0; };
-  fmt::print(out, "\nWhere the time went on {} ({} steps{}; the whole run, the model's move and the evaluations "
+  fmt::print(out, "\nWhere the time went on {} ({}{}; the whole run, the model's move and the evaluations "
                   "included: {} host syncs, {} bytes host->device, {} bytes device->host):\n",
-             r.device.str(), r.steps_run, r.steps_run == r.steps ? "" : " in this run", r.syncs,
+             r.device.str(), steps_text(r.steps_run), r.steps_run == r.steps ? "" : " in this run", r.syncs,
              r.bytes_host_to_device, r.bytes_device_to_host);
   fmt::print(out, "  transfer  {:8.2f} s  {:5.1f} %   (getting each batch onto the device)\n", r.t_transfer_s,
              pct(r.t_transfer_s));
@@ -263,7 +284,8 @@ void print_results(const ferry::TrainResult& r, const TrainArgs& a, std::FILE* o
       return;
     }
     if (r.history.empty()) {
-      fmt::print(out, "\nno epoch ended in this run, so no test accuracy yet ({} steps on {})\n", r.steps, r.device.str());
+      fmt::print(out, "\nno epoch ended in this run, so no test accuracy yet ({} on {})\n", steps_text(r.steps),
+                 r.device.str());
     } else {
       fmt::print(out, "\n{} test accuracy {:.2f} %{}, {} on {}\n", r.epochs == a.options.epochs ? "final" : "latest",
                  100 * r.test_accuracy,
@@ -342,7 +364,8 @@ void register_train_command(CLI::App& app) {
       "back only every --log-every steps (Exercise 5.1), and at the end the ledger says where the time went.\n"
       "Example: ferry train --device auto --epochs 5 --checkpoint fmnist.safetensors");
   auto& o = a.options;
-  cmd->add_option("--device", a.device, "auto | cpu | cuda[:N] | sim[:N]")->capture_default_str();
+  cmd->add_option("--device", a.device, "auto (cuda:0, else cpu, with a note saying why) | cpu | cuda[:N] | sim[:N]")
+      ->capture_default_str();
   cmd->add_option("--epochs", o.epochs, "Passes over the 60000 training images")->capture_default_str()->check(whole_number_at_least(1));
   cmd->add_option("--batch", o.batch_size, "Images per step")->capture_default_str()->check(whole_number_at_least(1));
   cmd->add_option("--lr", o.lr, "Peak learning rate (SGD)")->capture_default_str();
@@ -354,7 +377,9 @@ void register_train_command(CLI::App& app) {
       ->check(whole_number_at_least(0));
   cmd->add_option("--log-every", o.log_every, "Steps between loss read-backs (each one is a host sync)")
       ->capture_default_str()->check(whole_number_at_least(1));
-  cmd->add_option("--placement", a.placement, "resident | prefetch | per-step")->capture_default_str();
+  cmd->add_option("--placement", a.placement,
+                  "How batches reach the device: resident | prefetch | per-step (an accelerator's; the cpu has none)")
+      ->capture_default_str();
   cmd->add_option("--graphs", o.graphs,
                   "Capture the step (forward, loss, backward, SGD update) as one graph after two eager steps and\n"
                   "replay it (the learning rate is read on the device, so the schedule goes on):\n"
@@ -382,7 +407,8 @@ void register_train_command(CLI::App& app) {
   cmd->add_option("--metrics", o.metrics_path, "Append JSON lines per log step and per epoch");
   cmd->add_option("--plot", a.plot_path, "Write an SVG of the loss curve and accuracy per epoch");
   cmd->add_option("--trace", a.trace_path, "Write the ledger as Chrome trace-event JSON (Perfetto)");
-  cmd->add_option("--data", a.data, "Folder with the Fashion-MNIST idx .gz files")->capture_default_str();
+  cmd->add_option("--data", a.data, "Folder with the Fashion-MNIST idx files (.gz, or uncompressed)")
+      ->capture_default_str();
   cmd->add_option("--limit-train", a.limit_train, "Use only the first N training images (quick runs)")
       ->check(whole_number_at_least(1));
   cmd->add_option("--limit-test", a.limit_test, "Use only the first N test images")->check(whole_number_at_least(1));
@@ -394,12 +420,18 @@ void register_train_command(CLI::App& app) {
   cmd->add_flag("--ddp", a.ddp,
                 "Data-parallel under mpirun -np N: --batch is the global batch B (N must divide it), each rank\n"
                 "trains on B/N, gradients are averaged across ranks; rank 0 alone prints and checkpoints");
-  cmd->add_option("--ddp-backend", a.ddp_backend, "auto | mpi | nccl (nccl: cuda, one GPU per rank)")->capture_default_str();
-  cmd->add_option("--bucket-mb", a.bucket_mb, "Gradient bucket size in MiB (PyTorch's default 25)")->capture_default_str();
-  cmd->add_option("--ddp-timeout", a.ddp_timeout_s, "Seconds a rank waits for a collective before it stops with an error")
+  // The next four only matter with --ddp: given without it, they are refused (see the callback).
+  cmd->add_option("--ddp-backend", a.ddp_backend, "With --ddp: auto | mpi | nccl (nccl: cuda, one GPU per rank)")
       ->capture_default_str();
+  cmd->add_option("--bucket-mb", a.bucket_mb, "With --ddp: gradient bucket size in MiB (PyTorch's default 25)")
+      ->capture_default_str()
+      ->check(number_above_zero());
+  cmd->add_option("--ddp-timeout", a.ddp_timeout_s,
+                  "With --ddp: seconds a rank waits for a collective before it stops with an error")
+      ->capture_default_str()
+      ->check(number_above_zero());
   cmd->add_option("--check-replicas-every", o.check_replicas_every,
-                  "Compare every rank's parameters every N steps (always at each epoch end and at the stop)")
+                  "With --ddp: compare every rank's parameters every N steps (always at each epoch end and at the stop)")
       ->check(whole_number_at_least(0));
   cmd->callback([cmd] {
     auto& o = a.options;
@@ -415,11 +447,11 @@ void register_train_command(CLI::App& app) {
     check_writable(o.metrics_path, "--metrics");
     check_writable(a.plot_path, "--plot");
     check_writable(a.trace_path, "--trace");
-    std::vector<std::string> resume_notes;
+    std::vector<std::string> notes;  // printed before the run's first line
     std::int64_t resume_step = -1;  // the checkpoint's step; -1: no --resume
     if (!o.resume_path.empty()) {
       const ferry::CheckpointContents contents = ferry::read_checkpoint_contents(o.resume_path);
-      resume_notes = take_run_settings(*cmd, a, contents);
+      notes = take_run_settings(*cmd, a, contents);
       resume_step = contents.progress.global_step;
     }
     o.placement = ferry::parse_placement(a.placement);
@@ -427,6 +459,42 @@ void register_train_command(CLI::App& app) {
     FERRY_CHECK(!a.ddp || o.graphs != "on", InvalidArgument,
                 "--graphs on: a data-parallel run (--ddp) steps eagerly, its all-reduces started from hooks during "
                 "backward; use --graphs auto or off");
+    // Options that only a data-parallel run reads: without --ddp they would be accepted and ignored.
+    if (!a.ddp) {
+      for (const char* flag : {"--ddp-backend", "--bucket-mb", "--ddp-timeout", "--check-replicas-every"}) {
+        FERRY_CHECK(cmd->count(flag) == 0, InvalidArgument, flag, " ", cmd->get_option(flag)->as<std::string>(),
+                    " applies to a data-parallel run: it needs --ddp (under mpirun -np N)");
+      }
+      warn_if_ranks_without_ddp();
+    }
+    if (a.device == "auto" && o.device.is_cpu()) {
+      notes.insert(notes.begin(), "note: --device auto chose cpu: " + ferry::unavailable_reason(ferry::DeviceType::CUDA));
+    }
+    // On the cpu the data is in host memory already and no placement moves it: a --placement given for an
+    // accelerator would do nothing. Refused when the cpu was asked for, said when --device auto chose it.
+    if (o.device.is_cpu() && cmd->count("--placement") > 0 && o.placement != ferry::Placement::Resident) {
+      FERRY_CHECK(a.device == "auto", InvalidArgument, "--placement ", a.placement,
+                  " decides how batches reach an accelerator; with --device ", a.device,
+                  " the data stays in host memory and it would do nothing (leave --placement out, or name a device: ",
+                  ferry::available_devices_text(), ")");
+      notes.push_back(fmt::format("note: --placement {} does nothing on the cpu (the data stays in host memory)",
+                                  a.placement));
+    }
+    // A checkpoint at or past --max-steps: the loop would stop before its first step. Said, and exit 0, so that a
+    // script that resumes until the run is done (after a preemption, say) ends cleanly.
+    if (resume_step >= 0 && o.max_steps >= 0 && resume_step >= o.max_steps) {
+      const std::string line =
+          fmt::format("note: checkpoint {} is already at step {} >= --max-steps {}: nothing to train (--max-steps "
+                      "{} or more trains on)",
+                      o.resume_path, resume_step, o.max_steps, resume_step + 1);
+      if (a.json) {
+        std::fprintf(stderr, "ferry: %s\n", line.c_str());  // stdout holds the JSON object alone, and there is none
+      } else {
+        for (const auto& note : notes) fmt::print("{}\n", note);
+        fmt::print("{}\n", line);
+      }
+      return;
+    }
     std::unique_ptr<ferry::dist::ProcessGroup> group;
     if (a.ddp) {
       const ferry::dist::LaunchInfo launch = ferry::dist::launch_info();
@@ -448,7 +516,6 @@ void register_train_command(CLI::App& app) {
     auto model = ferry::make_model(o.model_name);  // before the data (reading it draws no random numbers)
     ferry::Dataset train_set = ferry::load_fashion_mnist(a.data, true);
     ferry::Dataset test_set = ferry::load_fashion_mnist(a.data, false);
-    std::vector<std::string> notes = resume_notes;
     if (!o.resume_path.empty() && o.checkpoint_path.empty()) {
       notes.push_back(fmt::format("note: no --checkpoint given: this run's progress is not saved (--checkpoint {} "
                                   "continues the file)", o.resume_path));
@@ -493,8 +560,8 @@ void register_train_command(CLI::App& app) {
     // what is left of them soon after.
     if (is_rank0) print_results(r, a, stdout);
     if (r.stopped_by != 0 && is_rank0) {  // said here, before the ranks part (see below); the exit status follows
-      std::fprintf(stderr, "ferry: stopped by %s after %lld steps; %s\n", signal_name(r.stopped_by).c_str(),
-                   static_cast<long long>(r.steps),
+      std::fprintf(stderr, "ferry: stopped by %s after %s; %s\n", signal_name(r.stopped_by).c_str(),
+                   steps_text(r.steps).c_str(),
                    o.checkpoint_path.empty()
                        ? "no --checkpoint was given, so the progress is not saved"
                        : (o.checkpoint_path + " holds it: continue with ferry train --resume " + o.checkpoint_path +
