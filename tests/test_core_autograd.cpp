@@ -98,6 +98,10 @@ TEST(Autograd, EveryOpMatchesFiniteDifferences) {
       {"flip", [](V x) { return flip(x[0], {1}); }, {r({2, 3})}},
       {"chunk", [](V x) { return chunk(x[0], 2, 1)[1]; }, {r({2, 5})}},
       {"dot_outer", [](V x) { return outer(x[0], x[1]) * dot(x[0], x[1]); }, {r({3}), r({3})}},
+      {"gather", [](V x) { return gather(x[0], 1, from_vector<std::int64_t>({0, 0, 2, 1}, {2, 2})); }, {r({3, 3})}},
+      {"scatter_add", [](V x) { return scatter_add(x[0], 0, from_vector<std::int64_t>({1, 1, 0}, {1, 3}), x[1]); },
+       {r({2, 3}), r({2, 4})}},
+      {"cumsum", [](V x) { return cumsum(x[0].t(), 1); }, {r({3, 4})}},
   };
   for (const Case& c : cases) gradcheck(c.name, c.f, c.inputs);
 }

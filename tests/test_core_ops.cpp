@@ -25,6 +25,16 @@ std::vector<Tensor> seeded(Device d, std::vector<Shape> shapes, std::uint64_t se
   return out;
 }
 
+// A float as the shortest text torch's tolist() would print for these values (3, -1, inf, nan).
+std::string fmt_value(float v) {
+  if (std::isnan(v)) return "nan";
+  if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
+  std::string s = std::to_string(v);
+  s.erase(s.find_last_not_of('0') + 1);
+  if (!s.empty() && s.back() == '.') s.pop_back();
+  return s;
+}
+
 std::vector<OpCase> op_cases() {
   auto two = [](Shape a, Shape b) { return [a, b](Device d) { return seeded(d, {a, b}); }; };
   auto one = [](Shape a) { return [a](Device d) { return seeded(d, {a}); }; };
@@ -127,6 +137,23 @@ std::vector<OpCase> op_cases() {
       {"eye_linspace", [](Device d) { return std::vector<Tensor>{eye(3, 4, {.device = d}), linspace(-1, 2, 7, {.device = d})}; },
        [](V x) { return cat({x[0].flatten(), x[1]}); }, 0},
       {"strided_view", one({4, 6}), [](V x) { return x[0].t().view({2, 3, 4, 1}).select(0, 1); }},
+      // element-wise indexing and running sums
+      {"gather", one({5, 6}), [](V x) {
+         const Tensor index = from_vector<std::int64_t>({4, 0, 2, 2, 1, 3, 0, 0}, {2, 4}, {.device = x[0].device()});
+         return cat({gather(x[0], 0, index).flatten(), gather(x[0], 1, index.t().contiguous()).flatten()});
+       }},
+      {"scatter_add", two({3, 5}, {4, 6}), [](V x) {
+         const Tensor index = from_vector<std::int64_t>({0, 2, 2, 1, 0, 2, 2, 2, 0, 1}, {2, 5}, {.device = x[0].device()});
+         return cat({scatter_add(x[0], 0, index, x[1]).flatten(), scatter_add(x[0].t(), 1, index.t(), x[1].t()).flatten()});
+       }},
+      {"cumsum", one({3, 4, 5}), [](V x) { return cat({cumsum(x[0], 0), cumsum(x[0], 1), cumsum(x[0], -1)}); }},
+      {"cumsum_int", [](Device d) { return std::vector<Tensor>{arange(-50, 50, 1, {.device = d}).reshape({10, 10})}; },
+       [](V x) { return cumsum(x[0].t(), 1); }, 0},
+      {"sort_topk", one({4, 37}), [](V x) {
+         auto [values, order] = sort(x[0], 1, true);
+         auto [top, top_at] = topk(x[0], 3, 0, false);
+         return cat({values.flatten(), order.to(DType::Float32).flatten(), top.flatten(), top_at.to(DType::Float32).flatten()});
+       }},
       {"in_place_ops", two({3, 4}, {4}), [](V x) {
          Tensor y = x[0].clone();
          y.mul_(x[1]).sub_(x[1], 0.5).div_(add(abs(x[1]), 1.0)).add_(2.0).div_(4.0);
@@ -247,6 +274,8 @@ TEST(CoreOps, ComposedOpsFollowPyTorch) {
   EXPECT_EQ(i.to_vector<std::int64_t>(), ints.to_vector<std::int64_t>());  // nothing written by a refused op
   EXPECT_THROW(ones({3}).mul_(ones({2, 3})), ShapeMismatch);
   EXPECT_THROW(from_vector<bool>({true}).sub_(from_vector<bool>({true})), InvalidArgument);
+  EXPECT_THROW(from_vector<bool>({true}).mul_(2.0), DTypeMismatch);  // a number times bools is not bool
+  EXPECT_THROW(from_vector<bool>({true}).add_(1.0), DTypeMismatch);
   i.sub_(ints, 2).mul_(ints);
   EXPECT_EQ(i.to_vector<std::int64_t>(), (std::vector<std::int64_t>{-9, 0, -9}));
   Tensor u = from_vector<std::uint8_t>({1, 2});
@@ -282,6 +311,172 @@ TEST(CoreOps, ValuesOnCpu) {
   // Large inputs take the OpenMP path; still exact.
   Tensor big = ones({1 << 20});
   EXPECT_DOUBLE_EQ(sum(big + big).item<double>(), 2.0 * (1 << 20));
+}
+
+// gather, scatter_add and cumsum with the numbers torch 1.13 gave for the same calls, on every device.
+TEST(CoreOps, GatherScatterAddAndCumsumFollowPyTorch) {
+  std::vector<Device> devices = accelerators();
+  devices.insert(devices.begin(), kCPU);
+  for (const Device& d : devices) {
+    const TensorOptions on{.device = d};
+    const Tensor a = arange(0, 12, 1, {.device = d, .dtype = DType::Float32}).reshape({3, 4});
+    const auto index = [&](std::vector<std::int64_t> v, Shape s) { return from_vector<std::int64_t>(v, s, on); };
+    EXPECT_EQ(gather(a, 1, index({0, 3, 2, 2, 1, 0}, {3, 2})).to_vector<float>(),
+              (std::vector<float>{0, 3, 6, 6, 9, 8})) << d.str();
+    EXPECT_EQ(gather(a, 0, index({2, 0, 1, 0, 0, 2}, {2, 3})).to_vector<float>(),
+              (std::vector<float>{8, 1, 6, 0, 1, 10})) << d.str();
+    EXPECT_EQ(gather(a, 0, zeros({4, 1}, {.device = d, .dtype = DType::Int64})).shape(), (Shape{4, 1}));  // longer along dim
+    const Tensor src = arange(1, 11, 1, {.device = d, .dtype = DType::Float32}).reshape({2, 5});
+    EXPECT_EQ(scatter_add(zeros({3, 5}, on), 0, index({0, 1, 2, 0, 0, 2, 0, 0, 1, 2}, {2, 5}), src).to_vector<float>(),
+              (std::vector<float>{1, 7, 8, 4, 5, 0, 2, 0, 9, 0, 6, 0, 3, 0, 10})) << d.str();
+    // an index smaller than self and src: only its corner is read and written
+    const Tensor src2 = arange(1, 13, 1, {.device = d, .dtype = DType::Float32}).reshape({3, 4});
+    EXPECT_EQ(scatter_add(ones({3, 4}, on), 1, index({3, 3, 0, 1}, {2, 2}), src2).to_vector<float>(),
+              (std::vector<float>{1, 1, 1, 4, 6, 7, 1, 1, 1, 1, 1, 1})) << d.str();
+    const Tensor ints = from_vector<std::int64_t>({1, 2, 3, 4, 5, 6}, {2, 3}, on);
+    EXPECT_EQ(cumsum(ints, 1).to_vector<std::int64_t>(), (std::vector<std::int64_t>{1, 3, 6, 4, 9, 15})) << d.str();
+    EXPECT_EQ(cumsum(ints, 0).to_vector<std::int64_t>(), (std::vector<std::int64_t>{1, 2, 3, 5, 7, 9})) << d.str();
+    const Tensor bytes = from_vector<std::uint8_t>({200, 100}, {2}, on);
+    EXPECT_EQ(cumsum(bytes, 0).dtype(), DType::Int64);  // integers sum as int64: 300, not 44
+    EXPECT_EQ(cumsum(bytes, 0).to_vector<std::int64_t>(), (std::vector<std::int64_t>{200, 300})) << d.str();
+    EXPECT_EQ(cumsum(from_vector<bool>({true, false, true}, {3}, on), 0).to_vector<std::int64_t>(),
+              (std::vector<std::int64_t>{1, 1, 2})) << d.str();
+    EXPECT_EQ(cumsum(scalar_tensor(3.0, on), 0).item<float>(), 3.0f);
+    EXPECT_EQ(gather(scalar_tensor(5.0, on), 0, scalar_tensor(0, {.device = d, .dtype = DType::Int64})).item<float>(), 5.0f);
+    // int64 sums wrap as two's complement on every device (no signed overflow)
+    const std::int64_t big = std::numeric_limits<std::int64_t>::max();
+    EXPECT_EQ(cumsum(from_vector<std::int64_t>({big, 1}, {2}, on), 0).to_vector<std::int64_t>()[1],
+              std::numeric_limits<std::int64_t>::min()) << d.str();
+    // PyTorch's refusals
+    EXPECT_THROW({  // index 4 of size 4: refused at once, or by the kernel (cuda) at the next sync
+      gather(a, 1, index({0, 4}, {1, 2}));
+      synchronize(d);
+    }, InvalidArgument) << d.str();
+  }
+  const Tensor a = ones({3, 4});
+  try {
+    gather(a, 1, from_vector<std::int64_t>({0, 4}, {1, 2}));
+    ADD_FAILURE() << "index 4 accepted";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("gather: index 4 is out of bounds for dimension with size 4"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_THROW(gather(a, 1, from_vector<std::int64_t>({0, 1})), ShapeMismatch);             // 1-d index, 2-d input
+  EXPECT_THROW(gather(a, 1, zeros({4, 1}, {.dtype = DType::Int64})), ShapeMismatch);        // 4 rows > 3
+  EXPECT_THROW(gather(a, 1, zeros({1, 1})), DTypeMismatch);                                 // float index
+  EXPECT_THROW(gather(a, 2, zeros({1, 1}, {.dtype = DType::Int64})), InvalidArgument);      // no dim 2
+  const Tensor idx = zeros({3, 5}, {.dtype = DType::Int64});
+  EXPECT_THROW(scatter_add(zeros({3, 5}), 0, idx, ones({2, 5})), ShapeMismatch);            // index larger than src
+  EXPECT_THROW(scatter_add(zeros({3, 5}), 0, idx, ones({3, 5}, {.dtype = DType::Float64})), DTypeMismatch);
+  EXPECT_THROW(scatter_add(zeros({3, 5}), 0, from_vector<std::int64_t>({3, 0, 0, 0, 0}, {1, 5}), ones({1, 5})),
+               InvalidArgument);
+  EXPECT_THROW(scatter_add(zeros({2}, {.dtype = DType::Bool}), 0, zeros({1}, {.dtype = DType::Int64}),
+                           zeros({1}, {.dtype = DType::Bool})), DTypeMismatch);
+  // scatter_add leaves self as it was
+  const Tensor self = zeros({2});
+  scatter_add(self, 0, zeros({1}, {.dtype = DType::Int64}), ones({1}));
+  EXPECT_EQ(self.to_vector<float>(), (std::vector<float>{0, 0}));
+  // gradients: PyTorch's for the same calls
+  Tensor x = arange(0, 12, 1, {.dtype = DType::Float32}).reshape({3, 4}).requires_grad_(true);
+  sum(mul(gather(x, 1, from_vector<std::int64_t>({0, 0, 3, 1, 2, 2}, {3, 2})),
+          from_vector<float>({1, 2, 3, 4, 5, 6}, {3, 2}))).backward();
+  EXPECT_EQ(x.grad().to_vector<float>(), (std::vector<float>{3, 0, 0, 0, 0, 4, 0, 3, 0, 0, 11, 0}));
+  Tensor z = arange(0, 4, 1, {.dtype = DType::Float32}).requires_grad_(true);
+  sum(mul(cumsum(z, 0), from_vector<float>({1, 2, 3, 4}))).backward();
+  EXPECT_EQ(z.grad().to_vector<float>(), (std::vector<float>{10, 9, 7, 4}));
+}
+
+// masked_select and nonzero: torch 1.13's values, -0.0 and NaN copied as they are, one recorded read of the size.
+TEST(CoreOps, MaskedSelectAndNonzeroFollowPyTorch) {
+  std::vector<Device> devices = accelerators();
+  devices.insert(devices.begin(), kCPU);
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  for (const Device& d : devices) {
+    const TensorOptions on{.device = d};
+    const Tensor a = from_vector<float>({1, -0.0f, 3, 4, 5, nan}, {2, 3}, on);
+    const Tensor picked = masked_select(a, from_vector<bool>({true, true, false, false, true, true}, {2, 3}, on));
+    const std::vector<float> v = picked.to_vector<float>();
+    ASSERT_EQ(v.size(), 4u) << d.str();
+    EXPECT_EQ(v[0], 1.0f);
+    EXPECT_TRUE(v[1] == 0.0f && std::signbit(v[1])) << "-0.0 kept on " << d.str();
+    EXPECT_EQ(v[2], 5.0f);
+    EXPECT_TRUE(std::isnan(v[3])) << d.str();
+    EXPECT_EQ(picked.device(), d);
+    // the mask broadcast over the rows
+    const std::vector<float> rows = masked_select(a, from_vector<bool>({true, false, true}, {3}, on)).to_vector<float>();
+    ASSERT_EQ(rows.size(), 4u);
+    EXPECT_EQ(rows[2], 4.0f);
+    EXPECT_EQ(nonzero(from_vector<std::int64_t>({0, 2, 0, 3, 0, 4}, {2, 3}, on)).to_vector<std::int64_t>(),
+              (std::vector<std::int64_t>{0, 1, 1, 0, 1, 2})) << d.str();
+    EXPECT_EQ(nonzero(from_vector<float>({0, nan, 1}, {3}, on)).to_vector<std::int64_t>(),
+              (std::vector<std::int64_t>{1, 2})) << d.str();
+    EXPECT_EQ(nonzero(zeros({2, 3}, on)).shape(), (Shape{0, 2}));
+    EXPECT_EQ(nonzero(scalar_tensor(5, on)).shape(), (Shape{1, 0}));
+    EXPECT_EQ(nonzero(scalar_tensor(0, on)).shape(), (Shape{0, 0}));
+    // differentiable: the gradient goes back to the picked elements
+    Tensor x = from_vector<float>({1, 2, 3}, {3}, on).requires_grad_(true);
+    sum(mul(masked_select(x, from_vector<bool>({true, false, true}, {3}, on)), from_vector<float>({5, 7}, {2}, on)))
+        .backward();
+    EXPECT_EQ(x.grad().to_vector<float>(), (std::vector<float>{5, 0, 7})) << d.str();
+  }
+  EXPECT_THROW(masked_select(ones({3}), ones({3})), DTypeMismatch);  // a float mask
+  EXPECT_THROW(masked_select(ones({3}), from_vector<bool>({true, false})), ShapeMismatch);
+  // off the cpu the size is one recorded device->host read, named for the op
+  for (const Device& d : accelerators()) {
+    const Tensor values = ones({4}, {.device = d});
+    const Tensor mask = gt(values, 0.0);
+    synchronize(d);
+    const std::size_t before = Ledger::global().transfers().size();
+    masked_select(values, mask);
+    const std::vector<TransferRecord> after = Ledger::global().transfers();
+    ASSERT_EQ(after.size(), before + 1) << d.str();
+    EXPECT_EQ(after.back().direction, Direction::DeviceToHost);
+    EXPECT_EQ(after.back().label, "masked_select (result size)");
+  }
+}
+
+// sort (stable), argsort and topk with torch 1.13's answers (sort(stable=True)), NaN, inf and -0.0 included.
+TEST(CoreOps, SortArgsortAndTopkFollowPyTorch) {
+  std::vector<Device> devices = accelerators();
+  devices.insert(devices.begin(), kCPU);
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  using I = std::vector<std::int64_t>;
+  // values as text, so NaN compares equal and -0.0 differs from 0.0
+  const auto text = [](const Tensor& t) {
+    std::string out;
+    for (float v : t.to_vector<float>()) out += (std::signbit(v) && v == 0 ? "-0" : fmt_value(v)) + " ";
+    return out;
+  };
+  for (const Device& d : devices) {
+    const Tensor a = from_vector<float>({3, nan, 1, 3, -0.0f, 0, 2, 2, 2, -1, 5, inf}, {2, 6}, {.device = d});
+    auto [up, up_at] = sort(a, 1);
+    EXPECT_EQ(text(up), "-0 0 1 3 3 nan -1 2 2 2 5 inf ") << d.str();
+    EXPECT_EQ(up_at.to_vector<std::int64_t>(), (I{4, 5, 2, 0, 3, 1, 3, 0, 1, 2, 4, 5})) << d.str();
+    auto [down, down_at] = sort(a, 1, true);
+    EXPECT_EQ(text(down), "nan 3 3 1 -0 0 inf 5 2 2 2 -1 ") << d.str();
+    EXPECT_EQ(down_at.to_vector<std::int64_t>(), (I{1, 0, 3, 2, 4, 5, 5, 4, 0, 1, 2, 3})) << d.str();
+    auto [cols, cols_at] = sort(a, 0);
+    EXPECT_EQ(text(cols), "2 2 1 -1 -0 0 3 nan 2 3 5 inf ") << d.str();
+    EXPECT_EQ(cols_at.to_vector<std::int64_t>(), (I{1, 1, 0, 1, 0, 0, 0, 0, 1, 0, 1, 1})) << d.str();
+    EXPECT_EQ(argsort(from_vector<bool>({true, false, true, false}, {4}, {.device = d})).to_vector<std::int64_t>(),
+              (I{1, 3, 0, 2})) << d.str();
+    // topk: torch's values; of equal values the earlier comes first (torch leaves their order open)
+    auto [top, top_at] = topk(a, 3, 1);
+    EXPECT_EQ(text(top), "nan 3 3 inf 5 2 ") << d.str();
+    EXPECT_EQ(top_at.to_vector<std::int64_t>(), (I{1, 0, 3, 5, 4, 0})) << d.str();
+    auto [low, low_at] = topk(a, 2, 1, false);
+    EXPECT_EQ(low_at.to_vector<std::int64_t>(), (I{4, 5, 3, 0})) << d.str();
+    EXPECT_EQ(topk(a, 0, 1).first.shape(), (Shape{2, 0}));
+    EXPECT_EQ(sort(zeros({3, 0}, {.device = d}), 1).second.shape(), (Shape{3, 0}));
+    EXPECT_EQ(topk(scalar_tensor(3.0, {.device = d}), 1).first.item<float>(), 3.0f);
+    // the values' gradient goes back to where each value came from
+    Tensor x = from_vector<float>({3, 1, 2}, {3}, {.device = d}).requires_grad_(true);
+    sum(mul(topk(x, 2).first, from_vector<float>({10, 20}, {2}, {.device = d}))).backward();
+    EXPECT_EQ(x.grad().to_vector<float>(), (std::vector<float>{10, 0, 20})) << d.str();
+  }
+  EXPECT_THROW(topk(ones({2, 6}), 7, 1), InvalidArgument);
+  EXPECT_THROW(topk(ones({2, 6}), -1, 1), InvalidArgument);
+  EXPECT_THROW(sort(ones({2}), 1), InvalidArgument);
 }
 
 TEST(CoreOps, ShapeAndDtypeErrors) {

@@ -64,6 +64,9 @@ KernelTensor view_of(const Tensor& t) {
   return ::testing::AssertionSuccess();
 }
 
+// Values times 4, truncated to whole numbers: many are equal, so a sort's stability shows.
+Tensor floor_like_ties(const Tensor& t) { return mul(t, 4.0).to(DType::Int64).to(DType::Float32); }
+
 // --- without a device: these always run ------------------------------------------------------------
 
 TEST(CudaBackendAvailability, DeviceCountIsAnAnswerNeverAnError) {
@@ -457,6 +460,53 @@ TEST_F(CudaBackend, IndexSelectAndItsBackwardMatchCpu) {
   }
 }
 
+// Large, every-dtype gathers and scatter-adds (the atomic path) and cumsums along each dim against the cpu.
+TEST_F(CudaBackend, GatherScatterAddAndCumsumMatchCpu) {
+  manual_seed(37);
+  const Tensor table = randn({64, 300, 5});
+  const Tensor index = randint(0, 64, {70, 300, 5}, {.dtype = DType::Int64});
+  using V = const std::vector<Tensor>&;
+  for (DType dtype : {DType::Float32, DType::Float64, DType::Int64, DType::Int32, DType::UInt8, DType::Bool}) {
+    const Tensor values = dtype == DType::Bool ? gt(table, 0.0) : mul(table, 20.0).to(dtype);
+    expect_matches_cpu(std::string("gather ") + std::string(dtype_name(dtype)), {values, index},
+                       [](V v) { return gather(v[0], 0, v[1]); }, 0, 0);
+    if (dtype == DType::Bool) continue;
+    const double tolerance = is_floating(dtype) ? 1e-5 : 0;  // atomics add floats in another order
+    expect_matches_cpu(std::string("scatter_add ") + std::string(dtype_name(dtype)),
+                       {zeros({64, 300, 5}).to(dtype), index, values.narrow(0, 0, 64)},
+                       [](V v) { return scatter_add(v[0], 0, v[1].narrow(0, 0, 64), v[2]); }, tolerance, tolerance);
+    for (int dim : {0, 1, 2}) {
+      expect_matches_cpu(std::string("cumsum ") + std::string(dtype_name(dtype)) + " dim " + std::to_string(dim),
+                         {values}, [dim](V v) { return cumsum(v[0], dim); }, 0, 0);
+    }
+  }
+}
+
+// argsort's merge sort against the cpu's std::stable_sort: every dtype, with many ties (stability shows), rows of
+// every length around the passes' powers of two, many short rows, and one long row.
+TEST_F(CudaBackend, ArgsortMatchesCpuStableSort) {
+  manual_seed(41);
+  using V = const std::vector<Tensor>&;
+  for (std::int64_t n : {1, 2, 3, 31, 32, 33, 255, 256, 257, 1000}) {
+    const Tensor keys = floor_like_ties(randn({7, n}));
+    for (bool descending : {false, true}) {
+      for (DType dtype : {DType::Float32, DType::Float64, DType::Int64, DType::Int32, DType::UInt8, DType::Bool}) {
+        const Tensor values = dtype == DType::Bool ? gt(keys, 0.0) : keys.to(dtype);
+        expect_matches_cpu(std::string("argsort n ") + std::to_string(n) + " " + std::string(dtype_name(dtype)) +
+                               (descending ? " descending" : ""),
+                           {values}, [descending](V v) { return argsort(v[0], 1, descending); }, 0, 0);
+      }
+    }
+  }
+  const Tensor with_nan = where(gt(randn({3, 500}), 1.0), full({}, std::nan("")), randn({3, 500}));
+  expect_matches_cpu("argsort with NaN", {with_nan}, [](V v) { return argsort(v[0], 1); }, 0, 0);
+  expect_matches_cpu("argsort with NaN, descending", {with_nan}, [](V v) { return argsort(v[0], 1, true); }, 0, 0);
+  expect_matches_cpu("argsort of 5000 short rows", {randn({5000, 3})}, [](V v) { return argsort(v[0], 1); }, 0, 0);
+  expect_matches_cpu("argsort of one long row", {floor_like_ties(randn({100000}))},
+                     [](V v) { return argsort(v[0], 0); }, 0, 0);
+  expect_matches_cpu("topk along dim 0", {randn({300, 20})}, [](V v) { return topk(v[0], 9, 0).first; }, 0, 0);
+}
+
 TEST_F(CudaBackend, BadIndexIsReportedAtTheNextSync) {
   const Tensor x = ones({5, 3}, {.device = kCuda});
   const Tensor index = from_vector<std::int64_t>({0, 7}, {.device = kCuda});
@@ -717,6 +767,21 @@ TEST_F(CudaBackend, DeterministicAlgorithmsRepeatBitForBit) {
     }
     EXPECT_TRUE(same_bytes(grads[1], grads[0])) << "index_select backward along dim " << dim;
   }
+  // gather's backward (scatter_add) likewise, many elements into a few places; and cumsum, one order everywhere.
+  std::vector<std::int64_t> picks;
+  for (int k = 0; k < 40 * 200; ++k) picks.push_back((k * 7) % 3);
+  const Tensor pick = from_vector<std::int64_t>(picks, {40, 200});
+  const Tensor terms = randn({40, 200});
+  Tensor gathered[2], sums[2];
+  for (int i = 0; i < 2; ++i) {
+    const Device d = i == 0 ? kCPU : kCuda;
+    Tensor t = table.to(d).detach().requires_grad_(true);
+    sum(mul(gather(t, 1, pick.to(d)), terms.to(d))).backward();
+    gathered[i] = t.grad().cpu();
+    sums[i] = cumsum(terms.to(d), 1).cpu();
+  }
+  EXPECT_TRUE(same_bytes(gathered[1], gathered[0])) << "gather backward";
+  EXPECT_TRUE(same_bytes(sums[1], sums[0])) << "cumsum";
 }
 
 // BatchNorm in training on cuda: {out, grad input, grad weight, grad bias, running mean, running var}.

@@ -537,6 +537,25 @@ TEST(NNGradcheck, Losses) {
   }
 }
 
+// gather, scatter_add (both operands; repeated indices; an index smaller than the tensors) and cumsum, on every
+// device.
+TEST(NNGradcheck, GatherScatterAddAndCumsum) {
+  const auto index = [](std::vector<std::int64_t> v, Shape s, const Tensor& like) {
+    return ferry::from_vector<std::int64_t>(v, s, {.device = like.device()});
+  };
+  for (int dim : {0, 1}) {
+    const std::string d = std::to_string(dim);
+    check_everywhere([&, dim](const std::vector<Tensor>& a) {
+      return ferry::gather(a[0], dim, index({2, 0, 2, 1, 0, 0}, {2, 3}, a[0]));
+    }, {random_argument({3, 4}, 91)}, "gather dim " + d);
+    check_everywhere([&, dim](const std::vector<Tensor>& a) {
+      return ferry::scatter_add(a[0], dim, index({1, 0, 1, 1, 2, 0}, {2, 3}, a[0]), a[1]);
+    }, {random_argument({3, 4}, 92), random_argument({3, 3}, 93)}, "scatter_add dim " + d);
+    check_everywhere([dim](const std::vector<Tensor>& a) { return ferry::cumsum(a[0], dim); },
+                     {random_argument({3, 4}, 94)}, "cumsum dim " + d);
+  }
+}
+
 TEST(NNGradcheck, SoftmaxFamily) {
   for (int dim : {0, 1, -1}) {
     const std::string d = std::to_string(dim);

@@ -176,6 +176,26 @@ class Backend {
   // index_select.
   virtual void index_add(const KernelTensor& out, const KernelTensor& src, const KernelTensor& index,
                          std::int64_t outer, std::int64_t n_out, std::int64_t inner, const Stream& stream) = 0;
+  // gather along the middle dim (torch.gather): in contiguous (outer, n_in, inner), index int64 contiguous
+  // (outer, n_out, inner) -> out contiguous (outer, n_out, inner): out[o, j, i] = in[o, index[o, j, i], i].
+  // Indices are checked as index_select's.
+  virtual void gather(const KernelTensor& out, const KernelTensor& in, const KernelTensor& index, std::int64_t outer,
+                      std::int64_t n_in, std::int64_t inner, const Stream& stream) = 0;
+  // gather's backward (torch's scatter_add_): out contiguous (outer, n_out, inner) += src at
+  // out[o, index[o, j, i], i], with src and index contiguous (outer, n_src, inner). Under
+  // deterministic_algorithms() every device adds in the cpu's order (j ascending), so the bits agree.
+  virtual void scatter_add(const KernelTensor& out, const KernelTensor& src, const KernelTensor& index,
+                           std::int64_t outer, std::int64_t n_out, std::int64_t inner, const Stream& stream) = 0;
+  // Inclusive prefix sum along the middle dim: in and out contiguous (outer, n, inner),
+  // out[o, j, i] = in[o, 0, i] + ... + in[o, j, i], summed in order j = 0, 1, ... in double (floating point) or
+  // int64 (integers) and each prefix rounded to out's dtype, on every device (so the devices agree bit for bit).
+  virtual void cumsum(const KernelTensor& out, const KernelTensor& in, std::int64_t outer, std::int64_t n,
+                      std::int64_t inner, const Stream& stream) = 0;
+  // Stable argsort of each row: in contiguous (rows, n) -> indices int64 contiguous (rows, n), the positions of the
+  // row's elements in ascending (descending) order; equal elements keep their order; NaN after every number
+  // ascending and before them descending, as PyTorch's stable sort.
+  virtual void argsort(const KernelTensor& indices, const KernelTensor& in, std::int64_t rows, std::int64_t n,
+                       bool descending, const Stream& stream) = 0;
   // Along the last dim of contiguous (rows, classes) logits with int64 targets (rows):
   // loss_rows[r] = logsumexp(logits[r]) - logits[r, target[r]]; grad (rows, classes) =
   // (softmax(logits) - onehot(target)) * grad_scale, written only when grad.data != nullptr.

@@ -50,6 +50,10 @@ void save_checkpoint(const std::string& path, const nn::Module& model, const opt
 // `optimizer`; returns progress, generator state and settings. Does not set the global generator:
 // the caller decides. Throws FormatError (malformed file), IoError, or nn::StateDictError.
 CheckpointContents load_checkpoint(const std::string& path, nn::Module& model, optim::Optimizer* optimizer);
+// The same for a file already read by read_tensors (`ferry eval` reads it once to learn what it holds);
+// `path` names it in errors.
+CheckpointContents load_checkpoint(const nn::NamedTensors& tensors, const std::map<std::string, std::string>& metadata,
+                                   const std::string& path, nn::Module& model, optim::Optimizer* optimizer);
 
 // A checkpoint's progress, generator state and settings, its tensors loaded nowhere: which model and options
 // wrote it, before a model is built for it (`ferry train --resume`, `ferry eval`). Throws as load_checkpoint.

@@ -93,6 +93,30 @@ Tensor index_select(const Tensor& a, int dim, const Tensor& index);  // index: i
 // The same gather into `out` (contiguous, of the result's shape, dtype and device), e.g. a step graph's input
 // (ferry/step_graph.h). Not recorded by autograd: `a` must not need a gradient.
 Tensor& index_select_out(Tensor& out, const Tensor& a, int dim, const Tensor& index);
+// torch.gather: out (index's shape) [.., j, ..] = a[.., index[.., j, ..], ..] along dim, elsewhere the same
+// position. index: int64 (or int32), a's number of dims, no larger than a in the other dims. Its backward adds
+// each gradient back where its element was picked (scatter_add).
+Tensor gather(const Tensor& a, int dim, const Tensor& index);
+// torch.scatter_add: a copy of self with src[.., j, ..] added at self[.., index[.., j, ..], ..] along dim (repeated
+// indices add up). index no larger than src in any dim, nor than self in the dims other than dim; src's dtype
+// is self's. Under deterministic_algorithms() the sums are added in the cpu's order on every device.
+Tensor scatter_add(const Tensor& self, int dim, const Tensor& index, const Tensor& src);
+// torch.cumsum: running sums along dim, out[.., j, ..] = a[.., 0, ..] + ... + a[.., j, ..]. Summed in order in
+// double (integers: int64); integer and bool inputs give int64, as PyTorch's.
+Tensor cumsum(const Tensor& a, int dim);
+// Sorting along dim, stable (equal values keep their order), NaN counted larger than every number (last ascending,
+// first descending), as PyTorch's sort(stable=True). Values and int64 indices; the values' gradient goes back to
+// where each came from.
+std::pair<Tensor, Tensor> sort(const Tensor& a, int dim = -1, bool descending = false);
+Tensor argsort(const Tensor& a, int dim = -1, bool descending = false);  // sort's indices alone
+// The k largest (smallest) along dim, in order, with their int64 indices (ties: the earlier first).
+std::pair<Tensor, Tensor> topk(const Tensor& a, std::int64_t k, int dim = -1, bool largest = true);
+// Selection by a mask, whose result size depends on the values: each reads that size to the host (one recorded
+// device->host copy and sync; not allowed inside a graph capture), as PyTorch's do.
+// The elements of a (broadcast with mask) where mask (bool) is true, in row-major order, 1-d. Differentiable.
+Tensor masked_select(const Tensor& a, const Tensor& mask);
+// The coordinates of a's nonzero elements (NaN counts as nonzero), row-major order: int64 (count, a.dim()).
+Tensor nonzero(const Tensor& a);
 Tensor cat(const std::vector<Tensor>& tensors, int dim = 0);
 Tensor stack(const std::vector<Tensor>& tensors, int dim = 0);
 

@@ -46,7 +46,7 @@ Tensor clamp(const Tensor& a, std::optional<double> min, std::optional<double> m
     const Tensor hi = scalar_like(a, *max);
     out = where(gt(out, *max), hi, out);
   }
-  return out.is_same(a) ? a.clone() : out;
+  return out;  // a new tensor: at least one bound was applied
 }
 
 Tensor masked_fill(const Tensor& a, const Tensor& mask, double value) {

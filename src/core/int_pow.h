@@ -5,13 +5,7 @@
 
 #include <type_traits>
 
-#if !defined(FERRY_HOST_DEVICE)
-#if defined(__CUDACC__)
-#define FERRY_HOST_DEVICE __host__ __device__
-#else
-#define FERRY_HOST_DEVICE
-#endif
-#endif
+#include "host_device.h"
 
 namespace ferry::detail {
 

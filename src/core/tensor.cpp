@@ -568,6 +568,13 @@ void binary_in_place(Tensor& self, BinaryOp op, const Tensor& other, const char*
                                 detail::compute_stream(self.device()));
   self.impl()->bump_version();
 }
+
+// self = op(self, scalar) in self's dtype; the callers have checked that the result fits it.
+void scalar_in_place(Tensor& self, BinaryOp op, double scalar) {
+  backend(self.device()).binary_scalar(op, detail::kernel_view(self), detail::kernel_view(self), scalar, false,
+                                       detail::compute_stream(self.device()));
+  self.impl()->bump_version();
+}
 }  // namespace
 
 Tensor& Tensor::add_(const Tensor& other, double alpha) {
@@ -614,9 +621,7 @@ Tensor& Tensor::add_(double scalar) {
               " is not whole)");
   FERRY_CHECK(dtype() != DType::Bool, DTypeMismatch, "add_: a number added to a bool tensor in place would not stay "
               "a bool; use logical ops, or .to(DType::Int64) first");
-  backend(device()).binary_scalar(BinaryOp::Add, detail::kernel_view(*this), detail::kernel_view(*this), scalar,
-                                  false, detail::compute_stream(device()));
-  impl_->bump_version();
+  scalar_in_place(*this, BinaryOp::Add, scalar);
   return *this;
 }
 
@@ -624,9 +629,7 @@ Tensor& Tensor::div_(double scalar) {
   check_in_place(*this, "div_", {});
   FERRY_CHECK(is_floating(dtype()), DTypeMismatch, "div_: result type Float can't be cast to the desired output type ",
               dtype_name(dtype()), " (true division of an integer tensor gives floats)");
-  backend(device()).binary_scalar(BinaryOp::Div, detail::kernel_view(*this), detail::kernel_view(*this), scalar,
-                                  false, detail::compute_stream(device()));
-  impl_->bump_version();
+  scalar_in_place(*this, BinaryOp::Div, scalar);
   return *this;
 }
 
@@ -635,9 +638,9 @@ Tensor& Tensor::mul_(double scalar) {
   // As add_: an integer tensor keeps its dtype, so a scalar it cannot hold (1.5) would be truncated.
   FERRY_CHECK(is_floating(dtype()) || std::nearbyint(scalar) == scalar, DTypeMismatch, "mul_: result type Float can't "
               "be cast to the desired output type ", dtype_name(dtype()), " (the scalar ", scalar, " is not whole)");
-  backend(device()).binary_scalar(BinaryOp::Mul, detail::kernel_view(*this), detail::kernel_view(*this), scalar,
-                                  false, detail::compute_stream(device()));
-  impl_->bump_version();
+  FERRY_CHECK(dtype() != DType::Bool, DTypeMismatch, "mul_: result type Long can't be cast to the desired output type "
+              "Bool (a number times a bool tensor; use logical ops, or .to(DType::Int64) first)");
+  scalar_in_place(*this, BinaryOp::Mul, scalar);
   return *this;
 }
 

@@ -514,6 +514,17 @@ void HostKernels::gemm(const GemmArgs& g, const Stream&) {
 // --- indexing -------------------------------------------------------------------------------------
 
 namespace {
+// a + b in T, integers wrapping as two's complement (no signed overflow), as cuda's atomics and adds do
+template <typename T>
+T wrap_add(T a, T b) {
+  if constexpr (std::is_integral_v<T>) {
+    using U = std::make_unsigned_t<T>;
+    return static_cast<T>(static_cast<U>(static_cast<U>(a) + static_cast<U>(b)));
+  } else {
+    return a + b;
+  }
+}
+
 void check_indices(const KernelTensor& index, std::int64_t limit, const char* op) {
   const auto* idx = index.ptr<const std::int64_t>();
   for (std::int64_t j = 0; j < index.numel(); ++j) {
@@ -552,10 +563,96 @@ void HostKernels::index_add(const KernelTensor& out, const KernelTensor& src, co
         for (std::int64_t j = 0; j < n_src; ++j) {
           T* dst = o + (i * n_out + idx[j]) * inner;
           const T* from = s + (i * n_src + j) * inner;
-          for (std::int64_t k = 0; k < inner; ++k) dst[k] += from[k];
+          for (std::int64_t k = 0; k < inner; ++k) dst[k] = wrap_add(dst[k], from[k]);
         }
       });
     }
+  });
+}
+
+void HostKernels::gather(const KernelTensor& out, const KernelTensor& in, const KernelTensor& index, std::int64_t outer,
+                         std::int64_t n_in, std::int64_t inner, const Stream&) {
+  check_indices(index, n_in, "gather");
+  const auto* idx = index.ptr<const std::int64_t>();
+  const std::int64_t n_out = outer > 0 && inner > 0 ? index.numel() / (outer * inner) : 0;
+  const std::size_t size = element_size(in.dtype);
+  const auto* src = static_cast<const char*>(in.data);
+  auto* dst = static_cast<char*>(out.data);
+  parallel_for(outer * n_out, inner, [&](std::int64_t row) {  // row = o * n_out + j
+    const std::int64_t o = row / n_out;
+    for (std::int64_t i = 0; i < inner; ++i) {
+      const std::int64_t t = row * inner + i;
+      std::memcpy(dst + static_cast<std::size_t>(t) * size,
+                  src + static_cast<std::size_t>((o * n_in + idx[t]) * inner + i) * size, size);
+    }
+  });
+}
+
+void HostKernels::scatter_add(const KernelTensor& out, const KernelTensor& src, const KernelTensor& index,
+                              std::int64_t outer, std::int64_t n_out, std::int64_t inner, const Stream&) {
+  check_indices(index, n_out, "scatter_add");
+  const auto* idx = index.ptr<const std::int64_t>();
+  const std::int64_t n_src = outer > 0 && inner > 0 ? index.numel() / (outer * inner) : 0;
+  dispatch(out.dtype, [&](auto tag_T) {
+    using T = typename decltype(tag_T)::type;
+    if constexpr (!std::is_same_v<T, bool>) {
+      T* o = out.ptr<T>();
+      const T* s = src.ptr<const T>();
+      // One outer slice per task: its rows may add into the same place, so j runs in order within it.
+      parallel_for(outer, n_src * inner, [&](std::int64_t slice) {
+        for (std::int64_t j = 0; j < n_src; ++j) {
+          for (std::int64_t i = 0; i < inner; ++i) {
+            const std::int64_t t = (slice * n_src + j) * inner + i;
+            T& sum = o[(slice * n_out + idx[t]) * inner + i];
+            sum = wrap_add(sum, s[t]);
+          }
+        }
+      });
+    }
+  });
+}
+
+void HostKernels::cumsum(const KernelTensor& out, const KernelTensor& in, std::int64_t outer, std::int64_t n,
+                         std::int64_t inner, const Stream&) {
+  dispatch(out.dtype, [&](auto tag_T) {
+    using T = typename decltype(tag_T)::type;
+    if constexpr (!std::is_same_v<T, bool>) {  // the op layer sums bools as int64
+      T* o = out.ptr<T>();
+      const T* x = in.ptr<const T>();
+      using Acc = std::conditional_t<std::is_floating_point_v<T>, double, std::int64_t>;  // as PyTorch's cpu cumsum
+      parallel_for(outer * inner, n, [&](std::int64_t column) {
+        const std::int64_t at = (column / inner) * n * inner + column % inner;
+        Acc sum = 0;
+        for (std::int64_t j = 0; j < n; ++j) {
+          sum = wrap_add(sum, static_cast<Acc>(x[at + j * inner]));
+          o[at + j * inner] = static_cast<T>(sum);
+        }
+      });
+    }
+  });
+}
+
+void HostKernels::argsort(const KernelTensor& indices, const KernelTensor& in, std::int64_t rows, std::int64_t n,
+                          bool descending, const Stream&) {
+  dispatch(in.dtype, [&](auto tag_T) {
+    using T = typename decltype(tag_T)::type;
+    const T* keys = in.ptr<const T>();
+    std::int64_t* out = indices.ptr<std::int64_t>();
+    parallel_for(rows, n * 16, [&](std::int64_t row) {
+      const T* key = keys + row * n;
+      std::int64_t* order = out + row * n;
+      for (std::int64_t j = 0; j < n; ++j) order[j] = j;
+      // x strictly before y; NaN is the largest value (after every number ascending, first descending)
+      const auto before = [&](std::int64_t x, std::int64_t y) {
+        const T a = key[x], b = key[y];
+        if constexpr (std::is_floating_point_v<T>) {
+          return descending ? (a > b || (std::isnan(a) && !std::isnan(b))) : (a < b || (std::isnan(b) && !std::isnan(a)));
+        } else {
+          return descending ? a > b : a < b;
+        }
+      };
+      std::stable_sort(order, order + n, before);
+    });
   });
 }
 

@@ -27,6 +27,14 @@ class HostKernels : public Backend {
                     std::int64_t n_in, std::int64_t inner, const Stream& stream) override;
   void index_add(const KernelTensor& out, const KernelTensor& src, const KernelTensor& index, std::int64_t outer,
                  std::int64_t n_out, std::int64_t inner, const Stream& stream) override;
+  void gather(const KernelTensor& out, const KernelTensor& in, const KernelTensor& index, std::int64_t outer,
+              std::int64_t n_in, std::int64_t inner, const Stream& stream) override;
+  void scatter_add(const KernelTensor& out, const KernelTensor& src, const KernelTensor& index, std::int64_t outer,
+                   std::int64_t n_out, std::int64_t inner, const Stream& stream) override;
+  void cumsum(const KernelTensor& out, const KernelTensor& in, std::int64_t outer, std::int64_t n, std::int64_t inner,
+              const Stream& stream) override;
+  void argsort(const KernelTensor& indices, const KernelTensor& in, std::int64_t rows, std::int64_t n, bool descending,
+               const Stream& stream) override;
   void sgd_step(const KernelTensor* params, const KernelTensor* grads, const KernelTensor* buffers, std::size_t count,
                 const SgdStep& step, const Stream& stream) override;
   void cross_entropy(const KernelTensor& loss_rows, const KernelTensor& grad, const KernelTensor& logits,

@@ -189,6 +189,12 @@ void raise_kernel_errors(int index) {
     case KernelErrorKind::IndexAdd:
       throw InvalidArgument(detail::concat("index_add: index ", value, " is out of bounds for dimension with size ",
                                            limit, where));
+    case KernelErrorKind::Gather:
+      throw InvalidArgument(detail::concat("gather: index ", value, " is out of bounds for dimension with size ", limit,
+                                           where));
+    case KernelErrorKind::ScatterAdd:
+      throw InvalidArgument(detail::concat("scatter_add: index ", value, " is out of bounds for dimension with size ",
+                                           limit, where));
     case KernelErrorKind::CrossEntropyTarget:
       throw InvalidArgument(detail::concat("cross_entropy: target ", value, " is out of bounds for ", limit,
                                            " classes", where,
@@ -518,6 +524,27 @@ class CudaBackend final : public Backend {
     DeviceGuard guard(stream.device.index);
     launch_index_add(out, src, index, outer, n_out, inner, device_state(stream.device.index).report_device,
                      to_cuda(stream));
+  }
+  void gather(const KernelTensor& out, const KernelTensor& in, const KernelTensor& index, std::int64_t outer,
+              std::int64_t n_in, std::int64_t inner, const Stream& stream) override {
+    DeviceGuard guard(stream.device.index);
+    launch_gather(out, in, index, outer, n_in, inner, device_state(stream.device.index).report_device, to_cuda(stream));
+  }
+  void scatter_add(const KernelTensor& out, const KernelTensor& src, const KernelTensor& index, std::int64_t outer,
+                   std::int64_t n_out, std::int64_t inner, const Stream& stream) override {
+    DeviceGuard guard(stream.device.index);
+    launch_scatter_add(out, src, index, outer, n_out, inner, device_state(stream.device.index).report_device,
+                       to_cuda(stream));
+  }
+  void cumsum(const KernelTensor& out, const KernelTensor& in, std::int64_t outer, std::int64_t n, std::int64_t inner,
+              const Stream& stream) override {
+    DeviceGuard guard(stream.device.index);
+    launch_cumsum(out, in, outer, n, inner, to_cuda(stream));
+  }
+  void argsort(const KernelTensor& indices, const KernelTensor& in, std::int64_t rows, std::int64_t n, bool descending,
+               const Stream& stream) override {
+    DeviceGuard guard(stream.device.index);
+    launch_argsort(indices, in, rows, n, descending, to_cuda(stream));
   }
   void cross_entropy(const KernelTensor& loss_rows, const KernelTensor& grad, const KernelTensor& logits,
                      const KernelTensor& target, double grad_scale, const Stream& stream) override {

@@ -23,7 +23,9 @@ inline constexpr int kMaxDevices = 16;
 
 // Written by kernels that find a bad index (in mapped host memory, so reading it after a sync costs
 // no copy); read and cleared by the backend at the next sync, which throws InvalidArgument.
-enum class KernelErrorKind : std::int32_t { None = 0, IndexSelect = 1, IndexAdd = 2, CrossEntropyTarget = 3 };
+enum class KernelErrorKind : std::int32_t {
+  None = 0, IndexSelect = 1, IndexAdd = 2, CrossEntropyTarget = 3, Gather = 4, ScatterAdd = 5,
+};
 struct DeviceErrorReport {
   std::int32_t kind = 0;     // a KernelErrorKind
   std::int32_t unused = 0;

@@ -1,10 +1,12 @@
 // index.cu — index_select (gather rows of the middle dim) and its backward index_add (scatter-add with
-// atomics, or in the cpu's order when deterministic_algorithms()). Bad indices do not fault: they are written
+// atomics, or in the cpu's order when deterministic_algorithms()); gather (one index per element) and its
+// backward scatter_add, the same way. Bad indices do not fault: they are written
 // to the device's error report and raised as InvalidArgument at the next sync. Not here: the shape
 // bookkeeping (src/core/ops.cpp).
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "device_report.cuh"
 #include "elementwise.cuh"
@@ -55,6 +57,17 @@ __device__ __forceinline__ void atomic_add(std::uint8_t* address, std::uint8_t v
   } while (old != assumed);
 }
 
+// a + b in T, integers wrapping as two's complement (as the atomics above and the cpu's adds), no signed overflow
+template <typename T>
+__device__ __forceinline__ T wrap_add(T a, T b) {
+  if constexpr (std::is_integral_v<T>) {
+    using U = std::make_unsigned_t<T>;
+    return static_cast<T>(static_cast<U>(static_cast<U>(a) + static_cast<U>(b)));
+  } else {
+    return a + b;
+  }
+}
+
 // out (outer, n_out, inner) += src (outer, n_src, inner) scattered to rows index (n_src).
 template <typename T>
 __global__ void __launch_bounds__(kIndexThreads)
@@ -91,7 +104,67 @@ __global__ void __launch_bounds__(kIndexThreads)
         continue;
       }
       T& sum = out[(o * n_out + target) * inner + i];
-      sum = static_cast<T>(sum + src[(o * n_src + j) * inner + i]);  // uint8 wraps, as the cpu's +=
+      sum = wrap_add(sum, src[(o * n_src + j) * inner + i]);
+    }
+  }
+}
+
+// out (outer, n_out, inner) = in (outer, n_in, inner) picked element by element: out[t] = in[o, index[t], i].
+// Word is an unsigned type of the element's size: the values are moved, never interpreted.
+template <typename Word>
+__global__ void __launch_bounds__(kIndexThreads)
+    gather_kernel(Word* out, const Word* in, const std::int64_t* index, std::int64_t outer, std::int64_t n_in,
+                  std::int64_t n_out, std::int64_t inner, DeviceErrorReport* report) {
+  const std::int64_t total = outer * n_out * inner;
+  for (std::int64_t t = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; t < total;
+       t += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    const std::int64_t i = t % inner, o = t / inner / n_out;
+    const std::int64_t picked = index[t];
+    if (picked < 0 || picked >= n_in) {
+      report_kernel_error(report, KernelErrorKind::Gather, picked, n_in);
+      out[t] = Word{};
+      continue;
+    }
+    out[t] = in[(o * n_in + picked) * inner + i];
+  }
+}
+
+// out (outer, n_out, inner) += src (outer, n_src, inner) at out[o, index[t], i], one atomic per element.
+template <typename T>
+__global__ void __launch_bounds__(kIndexThreads)
+    scatter_add_kernel(T* out, const T* src, const std::int64_t* index, std::int64_t outer, std::int64_t n_out,
+                       std::int64_t n_src, std::int64_t inner, DeviceErrorReport* report) {
+  const std::int64_t total = outer * n_src * inner;
+  for (std::int64_t t = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; t < total;
+       t += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    const std::int64_t i = t % inner, o = t / inner / n_src;
+    const std::int64_t target = index[t];
+    if (target < 0 || target >= n_out) {
+      report_kernel_error(report, KernelErrorKind::ScatterAdd, target, n_out);
+      continue;
+    }
+    atomic_add(out + (o * n_out + target) * inner + i, src[t]);
+  }
+}
+
+// The same sum in the cpu's order: one thread per column (o, i) walks j = 0 .. n_src-1.
+template <typename T>
+__global__ void __launch_bounds__(kIndexThreads)
+    scatter_add_in_order_kernel(T* out, const T* src, const std::int64_t* index, std::int64_t outer,
+                                std::int64_t n_out, std::int64_t n_src, std::int64_t inner, DeviceErrorReport* report) {
+  const std::int64_t columns = outer * inner;
+  for (std::int64_t c = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; c < columns;
+       c += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    const std::int64_t i = c % inner, o = c / inner;
+    for (std::int64_t j = 0; j < n_src; ++j) {
+      const std::int64_t t = (o * n_src + j) * inner + i;
+      const std::int64_t target = index[t];
+      if (target < 0 || target >= n_out) {
+        report_kernel_error(report, KernelErrorKind::ScatterAdd, target, n_out);
+        continue;
+      }
+      T& sum = out[(o * n_out + target) * inner + i];
+      sum = wrap_add(sum, src[t]);
     }
   }
 }
@@ -151,6 +224,64 @@ void launch_index_add(const KernelTensor& out, const KernelTensor& src, const Ke
         index_add_kernel<T><<<grid_for(outer * n_src * inner), kIndexThreads, 0, stream>>>(
             static_cast<T*>(out.data), static_cast<const T*>(src.data), static_cast<const std::int64_t*>(index.data),
             outer, n_out, n_src, inner, report);
+      }
+      FERRY_LAUNCH_CHECK();
+    }
+  });
+}
+
+void launch_gather(const KernelTensor& out, const KernelTensor& in, const KernelTensor& index, std::int64_t outer,
+                   std::int64_t n_in, std::int64_t inner, DeviceErrorReport* report, cudaStream_t stream) {
+  FERRY_ASSERT(index.dtype == DType::Int64, "gather: the op layer passes int64 indices");
+  const std::int64_t total = index.numel();
+  if (total == 0) return;
+  const std::int64_t n_out = total / (outer * inner);
+  const unsigned grid = grid_for(total);
+  const auto* idx = static_cast<const std::int64_t*>(index.data);
+  switch (element_size(in.dtype)) {
+    case 8:
+      gather_kernel<std::uint64_t><<<grid, kIndexThreads, 0, stream>>>(
+          static_cast<std::uint64_t*>(out.data), static_cast<const std::uint64_t*>(in.data), idx, outer, n_in, n_out,
+          inner, report);
+      break;
+    case 4:
+      gather_kernel<std::uint32_t><<<grid, kIndexThreads, 0, stream>>>(
+          static_cast<std::uint32_t*>(out.data), static_cast<const std::uint32_t*>(in.data), idx, outer, n_in, n_out,
+          inner, report);
+      break;
+    case 2:
+      gather_kernel<std::uint16_t><<<grid, kIndexThreads, 0, stream>>>(
+          static_cast<std::uint16_t*>(out.data), static_cast<const std::uint16_t*>(in.data), idx, outer, n_in, n_out,
+          inner, report);
+      break;
+    default:
+      gather_kernel<std::uint8_t><<<grid, kIndexThreads, 0, stream>>>(
+          static_cast<std::uint8_t*>(out.data), static_cast<const std::uint8_t*>(in.data), idx, outer, n_in, n_out,
+          inner, report);
+      break;
+  }
+  FERRY_LAUNCH_CHECK();
+}
+
+void launch_scatter_add(const KernelTensor& out, const KernelTensor& src, const KernelTensor& index,
+                        std::int64_t outer, std::int64_t n_out, std::int64_t inner, DeviceErrorReport* report,
+                        cudaStream_t stream) {
+  FERRY_ASSERT(index.dtype == DType::Int64, "scatter_add: the op layer passes int64 indices");
+  FERRY_ASSERT(src.dtype == out.dtype, "scatter_add: source and destination dtypes differ");
+  const std::int64_t total = index.numel();
+  if (total == 0) return;
+  const std::int64_t n_src = total / (outer * inner);
+  const bool deterministic = deterministic_algorithms();
+  dispatch_dtype(out.dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    if constexpr (!std::is_same_v<T, bool>) {  // the cpu adds nothing into bool tensors either
+      const auto* idx = static_cast<const std::int64_t*>(index.data);
+      if (deterministic) {
+        scatter_add_in_order_kernel<T><<<grid_for(outer * inner), kIndexThreads, 0, stream>>>(
+            static_cast<T*>(out.data), static_cast<const T*>(src.data), idx, outer, n_out, n_src, inner, report);
+      } else {
+        scatter_add_kernel<T><<<grid_for(total), kIndexThreads, 0, stream>>>(
+            static_cast<T*>(out.data), static_cast<const T*>(src.data), idx, outer, n_out, n_src, inner, report);
       }
       FERRY_LAUNCH_CHECK();
     }

@@ -36,7 +36,7 @@ void launch_where(const KernelTensor& out, const KernelTensor& cond, const Kerne
 void launch_reduce(ReduceOp op, const KernelTensor& out, const KernelTensor& in, std::int64_t outer,
                    std::int64_t reduce, std::int64_t inner, cudaStream_t stream);
 
-// --- index.cu: gather rows, and its backward (atomic scatter-add) ---------------------------------------
+// --- index.cu: gather rows or elements, and their backwards (scatter-adds) --------------------------------
 // Out-of-range indices are written to `report` (device pointer) and raised at the next sync.
 void launch_index_select(const KernelTensor& out, const KernelTensor& in, const KernelTensor& index,
                          std::int64_t outer, std::int64_t n_in, std::int64_t inner, DeviceErrorReport* report,
@@ -44,6 +44,18 @@ void launch_index_select(const KernelTensor& out, const KernelTensor& in, const 
 void launch_index_add(const KernelTensor& out, const KernelTensor& src, const KernelTensor& index,
                       std::int64_t outer, std::int64_t n_out, std::int64_t inner, DeviceErrorReport* report,
                       cudaStream_t stream);
+void launch_gather(const KernelTensor& out, const KernelTensor& in, const KernelTensor& index, std::int64_t outer,
+                   std::int64_t n_in, std::int64_t inner, DeviceErrorReport* report, cudaStream_t stream);
+void launch_scatter_add(const KernelTensor& out, const KernelTensor& src, const KernelTensor& index,
+                        std::int64_t outer, std::int64_t n_out, std::int64_t inner, DeviceErrorReport* report,
+                        cudaStream_t stream);
+// scan.cu: inclusive prefix sums along the middle dim of contiguous (outer, n, inner).
+void launch_cumsum(const KernelTensor& out, const KernelTensor& in, std::int64_t outer, std::int64_t n,
+                   std::int64_t inner, cudaStream_t stream);
+
+// --- sort.cu: stable argsort of each row of a contiguous (rows, n) ------------------------------------------
+void launch_argsort(const KernelTensor& indices, const KernelTensor& in, std::int64_t rows, std::int64_t n,
+                    bool descending, cudaStream_t stream);
 
 // --- loss.cu: softmax cross-entropy over the last dim -----------------------------------------------------
 void launch_cross_entropy(const KernelTensor& loss_rows, const KernelTensor& grad, const KernelTensor& logits,

@@ -20,20 +20,21 @@ bool is_transcendental(UnaryOp op) {
          op == UnaryOp::Sigmoid || op == UnaryOp::Tanh || op == UnaryOp::Reciprocal;
 }
 
-// The cpu's apply_unary: integers compute in double, floats in their own type.
+// The cpu's apply_unary: integers exact in their own type (two's complement wrap: -INT64_MIN is INT64_MIN, and
+// 2^53 + 1 stays odd), floats in their own type.
 template <typename T>
 __device__ __forceinline__ T unary_value(UnaryOp op, T x) {
   if constexpr (std::is_same_v<T, bool>) {
     return op == UnaryOp::LogicalNot ? !x : x;
   } else if constexpr (std::is_integral_v<T>) {
-    const double v = static_cast<double>(x);
+    using U = std::make_unsigned_t<T>;
     switch (op) {
-      case UnaryOp::Neg: return cast_to<T>(-v);
-      case UnaryOp::Abs: return cast_to<T>(v < 0 ? -v : v);
-      case UnaryOp::Sign: return static_cast<T>((v > 0) - (v < 0));
-      case UnaryOp::Relu: return v > 0 ? x : T(0);
-      case UnaryOp::Square: return cast_to<T>(v * v);
-      case UnaryOp::LogicalNot: return static_cast<T>(v == 0);
+      case UnaryOp::Neg: return static_cast<T>(U(0) - static_cast<U>(x));
+      case UnaryOp::Abs: return x < 0 ? static_cast<T>(U(0) - static_cast<U>(x)) : x;
+      case UnaryOp::Sign: return static_cast<T>((x > 0) - (x < 0));
+      case UnaryOp::Relu: return x < 0 ? T(0) : x;
+      case UnaryOp::Square: return static_cast<T>(static_cast<U>(x) * static_cast<U>(x));
+      case UnaryOp::LogicalNot: return static_cast<T>(x == 0);
       default: return x;  // Copy; transcendental ops never get here (see is_transcendental)
     }
   } else {

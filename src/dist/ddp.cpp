@@ -243,11 +243,15 @@ void DistributedDataParallel::broadcast_buffers() {
 }
 
 void DistributedDataParallel::on_gradient(std::size_t i) {
+  if (no_sync_) {  // accumulating: the gradient stays in .grad until a synced backward or finish_gradient_sync
+    got_gradient_[i] = 1;
+    return;
+  }
   Bucket& bucket = *buckets_[bucket_of_[i]];
   FERRY_CHECK(!bucket.launched, InvalidArgument, "DistributedDataParallel: parameter '", names_[i],
               "' received a gradient after its bucket's all-reduce had started: backward() ran a second time ",
-              "before finish_gradient_sync() (accumulating gradients over several backward calls is not supported), ",
-              "or finish_gradient_sync() was not called after the last backward");
+              "before finish_gradient_sync() (to accumulate gradients over several backward calls, run all but the ",
+              "last inside ddp.no_sync()), or finish_gradient_sync() was not called after the last backward");
   const Tensor& p = parameters_[i];
   const Tensor grad = p.grad();
   got_gradient_[i] = 1;
@@ -277,7 +281,20 @@ void DistributedDataParallel::launch(std::size_t b) {
   stats_.buckets_reduced += 1;
 }
 
+DistributedDataParallel::NoSync::NoSync(DistributedDataParallel& ddp) : ddp_(ddp) {
+  FERRY_CHECK(!ddp.no_sync_, InvalidArgument, "DistributedDataParallel::no_sync(): already inside no_sync()");
+  const bool filling = ddp.next_launch_ > 0 || std::find(ddp.ready_.begin(), ddp.ready_.end(), 1) != ddp.ready_.end();
+  FERRY_CHECK(!filling, InvalidArgument, "DistributedDataParallel::no_sync(): a synced backward() has already put "
+              "gradients in this step's buckets; call finish_gradient_sync() first, or enter no_sync() before the "
+              "step's first backward()");
+  ddp.no_sync_ = true;
+}
+
+DistributedDataParallel::NoSync::~NoSync() { ddp_.no_sync_ = false; }
+
 void DistributedDataParallel::finish_gradient_sync() {
+  FERRY_CHECK(!no_sync_, InvalidArgument, "DistributedDataParallel::finish_gradient_sync() inside no_sync(): the "
+              "gradients would be averaged now; leave the no_sync() scope first (its gradients stay in .grad)");
   autograd::NoGradGuard no_grad;
   // Which parameters got a gradient on some rank: one small all-reduce (int32 per parameter, how many ranks), in
   // flight with the last buckets. A parameter no rank used keeps its .grad as it was (undefined after
@@ -291,12 +308,16 @@ void DistributedDataParallel::finish_gradient_sync() {
     if (!group_.device().is_cpu()) used = ferry::detail::transfer(used, group_.device(), false, "parameters used");
     used_work = group_.all_reduce_async(used, ReduceOp::Sum, "parameters used");
   }
-  // Parameters backward did not reach count as zeros, so every rank reduces every bucket.
+  // Parameters the last backward did not reach count as zeros, so every rank reduces every bucket; or as what
+  // they accumulated inside no_sync(), where an earlier backward reached them.
   for (std::size_t b = next_launch_; b < buckets_.size(); ++b) {
     Bucket& bucket = *buckets_[b];
     for (std::size_t i : bucket.parameters) {
       if (ready_[i]) continue;
-      bucket.flat.narrow(0, offset_of_[i], parameters_[i].numel()).zero_();
+      const Tensor& p = parameters_[i];
+      Tensor slot = bucket.flat.narrow(0, offset_of_[i], p.numel());
+      if (const Tensor grad = p.grad(); got_gradient_[i] && grad.defined()) slot.copy_(grad.reshape({p.numel()}));
+      else slot.zero_();
       ready_[i] = 1;
     }
     bucket.pending = 0;

@@ -10,13 +10,7 @@
 
 #include <cmath>
 
-#if !defined(FERRY_HOST_DEVICE)
-#if defined(__CUDACC__)
-#define FERRY_HOST_DEVICE __host__ __device__
-#else
-#define FERRY_HOST_DEVICE
-#endif
-#endif
+#include "../core/host_device.h"
 
 namespace ferry::nn::detail {
 

@@ -4,11 +4,7 @@
 // the cpu file is built with -ffp-contract=off, the kernel uses the _rn intrinsics).
 #pragma once
 
-#if defined(__CUDACC__)
-#define FERRY_HOST_DEVICE __host__ __device__
-#else
-#define FERRY_HOST_DEVICE
-#endif
+#include "../core/host_device.h"
 
 namespace ferry::optim::detail {
 

@@ -222,6 +222,22 @@ class SimBackend final : public cpu::HostKernels {
                  std::int64_t n_out, std::int64_t inner, const Stream& stream) override {
     run_or_record(stream, [=, this] { HostKernels::index_add(out, src, index, outer, n_out, inner, stream); });
   }
+  void gather(const KernelTensor& out, const KernelTensor& in, const KernelTensor& index, std::int64_t outer,
+              std::int64_t n_in, std::int64_t inner, const Stream& stream) override {
+    run_or_record(stream, [=, this] { HostKernels::gather(out, in, index, outer, n_in, inner, stream); });
+  }
+  void scatter_add(const KernelTensor& out, const KernelTensor& src, const KernelTensor& index, std::int64_t outer,
+                   std::int64_t n_out, std::int64_t inner, const Stream& stream) override {
+    run_or_record(stream, [=, this] { HostKernels::scatter_add(out, src, index, outer, n_out, inner, stream); });
+  }
+  void cumsum(const KernelTensor& out, const KernelTensor& in, std::int64_t outer, std::int64_t n, std::int64_t inner,
+              const Stream& stream) override {
+    run_or_record(stream, [=, this] { HostKernels::cumsum(out, in, outer, n, inner, stream); });
+  }
+  void argsort(const KernelTensor& indices, const KernelTensor& in, std::int64_t rows, std::int64_t n, bool descending,
+               const Stream& stream) override {
+    run_or_record(stream, [=, this] { HostKernels::argsort(indices, in, rows, n, descending, stream); });
+  }
   void sgd_step(const KernelTensor* params, const KernelTensor* grads, const KernelTensor* buffers, std::size_t count,
                 const SgdStep& step, const Stream& stream) override {
     if (!recording(stream.device.index)) return HostKernels::sgd_step(params, grads, buffers, count, step, stream);

@@ -116,6 +116,11 @@ nn::NamedTensors read_tensors(const std::string& path, std::map<std::string, std
 CheckpointContents load_checkpoint(const std::string& path, nn::Module& model, optim::Optimizer* optimizer) {
   std::map<std::string, std::string> metadata;
   const nn::NamedTensors tensors = read_tensors(path, &metadata);
+  return load_checkpoint(tensors, metadata, path, model, optimizer);
+}
+
+CheckpointContents load_checkpoint(const nn::NamedTensors& tensors, const std::map<std::string, std::string>& metadata,
+                                   const std::string& path, nn::Module& model, optim::Optimizer* optimizer) {
   nn::NamedTensors model_state, optimizer_state;
   for (const auto& [name, tensor] : tensors) {
     if (name.rfind(kOptimizerPrefix, 0) == 0) optimizer_state.emplace_back(name.substr(std::strlen(kOptimizerPrefix)), tensor);

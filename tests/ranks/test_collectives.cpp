@@ -270,6 +270,72 @@ TEST(RanksThatDisagree, DdpLeavesTheGradientOfParametersNoRankUsedUndefined) {
   ddp.check_replicas();
 }
 
+// Gradient accumulation under no_sync(): each rank runs two micro-batches, the first inside no_sync(), then one
+// synced step. Every rank ends with the average over the ranks of its two summed micro-batch gradients, computed
+// here again without DDP from every rank's data (all of it seeded), and only one all-reduce per bucket ran. The
+// `second` layer is used only by rank 0's first micro-batch (inside no_sync): its accumulated gradient must still
+// reach the all-reduce, not be counted as zero.
+TEST(DistributedDataParallel, NoSyncAccumulatesLocallyAndTheNextStepAveragesTheSums) {
+  auto g = dist::init_process_group({.device = kCPU, .timeout_s = 30});
+  const int n = g->world_size();
+  const auto micro_batch = [](int rank, int k) {
+    manual_seed(static_cast<std::uint64_t>(100 + 10 * rank + k));
+    return randn({4, 3});
+  };
+  const auto build = [] {
+    manual_seed(5);
+    return std::make_shared<TwoLayers>();
+  };
+  auto model = build();
+  dist::DistributedDataParallel ddp(*model, *g, {.bucket_bytes = 64});
+  const std::int64_t reduced_before = ddp.stats().buckets_reduced;
+  {
+    auto accumulate = ddp.no_sync();
+    EXPECT_TRUE(ddp.in_no_sync());
+    model->use_second = g->rank() == 0;
+    sum(square(ddp(micro_batch(g->rank(), 0)))).backward();
+    EXPECT_THROW(ddp.finish_gradient_sync(), InvalidArgument);
+  }
+  EXPECT_EQ(ddp.stats().buckets_reduced, reduced_before) << "no all-reduce inside no_sync()";
+  model->use_second = false;
+  sum(square(ddp(micro_batch(g->rank(), 1)))).backward();
+  EXPECT_THROW({ auto again = ddp.no_sync(); }, InvalidArgument);  // this step's buckets are filling
+  ddp.finish_gradient_sync();
+  EXPECT_EQ(ddp.stats().buckets_reduced - reduced_before, static_cast<std::int64_t>(ddp.plan().buckets.size()));
+  // The same without DDP: every rank's two micro-batches, summed per rank, averaged over the ranks.
+  auto reference = build();
+  std::vector<Tensor> expected;
+  for (int r = 0; r < n; ++r) {
+    for (const Tensor& p : reference->parameters()) p.set_grad(Tensor());
+    reference->use_second = r == 0;
+    sum(square((*reference)(micro_batch(r, 0)))).backward();
+    reference->use_second = false;
+    sum(square((*reference)(micro_batch(r, 1)))).backward();
+    const auto params = reference->parameters();
+    for (std::size_t i = 0; i < params.size(); ++i) {
+      const Tensor grad = params[i].grad().defined() ? params[i].grad().clone() : zeros(params[i].shape());
+      if (r == 0) expected.push_back(grad);
+      else expected[i] = add(expected[i], grad);
+    }
+  }
+  const auto params = model->parameters();
+  const auto names = model->named_parameters();
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    if (names[i].first.rfind("never", 0) == 0) {
+      EXPECT_FALSE(params[i].grad().defined()) << names[i].first;
+      continue;
+    }
+    ASSERT_TRUE(params[i].grad().defined()) << names[i].first << " on rank " << g->rank();
+    const std::vector<float> got = params[i].grad().to_vector<float>();
+    const std::vector<float> want = div(expected[i], static_cast<double>(n)).to_vector<float>();
+    for (std::size_t j = 0; j < got.size(); ++j) {
+      EXPECT_NEAR(got[j], want[j], 1e-5 * (1 + std::abs(want[j]))) << names[i].first << "[" << j << "] on rank "
+                                                                     << g->rank();
+    }
+  }
+  ddp.check_replicas();
+}
+
 }  // namespace
 }  // namespace ferry
 

@@ -28,7 +28,7 @@ void register_eval_command(CLI::App& app) {
   cmd->callback([] {
     const ferry::Device device = ferry::Device::parse(device_text);
     std::map<std::string, std::string> metadata;
-    ferry::nn::NamedTensors tensors = ferry::read_tensors(checkpoint, &metadata);
+    const ferry::nn::NamedTensors tensors = ferry::read_tensors(checkpoint, &metadata);
     // A file `ferry train` wrote says so ("format") and names its model; any other safetensors file is read as a
     // state_dict under PyTorch's names (ferry's names are PyTorch's), for the model --model names.
     const bool from_ferry = metadata.count("format") > 0 || metadata.count("global_step") > 0;
@@ -50,7 +50,7 @@ void register_eval_command(CLI::App& app) {
     }
     auto model = ferry::make_model(model_name);
     if (from_ferry) {
-      ferry::load_checkpoint(checkpoint, *model, nullptr);
+      ferry::load_checkpoint(tensors, metadata, checkpoint, *model, nullptr);
     } else {
       try {
         model->load_state_dict(tensors, true);

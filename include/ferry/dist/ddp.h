@@ -59,6 +59,26 @@ class DistributedDataParallel {
   // (an int32 per parameter) says which. Then every replica holds the same.
   void finish_gradient_sync();
 
+  // Gradient accumulation without communication, as PyTorch's no_sync(): while the returned guard lives, backward
+  // leaves each gradient in .grad (summed over the backward calls, as in one process) and starts no all-reduce.
+  // The next backward after it, then finish_gradient_sync(), average the sums over the ranks: k micro-batches per
+  // step cost one all-reduce of the gradients, not k. Refused between a synced backward and its
+  // finish_gradient_sync() (that step's buckets are filling), and finish_gradient_sync() is refused inside it.
+  //   { auto accumulate = ddp.no_sync(); loss(micro_batch_1).backward(); }
+  //   loss(micro_batch_2).backward(); ddp.finish_gradient_sync(); optimizer.step();
+  class NoSync {
+   public:
+    explicit NoSync(DistributedDataParallel& ddp);
+    ~NoSync();
+    NoSync(const NoSync&) = delete;
+    NoSync& operator=(const NoSync&) = delete;
+
+   private:
+    DistributedDataParallel& ddp_;
+  };
+  [[nodiscard]] NoSync no_sync() { return NoSync(*this); }
+  bool in_no_sync() const { return no_sync_; }
+
   // Sends rank 0's buffers to every rank (before evaluating, or saving on rank 0).
   void broadcast_buffers();
   // Hashes every parameter (FNV-1a over its dtype, shape and bytes, read back to the host), gathers every rank's hashes
@@ -98,6 +118,7 @@ class DistributedDataParallel {
   std::vector<char> got_gradient_;      // parameter -> backward reached it on this rank this step
   std::vector<std::uint64_t> hooks_;
   std::size_t next_launch_ = 0;         // buckets start in plan order on every rank
+  bool no_sync_ = false;                // inside no_sync(): gradients stay in .grad
   Stats stats_;
 };
 
