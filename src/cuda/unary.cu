@@ -28,11 +28,13 @@ __device__ __forceinline__ T unary_value(UnaryOp op, T x) {
     return op == UnaryOp::LogicalNot ? !x : x;
   } else if constexpr (std::is_integral_v<T>) {
     using U = std::make_unsigned_t<T>;
+    bool negative = false;  // uint8 never is (and nvcc warns on the comparison)
+    if constexpr (std::is_signed_v<T>) negative = x < 0;
     switch (op) {
       case UnaryOp::Neg: return static_cast<T>(U(0) - static_cast<U>(x));
-      case UnaryOp::Abs: return x < 0 ? static_cast<T>(U(0) - static_cast<U>(x)) : x;
-      case UnaryOp::Sign: return static_cast<T>((x > 0) - (x < 0));
-      case UnaryOp::Relu: return x < 0 ? T(0) : x;
+      case UnaryOp::Abs: return negative ? static_cast<T>(U(0) - static_cast<U>(x)) : x;
+      case UnaryOp::Sign: return static_cast<T>(static_cast<int>(x > 0) - static_cast<int>(negative));
+      case UnaryOp::Relu: return negative ? T(0) : x;
       case UnaryOp::Square: return static_cast<T>(static_cast<U>(x) * static_cast<U>(x));
       case UnaryOp::LogicalNot: return static_cast<T>(x == 0);
       default: return x;  // Copy; transcendental ops never get here (see is_transcendental)
