@@ -25,7 +25,8 @@ std::pair<std::int64_t, std::int64_t> around(const Shape& shape, int d) {
 Tensor narrow_to(const Tensor& a, const Shape& sizes, int keep) {
   Tensor out = a;
   for (int k = 0; k < a.dim(); ++k) {
-    if (k != keep && sizes[static_cast<std::size_t>(k)] != a.size(k)) out = out.narrow(k, 0, sizes[static_cast<std::size_t>(k)]);
+    const std::int64_t size = sizes[static_cast<std::size_t>(k)];
+    if (k != keep && size != a.size(k)) out = out.narrow(k, 0, size);
   }
   return out;
 }

@@ -25,7 +25,8 @@ Tensor true_positions(const Tensor& flat, const char* label) {
   const TensorOptions int64{.device = flat.device(), .dtype = DType::Int64};
   const Tensor rank = sub(cumsum(truth, 0), full({}, 1, int64));
   const Tensor slot = where(truth, rank, full({}, static_cast<double>(count), int64));
-  const Tensor positions = arange(0, static_cast<double>(flat.numel()), 1, {.device = flat.device(), .dtype = DType::Int64});
+  const Tensor positions =
+      arange(0, static_cast<double>(flat.numel()), 1, {.device = flat.device(), .dtype = DType::Int64});
   return scatter_add(zeros({count + 1}, int64), 0, slot, positions).narrow(0, 0, count);
 }
 

@@ -33,7 +33,7 @@ std::pair<Tensor, Tensor> topk(const Tensor& a, std::int64_t k, int dim, bool la
   const std::int64_t n = a.dim() == 0 ? 1 : a.size(d);
   FERRY_CHECK(k >= 0 && k <= n, InvalidArgument, "topk: selected index k out of range (k ", k, ", but dimension ", d,
               " has ", n, " elements)");
-  if (a.dim() == 0) return {a.clone(), zeros({}, {.device = a.device(), .dtype = DType::Int64})};  // k 0 or 1: as PyTorch
+  if (a.dim() == 0) return {a.clone(), zeros({}, {.device = a.device(), .dtype = DType::Int64})};  // as PyTorch
   const Tensor order = argsort(a, d, largest).narrow(d, 0, k).contiguous();
   return {gather(a, d, order), order};
 }

@@ -575,17 +575,25 @@ void HostKernels::gather(const KernelTensor& out, const KernelTensor& in, const 
   check_indices(index, n_in, "gather");
   const auto* idx = index.ptr<const std::int64_t>();
   const std::int64_t n_out = outer > 0 && inner > 0 ? index.numel() / (outer * inner) : 0;
-  const std::size_t size = element_size(in.dtype);
-  const auto* src = static_cast<const char*>(in.data);
-  auto* dst = static_cast<char*>(out.data);
-  parallel_for(outer * n_out, inner, [&](std::int64_t row) {  // row = o * n_out + j
-    const std::int64_t o = row / n_out;
-    for (std::int64_t i = 0; i < inner; ++i) {
-      const std::int64_t t = row * inner + i;
-      std::memcpy(dst + static_cast<std::size_t>(t) * size,
-                  src + static_cast<std::size_t>((o * n_in + idx[t]) * inner + i) * size, size);
-    }
-  });
+  // Elements are moved, never interpreted: an unsigned word of their size.
+  const auto run = [&](auto word) {
+    using W = decltype(word);
+    const W* src = static_cast<const W*>(in.data);
+    W* dst = static_cast<W*>(out.data);
+    parallel_for(outer * n_out, inner, [&](std::int64_t row) {  // row = o * n_out + j
+      const std::int64_t base = row / n_out * n_in * inner;
+      for (std::int64_t i = 0; i < inner; ++i) {
+        const std::int64_t t = row * inner + i;
+        dst[t] = src[base + idx[t] * inner + i];
+      }
+    });
+  };
+  switch (element_size(in.dtype)) {
+    case 8: run(std::uint64_t{}); break;
+    case 4: run(std::uint32_t{}); break;
+    case 2: run(std::uint16_t{}); break;
+    default: run(std::uint8_t{}); break;
+  }
 }
 
 void HostKernels::scatter_add(const KernelTensor& out, const KernelTensor& src, const KernelTensor& index,

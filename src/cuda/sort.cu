@@ -33,7 +33,8 @@ __device__ __forceinline__ bool goes_before(T a, T b, bool descending) {
 
 template <typename T>
 __global__ void __launch_bounds__(kSortThreads)
-    argsort_kernel(std::int64_t* indices, std::int64_t* scratch, const T* keys_of_all, std::int64_t n, bool descending) {
+    argsort_kernel(std::int64_t* indices, std::int64_t* scratch, const T* keys_of_all, std::int64_t n,
+                   bool descending) {
   const std::int64_t row = blockIdx.x;
   const T* keys = keys_of_all + row * n;
   std::int64_t* const result = indices + row * n;
@@ -43,7 +44,8 @@ __global__ void __launch_bounds__(kSortThreads)
   __syncthreads();
   // this thread's share of each pass's output: positions [first, last)
   const std::int64_t share = (n + blockDim.x - 1) / blockDim.x;
-  const std::int64_t first = std::min<std::int64_t>(n, threadIdx.x * share), last = std::min<std::int64_t>(n, first + share);
+  const std::int64_t first = std::min<std::int64_t>(n, threadIdx.x * share);
+  const std::int64_t last = std::min<std::int64_t>(n, first + share);
   for (std::int64_t width = 1; width < n; width *= 2) {
     std::int64_t k = first;
     while (k < last) {
