@@ -654,7 +654,8 @@ void HostKernels::argsort(const KernelTensor& indices, const KernelTensor& in, s
       const auto before = [&](std::int64_t x, std::int64_t y) {
         const T a = key[x], b = key[y];
         if constexpr (std::is_floating_point_v<T>) {
-          return descending ? (a > b || (std::isnan(a) && !std::isnan(b))) : (a < b || (std::isnan(b) && !std::isnan(a)));
+          const bool a_nan = std::isnan(a), b_nan = std::isnan(b);
+          return descending ? (a > b || (a_nan && !b_nan)) : (a < b || (b_nan && !a_nan));
         } else {
           return descending ? a > b : a < b;
         }

@@ -184,6 +184,16 @@ void run_index_select(const KernelTensor& out, const KernelTensor& in, const Ker
   FERRY_LAUNCH_CHECK();
 }
 
+template <typename Word>
+void run_gather(const KernelTensor& out, const KernelTensor& in, const KernelTensor& index, std::int64_t outer,
+                std::int64_t n_in, std::int64_t n_out, std::int64_t inner, DeviceErrorReport* report,
+                cudaStream_t stream) {
+  gather_kernel<Word><<<grid_for(outer * n_out * inner), kIndexThreads, 0, stream>>>(
+      static_cast<Word*>(out.data), static_cast<const Word*>(in.data), static_cast<const std::int64_t*>(index.data),
+      outer, n_in, n_out, inner, report);
+  FERRY_LAUNCH_CHECK();
+}
+
 }  // namespace
 
 void launch_index_select(const KernelTensor& out, const KernelTensor& in, const KernelTensor& index,
@@ -236,31 +246,12 @@ void launch_gather(const KernelTensor& out, const KernelTensor& in, const Kernel
   const std::int64_t total = index.numel();
   if (total == 0) return;
   const std::int64_t n_out = total / (outer * inner);
-  const unsigned grid = grid_for(total);
-  const auto* idx = static_cast<const std::int64_t*>(index.data);
   switch (element_size(in.dtype)) {
-    case 8:
-      gather_kernel<std::uint64_t><<<grid, kIndexThreads, 0, stream>>>(
-          static_cast<std::uint64_t*>(out.data), static_cast<const std::uint64_t*>(in.data), idx, outer, n_in, n_out,
-          inner, report);
-      break;
-    case 4:
-      gather_kernel<std::uint32_t><<<grid, kIndexThreads, 0, stream>>>(
-          static_cast<std::uint32_t*>(out.data), static_cast<const std::uint32_t*>(in.data), idx, outer, n_in, n_out,
-          inner, report);
-      break;
-    case 2:
-      gather_kernel<std::uint16_t><<<grid, kIndexThreads, 0, stream>>>(
-          static_cast<std::uint16_t*>(out.data), static_cast<const std::uint16_t*>(in.data), idx, outer, n_in, n_out,
-          inner, report);
-      break;
-    default:
-      gather_kernel<std::uint8_t><<<grid, kIndexThreads, 0, stream>>>(
-          static_cast<std::uint8_t*>(out.data), static_cast<const std::uint8_t*>(in.data), idx, outer, n_in, n_out,
-          inner, report);
-      break;
+    case 8: run_gather<std::uint64_t>(out, in, index, outer, n_in, n_out, inner, report, stream); break;
+    case 4: run_gather<std::uint32_t>(out, in, index, outer, n_in, n_out, inner, report, stream); break;
+    case 2: run_gather<std::uint16_t>(out, in, index, outer, n_in, n_out, inner, report, stream); break;
+    default: run_gather<std::uint8_t>(out, in, index, outer, n_in, n_out, inner, report, stream); break;
   }
-  FERRY_LAUNCH_CHECK();
 }
 
 void launch_scatter_add(const KernelTensor& out, const KernelTensor& src, const KernelTensor& index,
