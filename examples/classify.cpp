@@ -2,9 +2,10 @@
 //
 // The checkpoint names its architecture in its settings ("model": fmnist or mlp; both `ferry train` and
 // train_mlp write it), so this builds that model, loads the weights, and prints what it sees in the first
-// images of the test set, then its accuracy over all of them.
+// images of the test set (its two likeliest classes for each, with topk), then its accuracy over all of them.
 //
 //   classify FILE.safetensors [--device auto|cpu|cuda:N|sim] [--show N] [--data DIR]
+#include <cmath>
 #include <cstdlib>
 #include <iomanip>
 #include <iostream>
@@ -80,15 +81,19 @@ int run(const Options& options) {
   const Dataset test_set = load_fashion_mnist(options.data, /*train=*/false);
   if (options.show > 0) {
     const Dataset first = take(test_set, options.show);
-    // One crossing in (the images), two out (each guess and its probability, read as host tensors).
-    const auto [confidence, guesses] = max(softmax((*model)(first.images.to(device)), 1), 1);  // (N), (N)
+    // One crossing in (the images), two out (the two likeliest classes of each and their probabilities, read
+    // as host tensors).
+    const auto [confidence, guesses] = topk(softmax((*model)(first.images.to(device)), 1), 2, 1);  // (N, 2), (N, 2)
     const Tensor predicted = guesses.cpu(), probability = confidence.cpu();
+    const auto percent = [&](std::int64_t i, std::int64_t k) {
+      return std::to_string(static_cast<int>(std::lround(100 * probability.select(0, i).select(0, k).item<double>()))) + " %";
+    };
     for (std::int64_t i = 0; i < first.size(); ++i) {
-      const auto guess = predicted.select(0, i).item<std::int64_t>();
+      const auto guess = predicted.select(0, i).select(0, 0).item<std::int64_t>();
+      const auto runner_up = predicted.select(0, i).select(0, 1).item<std::int64_t>();
       const auto truth = first.labels.select(0, i).item<std::int64_t>();
       std::cout << "  image " << std::setw(4) << i << ": " << std::setw(11) << kClasses[guess] << " ("
-                << std::fixed << std::setprecision(0) << 100 * probability.select(0, i).item<double>() << " %)"
-                << std::defaultfloat << std::setprecision(6)
+                << percent(i, 0) << "; next " << kClasses[runner_up] << ", " << percent(i, 1) << ")"
                 << (guess == truth ? "" : std::string("   (it is a ") + kClasses[truth] + ")") << "\n";
     }
   }

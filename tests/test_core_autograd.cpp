@@ -102,6 +102,9 @@ TEST(Autograd, EveryOpMatchesFiniteDifferences) {
       {"scatter_add", [](V x) { return scatter_add(x[0], 0, from_vector<std::int64_t>({1, 1, 0}, {1, 3}), x[1]); },
        {r({2, 3}), r({2, 4})}},
       {"cumsum", [](V x) { return cumsum(x[0].t(), 1); }, {r({3, 4})}},
+      {"prod", [](V x) { return prod(x[0], {1}); }, {r({3, 4})}},
+      {"prod_with_zeros", [](V x) { return prod(x[0], {1}); },  // a row with one zero, a row with two
+       {from_vector<double>({0, 1.5, -2, 0.7, 0, 0}, {2, 3})}},
   };
   for (const Case& c : cases) gradcheck(c.name, c.f, c.inputs);
 }

@@ -149,6 +149,7 @@ std::vector<OpCase> op_cases() {
       {"cumsum", one({3, 4, 5}), [](V x) { return cat({cumsum(x[0], 0), cumsum(x[0], 1), cumsum(x[0], -1)}); }},
       {"cumsum_int", [](Device d) { return std::vector<Tensor>{arange(-50, 50, 1, {.device = d}).reshape({10, 10})}; },
        [](V x) { return cumsum(x[0].t(), 1); }, 0},
+      {"prod", one({3, 4, 5}), [](V x) { return cat({prod(x[0], {1}).flatten(), prod(x[0], {0, 2}), prod(x[0]).reshape({1})}); }},
       {"sort_topk", one({4, 37}), [](V x) {
          auto [values, order] = sort(x[0], 1, true);
          auto [top, top_at] = topk(x[0], 3, 0, false);
@@ -432,6 +433,30 @@ TEST(CoreOps, MaskedSelectAndNonzeroFollowPyTorch) {
     ASSERT_EQ(after.size(), before + 1) << d.str();
     EXPECT_EQ(after.back().direction, Direction::DeviceToHost);
     EXPECT_EQ(after.back().label, "masked_select (result size)");
+  }
+}
+
+// prod with torch 1.13's values and gradients, zeros in the slices included (no 0/0).
+TEST(CoreOps, ProdFollowsPyTorch) {
+  std::vector<Device> devices = accelerators();
+  devices.insert(devices.begin(), kCPU);
+  for (const Device& d : devices) {
+    Tensor a = from_vector<float>({1, 2, 3, 4, 0, 6, 0, 0, 2}, {3, 3}, {.device = d}).requires_grad_(true);
+    const Tensor p = prod(a, {1});
+    EXPECT_EQ(p.to_vector<float>(), (std::vector<float>{6, 0, 0})) << d.str();
+    sum(mul(p, from_vector<float>({1, 10, 100}, {3}, {.device = d}))).backward();
+    EXPECT_EQ(a.grad().to_vector<float>(), (std::vector<float>{6, 3, 2, 0, 240, 0, 0, 0, 0})) << d.str();
+    Tensor b = from_vector<float>({2, 3, 4, 5}, {2, 2}, {.device = d}).requires_grad_(true);
+    const Tensor all = prod(b);
+    EXPECT_EQ(all.item<float>(), 120.0f);
+    all.backward();
+    EXPECT_EQ(b.grad().to_vector<float>(), (std::vector<float>{60, 40, 30, 24})) << d.str();
+    EXPECT_EQ(prod(from_vector<std::uint8_t>({200, 200}, {2}, {.device = d})).item<std::int64_t>(), 40000);  // int64
+    const std::int64_t big = std::int64_t{1} << 40;
+    EXPECT_EQ(prod(from_vector<std::int64_t>({big, big}, {2}, {.device = d})).item<std::int64_t>(), 0);  // wraps
+    EXPECT_EQ(prod(zeros({0}, {.device = d})).item<float>(), 1.0f);
+    EXPECT_EQ(prod(from_vector<bool>({true, true}, {2}, {.device = d})).dtype(), DType::Int64);
+    EXPECT_EQ(prod(ones({2, 3, 4}, {.device = d}), {0, 2}, true).shape(), (Shape{1, 3, 1}));
   }
 }
 

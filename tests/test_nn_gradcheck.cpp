@@ -537,9 +537,9 @@ TEST(NNGradcheck, Losses) {
   }
 }
 
-// gather, scatter_add (both operands; repeated indices; an index smaller than the tensors) and cumsum, on every
-// device.
-TEST(NNGradcheck, GatherScatterAddAndCumsum) {
+// gather, scatter_add (both operands; repeated indices; an index smaller than the tensors), cumsum and prod, on
+// every device.
+TEST(NNGradcheck, GatherScatterAddCumsumAndProd) {
   const auto index = [](std::vector<std::int64_t> v, Shape s, const Tensor& like) {
     return ferry::from_vector<std::int64_t>(v, s, {.device = like.device()});
   };
@@ -553,6 +553,8 @@ TEST(NNGradcheck, GatherScatterAddAndCumsum) {
     }, {random_argument({3, 4}, 92), random_argument({3, 3}, 93)}, "scatter_add dim " + d);
     check_everywhere([dim](const std::vector<Tensor>& a) { return ferry::cumsum(a[0], dim); },
                      {random_argument({3, 4}, 94)}, "cumsum dim " + d);
+    check_everywhere([dim](const std::vector<Tensor>& a) { return ferry::prod(a[0], {dim}); },
+                     {random_argument({3, 4}, 95)}, "prod dim " + d);
   }
 }
 

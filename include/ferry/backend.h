@@ -82,7 +82,7 @@ enum class BinaryOp : std::uint8_t {
   ThresholdMask,           // out = (a > 0) ? b : 0  (same as ReluBackward, mask first)
   AddRelu,                 // out = relu(a + b): a layer's bias and its ReLU in one pass (floating point)
 };
-enum class ReduceOp : std::uint8_t { Sum, Mean, Max, Min, ArgMax, ArgMin };
+enum class ReduceOp : std::uint8_t { Sum, Mean, Max, Min, ArgMax, ArgMin, Prod };
 enum class RandomKind : std::uint8_t { Uniform, Normal, Integer };
 
 // One interface, one final implementation per device type. Ops are enums, not one virtual per op.
@@ -150,7 +150,8 @@ class Backend {
   // out = cond ? a : b
   virtual void where(const KernelTensor& out, const KernelTensor& cond, const KernelTensor& a,
                      const KernelTensor& b, const Stream& stream) = 0;
-  // in is contiguous (outer, reduce, inner); out is contiguous (outer, inner). Arg ops write int64.
+  // in is contiguous (outer, reduce, inner); out is contiguous (outer, inner). Arg ops write int64. Sum, Mean and
+  // Prod accumulate in double (integers: int64, wrapping); the sum and product of nothing are 0 and 1.
   virtual void reduce(ReduceOp op, const KernelTensor& out, const KernelTensor& in, std::int64_t outer,
                       std::int64_t reduce, std::int64_t inner, const Stream& stream) = 0;
   // Batched strided GEMM, row-major: C[b] = alpha * op(A[b]) @ op(B[b]) + beta * C[b];

@@ -67,6 +67,9 @@ Tensor where(const Tensor& condition, const Tensor& a, const Tensor& b);  // con
 // --- reductions (dims empty = all dims) -----------------------------------------------------------
 Tensor sum(const Tensor& a, std::vector<int> dims = {}, bool keepdim = false);
 Tensor mean(const Tensor& a, std::vector<int> dims = {}, bool keepdim = false);
+// Product over dims (all when empty), in double (integers and bools: int64, wrapping); of nothing, 1. Its gradient
+// is the product of the other elements, zeros included (no division by 0), as PyTorch's.
+Tensor prod(const Tensor& a, std::vector<int> dims = {}, bool keepdim = false);
 Tensor var(const Tensor& a, std::vector<int> dims = {}, bool unbiased = true, bool keepdim = false);
 Tensor max(const Tensor& a);  // over all elements
 Tensor min(const Tensor& a);

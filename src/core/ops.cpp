@@ -493,7 +493,8 @@ ReducePlan plan_reduce(const Tensor& a, std::vector<int> dims, const char* op) {
 Tensor reduce_forward(ReduceOp op, const ReducePlan& plan, DType out_dtype, bool keepdim) {
   const Tensor& in = plan.input;
   Tensor out = make_tensor(keepdim ? plan.keepdim_shape : plan.out_shape, {.device = in.device(), .dtype = out_dtype});
-  FERRY_CHECK(plan.reduce > 0 || op == ReduceOp::Sum || op == ReduceOp::Mean, InvalidArgument,
+  const bool of_nothing_defined = op == ReduceOp::Sum || op == ReduceOp::Mean || op == ReduceOp::Prod;
+  FERRY_CHECK(plan.reduce > 0 || of_nothing_defined, InvalidArgument,
               "Cannot take max/min/argmax/argmin over an empty dimension");
   backend(in.device()).reduce(op, detail::kernel_view(out), detail::kernel_view(in), plan.outer, plan.reduce,
                               plan.inner, detail::compute_stream(in.device()));
@@ -511,6 +512,28 @@ Tensor sum(const Tensor& a, std::vector<int> dims, bool keepdim) {
     record("sum", {a}, out, [shape = a.shape(), kd = plan.keepdim_shape](const Tensor& g) {
       return Grads{g.reshape(kd).expand(shape)};
     });
+  }
+  return out;
+}
+
+Tensor prod(const Tensor& a, std::vector<int> dims, bool keepdim) {
+  ReducePlan plan = plan_reduce(a, dims, "prod");
+  const DType dtype = is_floating(a.dtype()) ? a.dtype() : DType::Int64;  // as sum: integers multiply as int64
+  if (plan.input.dtype() != dtype) plan.input = plan.input.to(dtype);
+  Tensor out = reduce_forward(ReduceOp::Prod, plan, dtype, keepdim);
+  if (needs_grad({&a})) {
+    // d prod / d x_k is the product of the others. PyTorch's rule, without dividing by zero: prod / x_k in a slice
+    // with no zero; in a slice with one zero, the product of the rest at the zero and 0 elsewhere; 0 with two zeros.
+    record("prod", {a}, out, [x = a.detach(), dims, kd = plan.keepdim_shape](const Tensor& g) {
+      const TensorOptions like{.device = x.device(), .dtype = x.dtype()};
+      const Tensor is_zero = eq(x, 0.0);
+      const Tensor zeros_in_slice = sum(is_zero, dims, true);
+      const Tensor safe = where(is_zero, scalar_tensor(1.0, like), x);
+      const Tensor rest = prod(safe, dims, true);  // the product of the slice's nonzero elements
+      const Tensor factor = where(eq(zeros_in_slice, 0.0), div(rest, safe),
+                                  where(logical_and(is_zero, eq(zeros_in_slice, 1.0)), rest, scalar_tensor(0.0, like)));
+      return Grads{mul(factor, g.reshape(kd))};
+    }, autograd::Saved::Inputs);
   }
   return out;
 }

@@ -414,6 +414,25 @@ void HostKernels::reduce(ReduceOp op, const KernelTensor& out, const KernelTenso
       });
       return;
     }
+    if (op == ReduceOp::Prod) {  // left to right, in double (integers: int64, wrapping), as PyTorch's cpu prod
+      dispatch(out.dtype, [&](auto tag_O) {
+        using O = typename decltype(tag_O)::type;
+        O* o = out.ptr<O>();
+        parallel_for(outer * inner, reduce, [&](std::int64_t flat) {
+          const T* base = x + flat / inner * reduce * inner + flat % inner;
+          if constexpr (std::is_integral_v<T> && std::is_integral_v<O> && !std::is_same_v<O, bool>) {
+            std::uint64_t acc = 1;
+            for (std::int64_t r = 0; r < reduce; ++r) acc *= static_cast<std::uint64_t>(static_cast<std::int64_t>(base[r * inner]));
+            o[flat] = static_cast<O>(static_cast<std::int64_t>(acc));
+          } else {
+            double acc = 1;
+            for (std::int64_t r = 0; r < reduce; ++r) acc *= static_cast<double>(base[r * inner]);
+            o[flat] = cast_to<O>(acc);
+          }
+        });
+      });
+      return;
+    }
     // max / min / argmax / argmin: NaN wins, as in PyTorch; the first index among ties.
     const bool want_max = op == ReduceOp::Max || op == ReduceOp::ArgMax;
     const bool want_index = op == ReduceOp::ArgMax || op == ReduceOp::ArgMin;

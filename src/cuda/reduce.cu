@@ -1,4 +1,4 @@
-// reduce.cu — sum, mean, max, min, argmax, argmin over the middle dim of a contiguous
+// reduce.cu — sum, mean, prod, max, min, argmax, argmin over the middle dim of a contiguous
 // (outer, reduce, inner) tensor into (outer, inner), with the cpu's rules: sums accumulate in double
 // (integers in int64), mean of nothing is NaN, NaN wins max/min, ties go to the first index.
 // Not here: the choice of dims and the permute that makes them one block (src/core/ops.cpp).
@@ -46,6 +46,23 @@ struct SumReducer {
     T* out = static_cast<T*>(spec.out);
     if (spec.mean) out[i] = cast_to<T>(static_cast<double>(s) * spec.scale);
     else out[i] = cast_to<T>(s);
+  }
+};
+
+// The product in double (integers: int64, wrapping as the cpu's: multiplied as unsigned, no signed overflow).
+template <typename T>
+struct ProdReducer {
+  using Acc = std::conditional_t<std::is_floating_point_v<T>, double, long long>;
+  using State = Acc;
+  __device__ static State identity() { return Acc(1); }
+  __device__ static State make(T v, std::int64_t) { return static_cast<Acc>(v); }
+  __device__ static State combine(State a, State b) {
+    if constexpr (std::is_floating_point_v<T>) return a * b;
+    else return static_cast<Acc>(static_cast<unsigned long long>(a) * static_cast<unsigned long long>(b));
+  }
+  __device__ static State shuffle(State s, int mask) { return shuffle_xor(s, mask); }
+  __device__ static void write(const ReduceSpec& spec, std::int64_t i, State s) {
+    static_cast<T*>(spec.out)[i] = cast_to<T>(s);
   }
 };
 
@@ -217,8 +234,9 @@ void launch_reduce(ReduceOp op, const KernelTensor& out, const KernelTensor& in,
   const bool want_index = op == ReduceOp::ArgMax || op == ReduceOp::ArgMin;
   const bool is_sum = op == ReduceOp::Sum || op == ReduceOp::Mean;
   if (reduce == 0) {
-    FERRY_CHECK(is_sum, InvalidArgument, "Cannot take max/min/argmax/argmin over an empty dimension");
-    launch_fill(out, op == ReduceOp::Mean ? std::nan("") : 0.0, stream);
+    FERRY_CHECK(is_sum || op == ReduceOp::Prod, InvalidArgument,
+                "Cannot take max/min/argmax/argmin over an empty dimension");
+    launch_fill(out, op == ReduceOp::Mean ? std::nan("") : op == ReduceOp::Prod ? 1.0 : 0.0, stream);
     return;
   }
   // Results are written in the input's dtype (int64 for arg ops); another output dtype goes through a
@@ -240,6 +258,7 @@ void launch_reduce(ReduceOp op, const KernelTensor& out, const KernelTensor& in,
     using T = typename decltype(tag)::type;
     const T* x = static_cast<const T*>(in.data);
     if (is_sum) run_reduce<T, SumReducer<T>>(x, outer, reduce, inner, spec, stream);
+    else if (op == ReduceOp::Prod) run_reduce<T, ProdReducer<T>>(x, outer, reduce, inner, spec, stream);
     else if (op == ReduceOp::Max || op == ReduceOp::ArgMax) run_reduce<T, ExtremumReducer<T, true>>(x, outer, reduce, inner, spec, stream);
     else run_reduce<T, ExtremumReducer<T, false>>(x, outer, reduce, inner, spec, stream);
   });
