@@ -86,7 +86,8 @@ int run(const Options& options) {
     const auto [confidence, guesses] = topk(softmax((*model)(first.images.to(device)), 1), 2, 1);  // (N, 2), (N, 2)
     const Tensor predicted = guesses.cpu(), probability = confidence.cpu();
     const auto percent = [&](std::int64_t i, std::int64_t k) {
-      return std::to_string(static_cast<int>(std::lround(100 * probability.select(0, i).select(0, k).item<double>()))) + " %";
+      const double p = probability.select(0, i).select(0, k).item<double>();
+      return std::to_string(std::lround(100 * p)) + " %";
     };
     for (std::int64_t i = 0; i < first.size(); ++i) {
       const auto guess = predicted.select(0, i).select(0, 0).item<std::int64_t>();

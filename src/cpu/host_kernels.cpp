@@ -422,7 +422,9 @@ void HostKernels::reduce(ReduceOp op, const KernelTensor& out, const KernelTenso
           const T* base = x + flat / inner * reduce * inner + flat % inner;
           if constexpr (std::is_integral_v<T> && std::is_integral_v<O> && !std::is_same_v<O, bool>) {
             std::uint64_t acc = 1;
-            for (std::int64_t r = 0; r < reduce; ++r) acc *= static_cast<std::uint64_t>(static_cast<std::int64_t>(base[r * inner]));
+            for (std::int64_t r = 0; r < reduce; ++r) {
+              acc *= static_cast<std::uint64_t>(static_cast<std::int64_t>(base[r * inner]));
+            }
             o[flat] = static_cast<O>(static_cast<std::int64_t>(acc));
           } else {
             double acc = 1;
