@@ -68,19 +68,21 @@ __device__ __forceinline__ T wrap_add(T a, T b) {
   }
 }
 
-// out (outer, n_out, inner) += src (outer, n_src, inner) scattered to rows index (n_src).
-template <typename T>
+// out (outer, n_out, inner) += src (outer, n_src, inner): source element t = (o, j, i) is added at
+// out[o, target, i], with target = index[j] (index_add: one index per source row, kPerElement false) or index[t]
+// (scatter_add: one per element, kPerElement true). One atomic per element.
+template <typename T, bool kPerElement>
 __global__ void __launch_bounds__(kIndexThreads)
-    index_add_kernel(T* out, const T* src, const std::int64_t* index, std::int64_t outer, std::int64_t n_out,
-                     std::int64_t n_src, std::int64_t inner, DeviceErrorReport* report) {
+    add_at_kernel(T* out, const T* src, const std::int64_t* index, std::int64_t outer, std::int64_t n_out,
+                  std::int64_t n_src, std::int64_t inner, DeviceErrorReport* report) {
   const std::int64_t total = outer * n_src * inner;
   for (std::int64_t t = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; t < total;
        t += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
     const std::int64_t i = t % inner, row = t / inner;
     const std::int64_t j = row % n_src, o = row / n_src;
-    const std::int64_t target = index[j];
+    const std::int64_t target = index[kPerElement ? t : j];
     if (target < 0 || target >= n_out) {
-      report_kernel_error(report, KernelErrorKind::IndexAdd, target, n_out);
+      report_kernel_error(report, kPerElement ? KernelErrorKind::ScatterAdd : KernelErrorKind::IndexAdd, target, n_out);
       continue;
     }
     atomic_add(out + (o * n_out + target) * inner + i, src[t]);
@@ -89,22 +91,24 @@ __global__ void __launch_bounds__(kIndexThreads)
 
 // The same sum in a fixed order (ferry/determinism.h): one thread per column (o, i) walks the n_src source rows
 // in order, as the cpu does, so the result matches the cpu bit for bit. Fewer threads (outer * inner), no atomics.
-template <typename T>
+template <typename T, bool kPerElement>
 __global__ void __launch_bounds__(kIndexThreads)
-    index_add_in_order_kernel(T* out, const T* src, const std::int64_t* index, std::int64_t outer,
-                              std::int64_t n_out, std::int64_t n_src, std::int64_t inner, DeviceErrorReport* report) {
+    add_at_in_order_kernel(T* out, const T* src, const std::int64_t* index, std::int64_t outer, std::int64_t n_out,
+                           std::int64_t n_src, std::int64_t inner, DeviceErrorReport* report) {
   const std::int64_t columns = outer * inner;
-  for (std::int64_t t = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; t < columns;
-       t += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
-    const std::int64_t i = t % inner, o = t / inner;
+  for (std::int64_t c = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; c < columns;
+       c += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    const std::int64_t i = c % inner, o = c / inner;
     for (std::int64_t j = 0; j < n_src; ++j) {
-      const std::int64_t target = index[j];
+      const std::int64_t t = (o * n_src + j) * inner + i;
+      const std::int64_t target = index[kPerElement ? t : j];
       if (target < 0 || target >= n_out) {
-        report_kernel_error(report, KernelErrorKind::IndexAdd, target, n_out);
+        report_kernel_error(report, kPerElement ? KernelErrorKind::ScatterAdd : KernelErrorKind::IndexAdd, target,
+                            n_out);
         continue;
       }
       T& sum = out[(o * n_out + target) * inner + i];
-      sum = wrap_add(sum, src[(o * n_src + j) * inner + i]);
+      sum = wrap_add(sum, src[t]);
     }
   }
 }
@@ -126,46 +130,6 @@ __global__ void __launch_bounds__(kIndexThreads)
       continue;
     }
     out[t] = in[(o * n_in + picked) * inner + i];
-  }
-}
-
-// out (outer, n_out, inner) += src (outer, n_src, inner) at out[o, index[t], i], one atomic per element.
-template <typename T>
-__global__ void __launch_bounds__(kIndexThreads)
-    scatter_add_kernel(T* out, const T* src, const std::int64_t* index, std::int64_t outer, std::int64_t n_out,
-                       std::int64_t n_src, std::int64_t inner, DeviceErrorReport* report) {
-  const std::int64_t total = outer * n_src * inner;
-  for (std::int64_t t = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; t < total;
-       t += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
-    const std::int64_t i = t % inner, o = t / inner / n_src;
-    const std::int64_t target = index[t];
-    if (target < 0 || target >= n_out) {
-      report_kernel_error(report, KernelErrorKind::ScatterAdd, target, n_out);
-      continue;
-    }
-    atomic_add(out + (o * n_out + target) * inner + i, src[t]);
-  }
-}
-
-// The same sum in the cpu's order: one thread per column (o, i) walks j = 0 .. n_src-1.
-template <typename T>
-__global__ void __launch_bounds__(kIndexThreads)
-    scatter_add_in_order_kernel(T* out, const T* src, const std::int64_t* index, std::int64_t outer,
-                                std::int64_t n_out, std::int64_t n_src, std::int64_t inner, DeviceErrorReport* report) {
-  const std::int64_t columns = outer * inner;
-  for (std::int64_t c = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; c < columns;
-       c += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
-    const std::int64_t i = c % inner, o = c / inner;
-    for (std::int64_t j = 0; j < n_src; ++j) {
-      const std::int64_t t = (o * n_src + j) * inner + i;
-      const std::int64_t target = index[t];
-      if (target < 0 || target >= n_out) {
-        report_kernel_error(report, KernelErrorKind::ScatterAdd, target, n_out);
-        continue;
-      }
-      T& sum = out[(o * n_out + target) * inner + i];
-      sum = wrap_add(sum, src[t]);
-    }
   }
 }
 
@@ -194,6 +158,31 @@ void run_gather(const KernelTensor& out, const KernelTensor& in, const KernelTen
   FERRY_LAUNCH_CHECK();
 }
 
+// index_add (kPerElement false) or scatter_add (true): atomics, or the cpu's order under deterministic_algorithms().
+template <bool kPerElement>
+void run_add_at(const KernelTensor& out, const KernelTensor& src, const KernelTensor& index, std::int64_t outer,
+                std::int64_t n_out, std::int64_t n_src, std::int64_t inner, DeviceErrorReport* report,
+                cudaStream_t stream) {
+  if (outer * n_src * inner == 0) return;
+  const bool deterministic = deterministic_algorithms();
+  dispatch_dtype(out.dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    if constexpr (!std::is_same_v<T, bool>) {  // the cpu adds nothing into bool tensors either
+      T* to = static_cast<T*>(out.data);
+      const T* from = static_cast<const T*>(src.data);
+      const auto* idx = static_cast<const std::int64_t*>(index.data);
+      if (deterministic) {
+        add_at_in_order_kernel<T, kPerElement><<<grid_for(outer * inner), kIndexThreads, 0, stream>>>(
+            to, from, idx, outer, n_out, n_src, inner, report);
+      } else {
+        add_at_kernel<T, kPerElement><<<grid_for(outer * n_src * inner), kIndexThreads, 0, stream>>>(
+            to, from, idx, outer, n_out, n_src, inner, report);
+      }
+      FERRY_LAUNCH_CHECK();
+    }
+  });
+}
+
 }  // namespace
 
 void launch_index_select(const KernelTensor& out, const KernelTensor& in, const KernelTensor& index,
@@ -220,24 +209,7 @@ void launch_index_add(const KernelTensor& out, const KernelTensor& src, const Ke
                       std::int64_t n_out, std::int64_t inner, DeviceErrorReport* report, cudaStream_t stream) {
   FERRY_ASSERT(index.dtype == DType::Int64, "index_add: the op layer passes int64 indices");
   FERRY_ASSERT(src.dtype == out.dtype, "index_add: source and destination dtypes differ");
-  const std::int64_t n_src = index.numel();
-  if (outer * n_src * inner == 0) return;
-  const bool deterministic = deterministic_algorithms();
-  dispatch_dtype(out.dtype, [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    if constexpr (!std::is_same_v<T, bool>) {  // the cpu adds nothing into bool tensors either
-      if (deterministic) {
-        index_add_in_order_kernel<T><<<grid_for(outer * inner), kIndexThreads, 0, stream>>>(
-            static_cast<T*>(out.data), static_cast<const T*>(src.data), static_cast<const std::int64_t*>(index.data),
-            outer, n_out, n_src, inner, report);
-      } else {
-        index_add_kernel<T><<<grid_for(outer * n_src * inner), kIndexThreads, 0, stream>>>(
-            static_cast<T*>(out.data), static_cast<const T*>(src.data), static_cast<const std::int64_t*>(index.data),
-            outer, n_out, n_src, inner, report);
-      }
-      FERRY_LAUNCH_CHECK();
-    }
-  });
+  run_add_at<false>(out, src, index, outer, n_out, index.numel(), inner, report, stream);
 }
 
 void launch_gather(const KernelTensor& out, const KernelTensor& in, const KernelTensor& index, std::int64_t outer,
@@ -259,24 +231,8 @@ void launch_scatter_add(const KernelTensor& out, const KernelTensor& src, const 
                         cudaStream_t stream) {
   FERRY_ASSERT(index.dtype == DType::Int64, "scatter_add: the op layer passes int64 indices");
   FERRY_ASSERT(src.dtype == out.dtype, "scatter_add: source and destination dtypes differ");
-  const std::int64_t total = index.numel();
-  if (total == 0) return;
-  const std::int64_t n_src = total / (outer * inner);
-  const bool deterministic = deterministic_algorithms();
-  dispatch_dtype(out.dtype, [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    if constexpr (!std::is_same_v<T, bool>) {  // the cpu adds nothing into bool tensors either
-      const auto* idx = static_cast<const std::int64_t*>(index.data);
-      if (deterministic) {
-        scatter_add_in_order_kernel<T><<<grid_for(outer * inner), kIndexThreads, 0, stream>>>(
-            static_cast<T*>(out.data), static_cast<const T*>(src.data), idx, outer, n_out, n_src, inner, report);
-      } else {
-        scatter_add_kernel<T><<<grid_for(total), kIndexThreads, 0, stream>>>(
-            static_cast<T*>(out.data), static_cast<const T*>(src.data), idx, outer, n_out, n_src, inner, report);
-      }
-      FERRY_LAUNCH_CHECK();
-    }
-  });
+  if (index.numel() == 0) return;
+  run_add_at<true>(out, src, index, outer, n_out, index.numel() / (outer * inner), inner, report, stream);
 }
 
 }  // namespace ferry::cuda
