@@ -272,6 +272,94 @@ TEST(Trainer, StepGraphGivesTheEagerLoopsParametersBitForBit) {
   nn::functional::set_fused_host_kernels(true);
 }
 
+// --accumulate K: each batch in K micro-batches (16 = 6 + 5 + 5; the last batch of 4 = 2 + 1 + 1), their gradients
+// summed with each loss weighted by its share: without BatchNorm that is the whole batch's step, to rounding.
+TEST(Trainer, AccumulatedMicroBatchesTakeTheWholeBatchesStep) {
+  const Dataset train_set = quadrant_dataset(100, 40), test_set = quadrant_dataset(16, 41);  // 6 x 16 + 4
+  std::ostringstream log;
+  TrainOptions o = quick_options(kCPU);
+  o.epochs = 1;
+  o.log_every = 2;
+  o.checkpoint_path = temp_path("accumulate.safetensors");
+  manual_seed(3);
+  auto whole = make_mlp_model();
+  const TrainResult a = train(*whole, train_set, test_set, o, log);
+  o.accumulate = 3;
+  manual_seed(3);
+  auto pieces = make_mlp_model();
+  const TrainResult b = train(*pieces, train_set, test_set, o, log);
+  EXPECT_NE(log.str().find("gradient accumulation: each step's 16 images in 3 micro-batches of 5-6, their gradients "
+                           "summed before the update"), std::string::npos) << log.str();
+  EXPECT_EQ(b.steps, 7);
+  EXPECT_EQ(a.syncs, b.syncs) << "the micro-batches added a host read";
+  const auto sa = whole->state_dict(), sb = pieces->state_dict();
+  ASSERT_EQ(sa.size(), sb.size());
+  for (std::size_t i = 0; i < sa.size(); ++i) {
+    EXPECT_TRUE(testing::all_close(sb[i].second, sa[i].second, 1e-4, 1e-6)) << sa[i].first;
+    EXPECT_FALSE(testing::all_close(sb[i].second, sa[i].second, 0, 0)) << sa[i].first << ": the same bits (no split?)";
+  }
+  ASSERT_EQ(a.loss_curve.size(), b.loss_curve.size());
+  for (std::size_t i = 0; i < a.loss_curve.size(); ++i)
+    EXPECT_NEAR(b.loss_curve[i].second, a.loss_curve[i].second, 1e-5);
+  EXPECT_NEAR(b.history[0].train_loss, a.history[0].train_loss, 1e-5);
+  EXPECT_EQ(b.history[0].train_accuracy, a.history[0].train_accuracy);
+  EXPECT_EQ(read_checkpoint_contents(o.checkpoint_path).settings.at("accumulate"), "3");
+  std::filesystem::remove(o.checkpoint_path);
+
+  o.checkpoint_path.clear();
+  for (const std::int64_t bad : {0, 17}) {
+    o.accumulate = bad;
+    try {
+      train(*pieces, train_set, test_set, o, log);
+      ADD_FAILURE() << "--accumulate " << bad << " with batches of 16 was taken";
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find(bad == 0 ? "--accumulate must be at least 1, got 0"
+                                                    : "--accumulate 17 splits each step's 16 images into that many "
+                                                      "micro-batches: it can be at most 16"),
+                std::string::npos) << e.what();
+    }
+  }
+}
+
+// Accumulating steps are captured as one graph (K forwards and backwards, one update) and replayed to the eager bits;
+// --resume of such a run continues bit for bit.
+TEST(Trainer, AccumulatingStepsCaptureAsAGraphAndResumeBitForBit) {
+  const Dataset train_set = quadrant_dataset(100, 42), test_set = quadrant_dataset(16, 43);
+  std::ostringstream log;
+  nn::functional::set_fused_host_kernels(false);  // the kernels a capture records, in both runs
+  TrainOptions o = quick_options(kSim0);
+  o.accumulate = 2;
+  o.graphs = "off";
+  manual_seed(4);
+  auto eager = make_fmnist_model();
+  train(*eager, train_set, test_set, o, log);
+  o.graphs = "on";
+  manual_seed(4);
+  auto graphed = make_fmnist_model();
+  const TrainResult g = train(*graphed, train_set, test_set, o, log);
+  EXPECT_EQ(g.graph_replays, 2 * 6 - 2) << g.graph;
+  expect_same_bits(*eager, *graphed);
+  nn::functional::set_fused_host_kernels(true);
+
+  TrainOptions part = quick_options(kCPU);
+  part.accumulate = 4;
+  manual_seed(5);
+  auto straight = make_fmnist_model();
+  train(*straight, train_set, test_set, part, log);
+  part.max_steps = 9;  // into the second epoch
+  part.checkpoint_path = temp_path("accumulate_resume.safetensors");
+  manual_seed(5);
+  auto first = make_fmnist_model();
+  train(*first, train_set, test_set, part, log);
+  TrainOptions rest = quick_options(kCPU);
+  rest.accumulate = 4;
+  rest.resume_path = part.checkpoint_path;
+  auto resumed = make_fmnist_model();
+  EXPECT_EQ(train(*resumed, train_set, test_set, rest, log).steps, 14);
+  expect_same_bits(*straight, *resumed);
+  std::filesystem::remove(part.checkpoint_path);
+}
+
 // --resume continues bit for bit: N steps straight equal k steps, a checkpoint, then N - k more.
 TEST(Trainer, ResumeIsBitForBit) {
   const Dataset train_set = quadrant_dataset(96, 20), test_set = quadrant_dataset(16, 21);

@@ -24,6 +24,12 @@ struct TrainOptions {
   Device device = kCPU;
   std::int64_t epochs = 5;
   std::int64_t batch_size = 128;
+  // Gradient accumulation: each step's batch (a data-parallel rank's slice of it) runs forward and backward in
+  // this many micro-batches, as equal as can be, whose gradients add up before the one update. The loss of each
+  // is weighted by its share of the batch, so the update is the whole batch's (to rounding; BatchNorm normalizes
+  // each micro-batch by its own statistics, as in PyTorch), with the activation memory of one micro-batch.
+  // Data-parallel: the first accumulate - 1 backward passes run under no_sync(), so a step is still one all-reduce.
+  std::int64_t accumulate = 1;
   double lr = 0.05;
   double momentum = 0.9;
   double weight_decay = 5e-4;

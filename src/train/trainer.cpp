@@ -4,11 +4,13 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <charconv>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <optional>
 #include <iomanip>
 #include <ostream>
 #include <sstream>
@@ -133,6 +135,12 @@ double evaluate_accuracy(nn::Module& model, DataLoader& loader) {
 
 void check_train_options(const TrainOptions& o) {
   FERRY_CHECK(o.epochs >= 1, InvalidArgument, "--epochs must be at least 1, got ", o.epochs);
+  FERRY_CHECK(o.batch_size >= 1, InvalidArgument, "--batch must be at least 1, got ", o.batch_size);
+  FERRY_CHECK(o.accumulate >= 1, InvalidArgument, "--accumulate must be at least 1, got ", o.accumulate);
+  const int world = o.process_group ? o.process_group->world_size() : 1;  // (the sampler says if N does not divide B)
+  FERRY_CHECK(o.batch_size % world != 0 || o.accumulate <= o.batch_size / world, InvalidArgument, "--accumulate ",
+              o.accumulate, " splits each step's ", o.batch_size / world, " images", world > 1 ? " (on each rank)" : "",
+              " into that many micro-batches: it can be at most ", o.batch_size / world);
   FERRY_CHECK(o.log_every >= 1, InvalidArgument, "--log-every must be at least 1, got ", o.log_every);
   FERRY_CHECK(o.lr > 0 && std::isfinite(o.lr), InvalidArgument, "--lr must be a positive number, got ", o.lr);
   FERRY_CHECK(o.momentum >= 0 && std::isfinite(o.momentum), InvalidArgument,
@@ -156,6 +164,7 @@ TrainResult train(nn::Module& model, const Dataset& train_set, const Dataset& te
   const bool is_rank0 = group == nullptr || group->rank() == 0;
   std::unique_ptr<dist::DistributedSampler> sampler;
   if (group) sampler = std::make_unique<dist::DistributedSampler>(o.batch_size, group->world_size(), group->rank());
+  const std::int64_t local_batch = sampler ? sampler->local_batch() : o.batch_size;  // images per step on this rank
 
   const std::size_t moved = model.to(o.device);
   // On cuda (or sim when asked) the step is captured as a graph after two eager steps and replayed; the
@@ -227,6 +236,13 @@ TrainResult train(nn::Module& model, const Dataset& train_set, const Dataset& te
       << placement_name(o.placement);
   if (train_loader.resident_bytes() > 0) out << " (" << train_loader.resident_bytes() << " bytes resident)";
   out << "\n";
+  if (o.accumulate > 1) {
+    const std::int64_t smallest = local_batch / o.accumulate, largest = smallest + (local_batch % o.accumulate != 0);
+    out << "gradient accumulation: each step's " << local_batch << " images" << (group ? " per rank" : "") << " in "
+        << o.accumulate << " micro-batches of " << (smallest == largest ? std::to_string(smallest)
+                                                                       : detail::concat(smallest, "-", largest))
+        << ", their gradients summed before the update\n";
+  }
   if (is_rank0) {  // which vendor libraries run the layers here (cuda: cuBLAS, cuDNN or why not)
     const std::string libraries = backend(o.device).properties(o.device.index).libraries;
     if (!libraries.empty()) out << o.device.str() << " runs on " << libraries << "\n";
@@ -261,7 +277,8 @@ TrainResult train(nn::Module& model, const Dataset& train_set, const Dataset& te
     contents.generator = generator_state();
     contents.settings = {{"model", o.model_name}, {"lr", metadata_text(o.lr)}, {"momentum", metadata_text(o.momentum)},
                          {"weight_decay", metadata_text(o.weight_decay)}, {"batch", std::to_string(o.batch_size)},
-                         {"epochs", std::to_string(o.epochs)}, {"seed", std::to_string(o.seed)},
+                         {"accumulate", std::to_string(o.accumulate)}, {"epochs", std::to_string(o.epochs)},
+                         {"seed", std::to_string(o.seed)},
                          {"schedule", o.schedule}, {"placement", std::string(placement_name(o.placement))},
                          {"deterministic", deterministic ? "true" : "false"},
                          {"train_images", std::to_string(train_set.size())},
@@ -323,20 +340,38 @@ TrainResult train(nn::Module& model, const Dataset& train_set, const Dataset& te
   // The step: forward, loss, backward (data-parallel: the gradients averaged) and the update. The running sums
   // (loss_sum, correct, above) are updated in place, so a captured graph keeps adding into the same tensors.
   double loss_weight = 1;  // data-parallel: this rank's slice of the global batch
+  // With --accumulate K the batch goes through forward and backward in K micro-batches (rows [begin, begin + count)),
+  // each loss weighted by count / n so that the gradients add up to the batch's; data-parallel, the first K - 1
+  // backward passes keep their gradients local (no_sync) and the last one's all-reduce carries the sums.
   auto training_step = [&](const Tensor& images, const Tensor& labels) {
-    Tensor logits = ddp ? ddp->forward(images) : model(images);
-    Tensor loss = nn::cross_entropy(logits, labels);
-    (loss_weight == 1 ? loss : mul(loss, loss_weight)).backward();
+    const std::int64_t n = labels.numel();
+    const std::int64_t pieces = std::min(o.accumulate, n);
+    Tensor batch_loss;  // the mean over this rank's batch
+    for (std::int64_t piece = 0, begin = 0; piece < pieces; ++piece) {
+      const std::int64_t count = n / pieces + (piece < n % pieces ? 1 : 0);
+      const Tensor x = pieces == 1 ? images : images.narrow(0, begin, count);
+      const Tensor y = pieces == 1 ? labels : labels.narrow(0, begin, count);
+      begin += count;
+      const double share = static_cast<double>(count) / static_cast<double>(n);
+      std::optional<dist::DistributedDataParallel::NoSync> local_only;
+      if (ddp && piece + 1 < pieces) local_only.emplace(*ddp);
+      Tensor logits = ddp ? ddp->forward(x) : model(x);
+      Tensor loss = nn::cross_entropy(logits, y);
+      const double weight = loss_weight * share;
+      (weight == 1 ? loss : mul(loss, weight)).backward();
+      autograd::NoGradGuard no_grad;
+      loss_sum.add_(loss.detach(), static_cast<double>(count));
+      correct.add_(sum(eq(argmax(logits.detach(), 1), y)));
+      batch_loss = pieces == 1 ? loss.detach() : piece == 0 ? mul(loss.detach(), share)
+                                                            : add(batch_loss, mul(loss.detach(), share));
+    }
     if (ddp) {  // the buckets backward did not finish, and the averaged gradients into .grad
       const auto comm_start = Clock::now();
       ddp->finish_gradient_sync();
       comm_s += seconds_since(comm_start);
     }
     optimizer.step();
-    autograd::NoGradGuard no_grad;
-    loss_sum.add_(loss.detach(), static_cast<double>(labels.numel()));
-    correct.add_(sum(eq(argmax(logits.detach(), 1), labels)));
-    return loss.detach();
+    return batch_loss;
   };
   StepGraph step_graph(model.parameters(), training_step, {.enabled = graphs});
   // Logging: the loss of a log step is copied to the host behind that step and read one step later (a stall

@@ -82,6 +82,21 @@ assert j["collective_bytes"] >= 4 * j["gradient_bytes_per_step"], j
   fi
 done
 
+# --- --accumulate 4 under --ddp: each rank's 32 images in 4 micro-batches, the first 3 backward passes under no_sync:
+# the one process's parameters still, and the same collectives as the run without accumulation ---------------------
+if mpi 2 "$FERRY" "${common[@]}" --ddp --accumulate 4 --check-replicas-every 1 --checkpoint "$scratch/acc.safetensors" \
+     >"$scratch/acc.json" 2>"$scratch/acc.err" &&
+   python3 -c '
+import json, sys
+a, d = (json.loads(open(f).read()) for f in sys.argv[1:3])
+assert a["accumulate"] == 4 and a["steps"] == 4, a
+assert a["collectives"] == d["collectives"] and a["collective_bytes"] == d["collective_bytes"], (a, d)
+' "$scratch/acc.json" "$scratch/ddp2.json" && compare "$scratch/acc.safetensors" "$scratch/single.safetensors"; then
+  ok "mpirun -np 2 --ddp --accumulate 4: one process's parameters, no more all-reduces than without accumulation"
+else
+  fail "--ddp --accumulate 4: $(tail -c 600 "$scratch/acc.err") $(head -c 600 "$scratch/acc.json")"
+fi
+
 # --- the fmnist CNN (BatchNorm buffers follow rank 0), rank 0 alone prints ----------------------------------
 if mpi 2 "$FERRY" train --ddp --device cpu --batch 32 --epochs 1 --limit-train 256 --limit-test 100 --log-every 4 \
      --data "$data_dir" >"$scratch/cnn.out" 2>"$scratch/cnn.err" &&

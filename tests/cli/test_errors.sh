@@ -64,10 +64,13 @@ if ! "$FERRY" devices 2>/dev/null | grep -q "^cuda"; then
 fi
 # Whole-number options say what they take, not a range up to the largest double.
 # A limit of 0 once meant "no limit" and trained on all 60000 images.
-for bad in "--epochs -1" "--epochs 0" "--batch 0" "--batch 1.5" "--log-every abc" "--limit-train 0" "--limit-test -5"; do
+for bad in "--epochs -1" "--epochs 0" "--batch 0" "--batch 1.5" "--accumulate 0" "--log-every abc" "--limit-train 0" "--limit-test -5"; do
   read -r option value <<< "$bad"
   expect_failure 2 "$option: expected a whole number >= 1, got $value" train "$option" "$value" --data "$scratch/no-data"
 done
+# More micro-batches than images per step: refused before the data is read, naming the most it can be.
+expect_failure 2 "--accumulate 17 splits each step's 16 images into that many micro-batches: it can be at most 16" \
+  train --device cpu --batch 16 --accumulate 17 --data "$scratch/no-data"
 for bad in "--max-steps -2" "--check-replicas-every -1"; do
   read -r option value <<< "$bad"
   expect_failure 2 "$option: expected a whole number >= 0, got $value" train "$option" "$value" --data "$scratch/no-data"

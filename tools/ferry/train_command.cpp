@@ -160,6 +160,7 @@ std::vector<std::string> take_run_settings(const CLI::App& cmd, TrainArgs& a, co
   const auto any = [](std::uint64_t) { return std::string(); };
   apply("--model", "model", o.model_name, one_of({"fmnist", "mlp"}));
   apply("--batch", "batch", o.batch_size, at_least_one);
+  apply("--accumulate", "accumulate", o.accumulate, at_least_one);
   apply("--epochs", "epochs", o.epochs, at_least_one);
   apply("--lr", "lr", o.lr, positive);
   apply("--momentum", "momentum", o.momentum, non_negative);
@@ -261,7 +262,7 @@ void print_results(const ferry::TrainResult& r, const TrainArgs& a, std::FILE* o
       epochs.push_back({{"epoch", e.epoch}, {"train_loss", e.train_loss}, {"train_accuracy", e.train_accuracy},
                         {"test_accuracy", e.test_accuracy}, {"seconds", e.seconds}});
     const nlohmann::json summary{{"device", r.device.str()}, {"epochs", r.epochs}, {"steps", r.steps},
-                                 {"steps_run", r.steps_run},
+                                 {"steps_run", r.steps_run}, {"accumulate", a.options.accumulate},
                                  {"test_accuracy", r.test_accuracy}, {"seconds_per_epoch", r.seconds_per_epoch},
                                  {"t_transfer_s", r.t_transfer_s}, {"t_compute_s", r.t_compute_s},
                                  {"t_sync_s", r.t_sync_s}, {"syncs", r.syncs},
@@ -368,6 +369,12 @@ void register_train_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--epochs", o.epochs, "Passes over the 60000 training images")->capture_default_str()->check(whole_number_at_least(1));
   cmd->add_option("--batch", o.batch_size, "Images per step")->capture_default_str()->check(whole_number_at_least(1));
+  cmd->add_option("--accumulate", o.accumulate,
+                  "Gradient accumulation: run each step's batch as K micro-batches, forward and backward one at a\n"
+                  "time, their gradients summed, then one update: the batch's step with the activation memory of\n"
+                  "batch/K (BatchNorm normalizes each micro-batch on its own; with --ddp still one all-reduce per step)")
+      ->capture_default_str()
+      ->check(whole_number_at_least(1));
   cmd->add_option("--lr", o.lr, "Peak learning rate (SGD)")->capture_default_str();
   cmd->add_option("--momentum", o.momentum, "SGD momentum")->capture_default_str();
   cmd->add_option("--weight-decay", o.weight_decay, "L2 weight decay")->capture_default_str();
@@ -397,8 +404,8 @@ void register_train_command(CLI::App& app) {
       ->check(whole_number_at_least(1));
   cmd->add_option("--resume", o.resume_path,
                   "Continue the run that wrote a checkpoint, bit for bit: the options not given here take that\n"
-                  "run's values (model, batch, epochs, lr, momentum, weight decay, schedule, seed, placement, image\n"
-                  "counts). On cuda bit for bit when that run used --deterministic, which this one then does too.\n"
+                  "run's values (model, batch, accumulate, epochs, lr, momentum, weight decay, schedule, seed,\n"
+                  "placement, image counts). On cuda bit for bit when that run used --deterministic, which this one then does too.\n"
                   "Example: ferry train --resume run.safetensors --checkpoint run.safetensors");
   cmd->add_flag("--deterministic", o.deterministic,
                 "Only algorithms that sum in a fixed order, chosen without timing: on cuda the same bits every run\n"
@@ -533,7 +540,7 @@ void register_train_command(CLI::App& app) {
     if (group) {  // before any collective of the training: every rank must run the same one
       check_ranks_agree(*group, {
           {"--model", o.model_name}, {"--seed", std::to_string(o.seed)}, {"--batch", std::to_string(o.batch_size)},
-          {"--epochs", std::to_string(o.epochs)}, {"--max-steps", std::to_string(o.max_steps)},
+          {"--accumulate", std::to_string(o.accumulate)}, {"--epochs", std::to_string(o.epochs)}, {"--max-steps", std::to_string(o.max_steps)},
           {"--lr", ferry::metadata_text(o.lr)}, {"--momentum", ferry::metadata_text(o.momentum)},
           {"--weight-decay", ferry::metadata_text(o.weight_decay)}, {"--schedule", o.schedule},
           {"--placement", a.placement}, {"--log-every", std::to_string(o.log_every)},
