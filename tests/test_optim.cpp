@@ -8,6 +8,8 @@
 #include "fixtures/fixture_reader.h"
 #include "test_helpers.h"
 #include "ferry/factories.h"
+#include "ferry/ledger.h"
+#include "ferry/nn/clip_grad.h"
 #include "ferry/nn/linear.h"
 #include "ferry/ops.h"
 #include "ferry/optim.h"
@@ -281,4 +283,80 @@ TEST(OptimSGD, FusedStepEqualsTheOpByOpStepBitForBit) {
       }
     }
   }
+}
+
+// clip_grad_norm_ against torch 1.13 (torch.nn.utils.clip_grad_norm_ on the same gradients, max_norm 1.5): the total
+// norm returned and every clipped gradient, for norm types 2, inf, 3 and 1; a parameter without a gradient is
+// skipped. On every device (sim:0, and cuda:0 where there is one) it reads nothing back: the scale is applied on the
+// device whether or not it clips.
+TEST(ClipGrad, NormMatchesPyTorchAndReadsNothingBack) {
+  namespace utils = ferry::nn::utils;
+  struct Case {
+    double norm_type, total;
+    std::vector<float> first, second;
+  };
+  const std::vector<Case> cases = {
+      {2.0, 8.143248558044434, {0.1842016577720642f, -0.3684033155441284f, 0.5526049733161926f, 0.7368066310882568f},
+       {0.0921008288860321f, -0.04605041444301605f, 1.1052099466323853f}},
+      {utils::kInfinityNorm, 6.0, {0.2499999701976776f, -0.4999999403953552f, 0.7499998807907104f, 0.9999998807907104f},
+       {0.1249999850988388f, -0.0624999925494194f, 1.499999761581421f}},
+      {3.0, 6.812295436859131, {0.22019007802009583f, -0.44038015604019165f, 0.6605702638626099f, 0.8807603120803833f},
+       {0.11009503901004791f, -0.055047519505023956f, 1.3211405277252197f}},
+      {1.0, 16.75, {0.08955223113298416f, -0.17910446226596832f, 0.2686567008495331f, 0.35820892453193665f},
+       {0.04477611556649208f, -0.02238805778324604f, 0.5373134016990662f}},
+  };
+  std::vector<Device> devices = ferry::testing::accelerators();
+  devices.insert(devices.begin(), ferry::kCPU);
+  for (const Device device : devices) {
+    for (const Case& c : cases) {
+      Tensor a = ferry::zeros({2, 2}, {.device = device}), b = ferry::zeros({3}, {.device = device});
+      Tensor unused = ferry::zeros({2}, {.device = device});
+      a.set_grad(ferry::from_vector<float>({1, -2, 3, 4}, {2, 2}).to(device));
+      b.set_grad(ferry::from_vector<float>({0.5f, -0.25f, 6}, {3}).to(device));
+      ferry::Ledger::global().clear();
+      const Tensor total = utils::clip_grad_norm_({a, unused, b}, 1.5, c.norm_type);
+      EXPECT_EQ(ferry::Ledger::global().totals().syncs, 0) << "norm_type " << c.norm_type;
+      EXPECT_EQ(total.device(), device);
+      EXPECT_NEAR(total.item<double>(), c.total, 1e-5 * c.total) << "norm_type " << c.norm_type;
+      EXPECT_TRUE(ferry::testing::all_close(a.grad(), ferry::from_vector(c.first, {2, 2}).to(device)))
+          << "norm_type " << c.norm_type << " on " << device.str();
+      EXPECT_TRUE(ferry::testing::all_close(b.grad(), ferry::from_vector(c.second, {3}).to(device)))
+          << "norm_type " << c.norm_type << " on " << device.str();
+      EXPECT_FALSE(unused.grad().defined());
+    }
+  }
+}
+
+// Below max_norm the gradients keep their bits (scaled by exactly 1); no gradient at all gives a total of 0; a
+// non-finite total is an Error with error_if_nonfinite (the gradients untouched); bad arguments are refused.
+TEST(ClipGrad, EdgesAndRefusals) {
+  namespace utils = ferry::nn::utils;
+  Tensor p = ferry::zeros({3});
+  p.set_grad(ferry::from_vector<float>({0.1f, -0.2f, 0.3f}, {3}));
+  const Tensor before = p.grad().clone();
+  EXPECT_NEAR(utils::clip_grad_norm_({p}, 1.0).item<double>(), 0.37416574358940125, 1e-7);
+  EXPECT_TRUE(ferry::testing::all_close(p.grad(), before, 0, 0));
+  EXPECT_EQ(utils::clip_grad_norm_({ferry::zeros({2})}, 1.0).item<double>(), 0.0);
+
+  p.set_grad(ferry::from_vector<float>({1, INFINITY, 2}, {3}));
+  try {
+    utils::clip_grad_norm_({p}, 1.0, 2.0, true);
+    ADD_FAILURE() << "an infinite norm was clipped";
+  } catch (const ferry::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("the total 2-norm of the gradients of 1 parameter is inf"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_EQ(p.grad().to_vector<float>()[2], 2.0f);
+  EXPECT_THROW(utils::clip_grad_norm_({p}, -1.0), ferry::InvalidArgument);
+  EXPECT_THROW(utils::clip_grad_norm_({p}, NAN), ferry::InvalidArgument);
+  EXPECT_THROW(utils::clip_grad_norm_({p}, 1.0, 0.0), ferry::InvalidArgument);
+  Tensor q = ferry::zeros({1}, {.device = sim0()});
+  q.set_grad(ferry::ones({1}, {.device = sim0()}));
+  EXPECT_THROW(utils::clip_grad_norm_({p, q}, 1.0), ferry::InvalidArgument);  // two devices
+
+  // clip_grad_value_ against torch 1.13: [0.1, -5, 2] clamped to [-1, 1].
+  p.set_grad(ferry::from_vector<float>({0.1f, -5, 2}, {3}));
+  utils::clip_grad_value_({p}, 1.0);
+  EXPECT_EQ(p.grad().to_vector<float>(), (std::vector<float>{0.1f, -1, 1}));
+  EXPECT_THROW(utils::clip_grad_value_({p}, -0.5), ferry::InvalidArgument);
 }

@@ -321,7 +321,39 @@ TEST(Trainer, AccumulatedMicroBatchesTakeTheWholeBatchesStep) {
   }
 }
 
-// Accumulating steps are captured as one graph (K forwards and backwards, one update) and replayed to the eager bits;
+// --clip-grad-norm: the norm before clipping is logged with the loss in the same read (no more syncs); a bound far
+// above it scales by exactly 1 (the unclipped run's bits), one below it changes the run.
+TEST(Trainer, ClipGradNormLogsTheNormAndBoundsTheUpdate) {
+  const Dataset train_set = quadrant_dataset(64, 44), test_set = quadrant_dataset(16, 45);
+  std::ostringstream log;
+  TrainOptions o = quick_options(kSim0);
+  o.epochs = 1;
+  o.log_every = 1;
+  manual_seed(6);
+  auto plain = make_fmnist_model();
+  const TrainResult a = train(*plain, train_set, test_set, o, log);
+  o.clip_grad_norm = 1e9;
+  manual_seed(6);
+  auto loose = make_fmnist_model();
+  const TrainResult b = train(*loose, train_set, test_set, o, log);
+  expect_same_bits(*plain, *loose);
+  EXPECT_EQ(a.syncs, b.syncs);
+  EXPECT_TRUE(a.grad_norms.empty());
+  ASSERT_EQ(b.grad_norms.size(), 4u);
+  for (const double n : b.grad_norms) EXPECT_TRUE(n > 0 && std::isfinite(n)) << n;
+  EXPECT_NE(log.str().find("grad norm "), std::string::npos) << log.str();
+  o.clip_grad_norm = b.grad_norms.front() / 4;  // every step clipped
+  manual_seed(6);
+  auto tight = make_fmnist_model();
+  const TrainResult c = train(*tight, train_set, test_set, o, log);
+  EXPECT_EQ(c.grad_norms.front(), b.grad_norms.front());  // measured before clipping
+  EXPECT_FALSE(testing::all_close(tight->parameters()[0], plain->parameters()[0], 1e-3, 0));
+  o.clip_grad_norm = -1;
+  EXPECT_THROW(train(*tight, train_set, test_set, o, log), InvalidArgument);
+}
+
+// Accumulating steps are captured as one graph (K forwards and backwards, the clipping, one update) and replayed to
+// the eager bits;
 // --resume of such a run continues bit for bit.
 TEST(Trainer, AccumulatingStepsCaptureAsAGraphAndResumeBitForBit) {
   const Dataset train_set = quadrant_dataset(100, 42), test_set = quadrant_dataset(16, 43);
@@ -329,6 +361,7 @@ TEST(Trainer, AccumulatingStepsCaptureAsAGraphAndResumeBitForBit) {
   nn::functional::set_fused_host_kernels(false);  // the kernels a capture records, in both runs
   TrainOptions o = quick_options(kSim0);
   o.accumulate = 2;
+  o.clip_grad_norm = 0.5;  // the clipping's ops are in the graph too
   o.graphs = "off";
   manual_seed(4);
   auto eager = make_fmnist_model();

@@ -30,6 +30,9 @@ struct TrainOptions {
   // each micro-batch by its own statistics, as in PyTorch), with the activation memory of one micro-batch.
   // Data-parallel: the first accumulate - 1 backward passes run under no_sync(), so a step is still one all-reduce.
   std::int64_t accumulate = 1;
+  // Before each update, scale the gradients so that their joint 2-norm is at most this (nn::utils::clip_grad_norm_,
+  // on the device: no read); the norm before clipping is logged beside the loss, in the same read. 0: no clipping.
+  double clip_grad_norm = 0;
   double lr = 0.05;
   double momentum = 0.9;
   double weight_decay = 5e-4;
@@ -84,6 +87,7 @@ struct TrainResult {
   std::int64_t bytes_host_to_device = 0, bytes_device_to_host = 0;
   std::vector<EpochStats> history;
   std::vector<std::pair<std::int64_t, double>> loss_curve;  // (step, loss) at log steps
+  std::vector<double> grad_norms;  // with clip_grad_norm: the gradients' 2-norm before clipping, at the same steps
   // The captured step (graphs on): replays, operations in the graph, and one line saying so or why not.
   std::int64_t graph_replays = 0, graph_operations = 0;
   std::string graph;

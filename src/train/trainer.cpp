@@ -28,6 +28,7 @@
 #include "ferry/ledger.h"
 #include "ferry/nn/activation.h"
 #include "ferry/nn/batchnorm.h"
+#include "ferry/nn/clip_grad.h"
 #include "ferry/nn/conv.h"
 #include "ferry/nn/linear.h"
 #include "ferry/nn/loss.h"
@@ -141,6 +142,8 @@ void check_train_options(const TrainOptions& o) {
   FERRY_CHECK(o.batch_size % world != 0 || o.accumulate <= o.batch_size / world, InvalidArgument, "--accumulate ",
               o.accumulate, " splits each step's ", o.batch_size / world, " images", world > 1 ? " (on each rank)" : "",
               " into that many micro-batches: it can be at most ", o.batch_size / world);
+  FERRY_CHECK(o.clip_grad_norm >= 0 && std::isfinite(o.clip_grad_norm), InvalidArgument,
+              "--clip-grad-norm must be a number > 0 (1 is usual), or 0 for none; got ", o.clip_grad_norm);
   FERRY_CHECK(o.log_every >= 1, InvalidArgument, "--log-every must be at least 1, got ", o.log_every);
   FERRY_CHECK(o.lr > 0 && std::isfinite(o.lr), InvalidArgument, "--lr must be a positive number, got ", o.lr);
   FERRY_CHECK(o.momentum >= 0 && std::isfinite(o.momentum), InvalidArgument,
@@ -277,7 +280,8 @@ TrainResult train(nn::Module& model, const Dataset& train_set, const Dataset& te
     contents.generator = generator_state();
     contents.settings = {{"model", o.model_name}, {"lr", metadata_text(o.lr)}, {"momentum", metadata_text(o.momentum)},
                          {"weight_decay", metadata_text(o.weight_decay)}, {"batch", std::to_string(o.batch_size)},
-                         {"accumulate", std::to_string(o.accumulate)}, {"epochs", std::to_string(o.epochs)},
+                         {"accumulate", std::to_string(o.accumulate)},
+                         {"clip_grad_norm", metadata_text(o.clip_grad_norm)}, {"epochs", std::to_string(o.epochs)},
                          {"seed", std::to_string(o.seed)},
                          {"schedule", o.schedule}, {"placement", std::string(placement_name(o.placement))},
                          {"deterministic", deterministic ? "true" : "false"},
@@ -370,8 +374,13 @@ TrainResult train(nn::Module& model, const Dataset& train_set, const Dataset& te
       ddp->finish_gradient_sync();
       comm_s += seconds_since(comm_start);
     }
+    if (o.clip_grad_norm == 0) {
+      optimizer.step();
+      return batch_loss;
+    }
+    const Tensor grad_norm = nn::utils::clip_grad_norm_(model.parameters(), o.clip_grad_norm);
     optimizer.step();
-    return batch_loss;
+    return stack({batch_loss.reshape({}), grad_norm.to(batch_loss.dtype())});  // (loss, norm): one read for both
   };
   StepGraph step_graph(model.parameters(), training_step, {.enabled = graphs});
   // Logging: the loss of a log step is copied to the host behind that step and read one step later (a stall
@@ -389,27 +398,33 @@ TrainResult train(nn::Module& model, const Dataset& train_set, const Dataset& te
     FERRY_CHECK(!metrics.fail(), IoError, "Writing the metrics to '", detail::printable(o.metrics_path),
                 "' failed (disk full?); stopping", last_good_checkpoint());
   };
-  auto report_loss = [&](double last_loss) {
+  auto report_loss = [&](const std::vector<double>& read) {  // the loss, and with clipping the gradients' norm
+    const double last_loss = read.front();
+    const double grad_norm = read.size() > 1 ? read[1] : NAN;
     FERRY_CHECK(std::isfinite(last_loss), Error, "The loss became ", last_loss, " at step ", logged.step, " (epoch ",
                 logged.epoch + 1, "); stopping", last_good_checkpoint());
     result.loss_curve.emplace_back(logged.step, last_loss);
+    if (read.size() > 1) result.grad_norms.push_back(grad_norm);
     const double elapsed = seconds_since(epoch_start);
     const double rate = static_cast<double>(seen * world) / std::max(elapsed, 1e-9);
     const double eta = static_cast<double>((total_steps - logged.step) * o.batch_size) / std::max(rate, 1e-9);
     bar.update(logged.epoch, o.epochs, logged.batch_index + 1, steps_per_epoch, rate, eta, last_loss);
     if (!bar.enabled()) {
       out << "  epoch " << logged.epoch + 1 << " step " << logged.batch_index + 1 << "/" << steps_per_epoch
-          << "  loss " << std::fixed << std::setprecision(4) << last_loss << "  " << std::setprecision(0) << rate
-          << " img/s\n" << std::defaultfloat;
+          << "  loss " << std::fixed << std::setprecision(4) << last_loss;
+      if (read.size() > 1) out << "  grad norm " << std::setprecision(3) << grad_norm;
+      out << "  " << std::setprecision(0) << rate << " img/s\n" << std::defaultfloat;
     }
     if (metrics.is_open()) {
-      write_metrics({{"kind", "step"}, {"epoch", logged.epoch + 1}, {"step", logged.step}, {"loss", last_loss},
-                     {"lr", logged.lr}, {"images_per_s", rate}});
+      nlohmann::json line{{"kind", "step"}, {"epoch", logged.epoch + 1}, {"step", logged.step}, {"loss", last_loss},
+                          {"lr", logged.lr}, {"images_per_s", rate}};
+      if (read.size() > 1) line["grad_norm"] = grad_norm;
+      write_metrics(line);
     }
   };
   auto read_logged_loss = [&] {
     Phase read(PhaseKind::Sync, o.device, "logged loss");
-    const double value = pending_loss.wait().item<double>();
+    const std::vector<double> value = pending_loss.wait().to_vector<double>();
     read.end();
     sync_s += read.elapsed_ms() / 1e3;
     report_loss(value);
@@ -463,9 +478,9 @@ TrainResult train(nn::Module& model, const Dataset& train_set, const Dataset& te
         logged = {result.steps, epoch, batch.index, optimizer.learning_rate()};
         if (ddp) {  // the mean over every rank's slice (the all-reduce is a blocking collective anyway)
           Phase read(PhaseKind::Sync, o.device, "logged loss");
-          Tensor mean_loss = loss.reshape({1}).clone();
+          Tensor mean_loss = loss.reshape({-1}).clone();  // the norm, the same on every rank, averages to itself
           group->all_reduce(mean_loss, dist::ReduceOp::Avg, "logged loss");
-          const double value = mean_loss.item<double>();
+          const std::vector<double> value = mean_loss.to_vector<double>();
           if (o.stop_request) stop_agreed = agree_on_stop();
           read.end();
           sync_s += read.elapsed_ms() / 1e3;

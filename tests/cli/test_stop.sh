@@ -19,8 +19,8 @@ if [[ ! -f "$data_dir/train-images-idx3-ubyte.gz" ]]; then
 fi
 
 # A run far longer than the test (3200 steps); the signal comes once its metrics show a few steps.
-long_run=(train --device cpu --model mlp --batch 32 --accumulate 2 --limit-train 1024 --limit-test 64 --epochs 100
-          --log-every 1 --data "$data_dir")
+long_run=(train --device cpu --model mlp --batch 32 --accumulate 2 --clip-grad-norm 5 --limit-train 1024 --limit-test 64
+          --epochs 100 --log-every 1 --data "$data_dir")
 
 # start_and_signal NAME SIGNAL ARGS...: starts `ferry ARGS --metrics` in the background (under `timeout`, which
 # forwards a signal to ferry and then to its process group: ferry gets it twice), sends SIGNAL twice to timeout
@@ -78,7 +78,7 @@ fi
 if [[ -n "$steps" ]] &&
    timeout 300 "$FERRY" train --device cpu --data "$data_dir" --resume "$checkpoint" --max-steps $((steps + 3)) \
      >"$scratch/resumed.out" 2>"$scratch/resumed.err" &&
-   grep -q "^the run's settings, from $checkpoint: --model mlp --batch 32 --accumulate 2 --epochs 100 .*--limit-train 1024 --limit-test 64" \
+   grep -q "^the run's settings, from $checkpoint: --model mlp --batch 32 --accumulate 2 --clip-grad-norm 5 --epochs 100 .*--limit-train 1024 --limit-test 64" \
      "$scratch/resumed.out" &&
    grep -q "^resumed from $checkpoint at epoch [0-9]*, batch [0-9]* (step $steps)" "$scratch/resumed.out" &&
    grep -q "^stopped after $((steps + 3)) steps (--max-steps)" "$scratch/resumed.out"; then

@@ -161,6 +161,7 @@ std::vector<std::string> take_run_settings(const CLI::App& cmd, TrainArgs& a, co
   apply("--model", "model", o.model_name, one_of({"fmnist", "mlp"}));
   apply("--batch", "batch", o.batch_size, at_least_one);
   apply("--accumulate", "accumulate", o.accumulate, at_least_one);
+  apply("--clip-grad-norm", "clip_grad_norm", o.clip_grad_norm, non_negative);
   apply("--epochs", "epochs", o.epochs, at_least_one);
   apply("--lr", "lr", o.lr, positive);
   apply("--momentum", "momentum", o.momentum, non_negative);
@@ -375,6 +376,11 @@ void register_train_command(CLI::App& app) {
                   "batch/K (BatchNorm normalizes each micro-batch on its own; with --ddp still one all-reduce per step)")
       ->capture_default_str()
       ->check(whole_number_at_least(1));
+  cmd->add_option("--clip-grad-norm", o.clip_grad_norm,
+                  "Scale the gradients before each update so that their joint 2-norm is at most this (PyTorch's\n"
+                  "clip_grad_norm_, on the device: no extra sync); the norm is logged beside the loss. 0: off")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
   cmd->add_option("--lr", o.lr, "Peak learning rate (SGD)")->capture_default_str();
   cmd->add_option("--momentum", o.momentum, "SGD momentum")->capture_default_str();
   cmd->add_option("--weight-decay", o.weight_decay, "L2 weight decay")->capture_default_str();
@@ -404,8 +410,9 @@ void register_train_command(CLI::App& app) {
       ->check(whole_number_at_least(1));
   cmd->add_option("--resume", o.resume_path,
                   "Continue the run that wrote a checkpoint, bit for bit: the options not given here take that\n"
-                  "run's values (model, batch, accumulate, epochs, lr, momentum, weight decay, schedule, seed,\n"
-                  "placement, image counts). On cuda bit for bit when that run used --deterministic, which this one then does too.\n"
+                  "run's values (model, batch, accumulate, clip-grad-norm, epochs, lr, momentum, weight decay,\n"
+                  "schedule, seed, placement, image counts). On cuda bit for bit when that run used --deterministic,\n"
+                  "which this one then does too.\n"
                   "Example: ferry train --resume run.safetensors --checkpoint run.safetensors");
   cmd->add_flag("--deterministic", o.deterministic,
                 "Only algorithms that sum in a fixed order, chosen without timing: on cuda the same bits every run\n"
@@ -540,7 +547,9 @@ void register_train_command(CLI::App& app) {
     if (group) {  // before any collective of the training: every rank must run the same one
       check_ranks_agree(*group, {
           {"--model", o.model_name}, {"--seed", std::to_string(o.seed)}, {"--batch", std::to_string(o.batch_size)},
-          {"--accumulate", std::to_string(o.accumulate)}, {"--epochs", std::to_string(o.epochs)}, {"--max-steps", std::to_string(o.max_steps)},
+          {"--accumulate", std::to_string(o.accumulate)},
+          {"--clip-grad-norm", ferry::metadata_text(o.clip_grad_norm)}, {"--epochs", std::to_string(o.epochs)},
+          {"--max-steps", std::to_string(o.max_steps)},
           {"--lr", ferry::metadata_text(o.lr)}, {"--momentum", ferry::metadata_text(o.momentum)},
           {"--weight-decay", ferry::metadata_text(o.weight_decay)}, {"--schedule", o.schedule},
           {"--placement", a.placement}, {"--log-every", std::to_string(o.log_every)},
