@@ -25,6 +25,9 @@ inline Stream compute_stream(Device device) { return backend(device).compute_str
 // The one door: every copy between two devices passes here and is written to the ledger.
 // `label` names who asked ("to()", "item()", "cpu()", "print", "checkpoint", ...).
 Tensor transfer(const Tensor& src, Device target, bool non_blocking, const char* label);
+// `t`'s values on the host: `t` itself (made contiguous) on the cpu, else one blocking device->host copy through
+// transfer() (a sync, recorded with `label`).
+Tensor host_copy(const Tensor& t, const char* label);
 // Copy src's bytes into dst (same shape, dtype, both contiguous; any two devices).
 void copy_between(const Tensor& dst, const Tensor& src, bool non_blocking, const char* label);
 // Host waits for `device`; recorded as a sync with `reason` (policy-checked first).

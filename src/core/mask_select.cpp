@@ -18,9 +18,7 @@ Tensor true_positions(const Tensor& flat, const char* label) {
   autograd::NoGradGuard no_grad;
   const Tensor truth = ne(flat, 0.0);  // NaN counts as true, as PyTorch's nonzero
   const Tensor count_on_device = sum(truth);
-  const Tensor count_on_host =
-      flat.device().is_cpu() ? count_on_device : detail::transfer(count_on_device, kCPU, false, label);
-  const std::int64_t count = count_on_host.item<std::int64_t>();
+  const std::int64_t count = detail::host_copy(count_on_device, label).item<std::int64_t>();
   // the k-th true element goes to slot k; the false ones to a spare slot (count), cut off after
   const TensorOptions int64{.device = flat.device(), .dtype = DType::Int64};
   const Tensor rank = sub(cumsum(truth, 0), full({}, 1, int64));

@@ -153,8 +153,7 @@ std::string Tensor::str() const {
   if (!defined()) return "tensor(undefined)";
   const std::string prefix = "tensor(";
   const std::size_t indent = prefix.size();
-  Tensor host = detach().contiguous();  // detached: the copies below build no graph nodes
-  if (!host.device().is_cpu()) host = detail::transfer(host, kCPU, false, "print");
+  const Tensor host = detail::host_copy(detach(), "print");  // detached: the copies below build no graph nodes
   HostValues values{dtype(), {}, {}, {}};
   if (dtype() == DType::Bool) values.bools = host.to_vector<bool>();
   else if (is_floating(dtype())) values.floats = host.to(DType::Float64).to_vector<double>();

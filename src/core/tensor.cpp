@@ -646,19 +646,11 @@ Tensor& Tensor::mul_(double scalar) {
 
 // --- values -------------------------------------------------------------------------------------
 
-namespace {
-Tensor host_copy(const Tensor& t, const char* label) {
-  Tensor src = t.contiguous();
-  if (src.device().is_cpu()) return src;
-  return detail::transfer(src, kCPU, false, label);
-}
-}  // namespace
-
 template <typename T>
 T Tensor::item() const {
   FERRY_CHECK(numel() == 1, InvalidArgument, "item(): a Tensor with ", numel(),
               " elements cannot be converted to a scalar (shape ", shape_str(shape()), ")");
-  const Tensor host = host_copy(*this, "item()");
+  const Tensor host = detail::host_copy(*this, "item()");
   if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
     if (host.dtype() == DType::Float32 || host.dtype() == DType::Float64) {  // the conversion op's NaN and range rules
       const Tensor converted = host.to(dtype_of<T>());
@@ -679,7 +671,7 @@ T Tensor::item() const {
 
 template <typename T>
 std::vector<T> Tensor::to_vector() const {
-  Tensor host = host_copy(*this, "to_vector()");
+  Tensor host = detail::host_copy(*this, "to_vector()");
   if (host.dtype() != dtype_of<T>()) host = host.to(dtype_of<T>());
   host = host.contiguous();
   const T* p = host.data<T>();

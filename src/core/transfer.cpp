@@ -120,6 +120,12 @@ Tensor transfer(const Tensor& src_in, Device target, bool non_blocking, const ch
   return out;
 }
 
+Tensor host_copy(const Tensor& t, const char* label) {
+  Tensor src = t.contiguous();
+  if (src.device().is_cpu()) return src;
+  return transfer(src, kCPU, false, label);
+}
+
 void copy_between(const Tensor& dst, const Tensor& src, bool non_blocking, const char* label) {
   FERRY_ASSERT(dst.is_contiguous() && src.is_contiguous() && dst.nbytes() == src.nbytes());
   refuse_in_capture(src.device(), dst.device(), label);

@@ -52,10 +52,7 @@ Tensor clip_grad_norm_(const std::vector<Tensor>& parameters, double max_norm, d
   for (const Tensor& g : grads) norms.push_back(one_norm(g, norm_type).to(grads.front().dtype()));
   const Tensor total = one_norm(stack(norms), norm_type);
   if (error_if_nonfinite) {
-    const Device device = total.device();
-    const Tensor on_host = device.is_cpu() ? total
-                                           : detail::transfer(total, kCPU, false, "clip_grad_norm_ (error_if_nonfinite)");
-    const double value = on_host.item<double>();
+    const double value = detail::host_copy(total, "clip_grad_norm_ (error_if_nonfinite)").item<double>();
     FERRY_CHECK(std::isfinite(value), Error, "clip_grad_norm_: the total ", norm_type, "-norm of the gradients of ",
                 grads.size(), grads.size() == 1 ? " parameter is " : " parameters is ", value, "; the gradients are left as they were (error_if_nonfinite)");
   }
