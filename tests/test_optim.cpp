@@ -3,12 +3,14 @@
 // Not here: the training parity of a whole model (test_nn_parity.cpp).
 #include <gtest/gtest.h>
 
+#include <functional>
 #include <memory>
 
 #include "fixtures/fixture_reader.h"
 #include "test_helpers.h"
 #include "ferry/factories.h"
 #include "ferry/ledger.h"
+#include "ferry/lr_scheduler.h"
 #include "ferry/nn/clip_grad.h"
 #include "ferry/nn/linear.h"
 #include "ferry/ops.h"
@@ -359,4 +361,82 @@ TEST(ClipGrad, EdgesAndRefusals) {
   utils::clip_grad_value_({p}, 1.0);
   EXPECT_EQ(p.grad().to_vector<float>(), (std::vector<float>{0.1f, -1, 1}));
   EXPECT_THROW(utils::clip_grad_value_({p}, -0.5), ferry::InvalidArgument);
+}
+
+// Every schedule against torch 1.13's rates (torch.optim.lr_scheduler on an SGD with lr 0.1, the rate read before
+// the first step() and after each of 12), compared bit for bit: the same chainable formulas in double.
+TEST(LRScheduler, EveryScheduleGivesPyTorchsRatesBitForBit) {
+  using Rates = std::vector<double>;
+  using Make = std::function<std::shared_ptr<optim::LRScheduler>(optim::SGD&)>;
+  const auto rates = [](const Make& make) {
+    Tensor p = ferry::zeros({1});
+    optim::SGD sgd({p}, {.lr = 0.1});
+    const std::shared_ptr<optim::LRScheduler> scheduler = make(sgd);
+    Rates out{sgd.learning_rate()};
+    for (int i = 0; i < 12; ++i) {
+      scheduler->step();
+      out.push_back(sgd.learning_rate());
+      EXPECT_EQ(scheduler->last_lr(), sgd.learning_rate());
+    }
+    return out;
+  };
+  EXPECT_EQ(rates([&](optim::SGD& o) { return std::make_shared<optim::StepLR>(o, 3, 0.5); }),
+            (Rates{0.1, 0.1, 0.1, 0.05, 0.05, 0.05, 0.025, 0.025, 0.025, 0.0125, 0.0125, 0.0125, 0.00625}));
+  EXPECT_EQ(rates([&](optim::SGD& o) {
+              return std::make_shared<optim::MultiStepLR>(o, std::vector<std::int64_t>{2, 5, 5, 9}, 0.1);
+            }),
+            (Rates{0.1, 0.1, 0.010000000000000002, 0.010000000000000002, 0.010000000000000002,
+                   0.00010000000000000005, 0.00010000000000000005, 0.00010000000000000005, 0.00010000000000000005,
+                   1.0000000000000006e-05, 1.0000000000000006e-05, 1.0000000000000006e-05, 1.0000000000000006e-05}));
+  EXPECT_EQ(rates([&](optim::SGD& o) { return std::make_shared<optim::ExponentialLR>(o, 0.9); }),
+            (Rates{0.1, 0.09000000000000001, 0.08100000000000002, 0.07290000000000002, 0.06561000000000002,
+                   0.05904900000000002, 0.05314410000000002, 0.04782969000000002, 0.043046721000000024,
+                   0.03874204890000002, 0.03486784401000002, 0.03138105960900001, 0.028242953648100012}));
+  EXPECT_EQ(rates([&](optim::SGD& o) { return std::make_shared<optim::CosineAnnealingLR>(o, 5, 0.001); }),
+            (Rates{0.1, 0.0905463412215599, 0.06579634122155989, 0.035203658778440096, 0.010453658778440105, 0.001,
+                   0.010453658778440102, 0.03520365877844012, 0.06579634122155993, 0.09054634122155995,
+                   0.10000000000000005, 0.09054634122155998, 0.06579634122155995}));
+  EXPECT_EQ(rates([&](optim::SGD& o) { return std::make_shared<optim::LinearLR>(o, 0.25, 1.0, 4); }),
+            (Rates{0.025, 0.043750000000000004, 0.06250000000000001, 0.08125000000000002, 0.10000000000000002,
+                   0.10000000000000002, 0.10000000000000002, 0.10000000000000002, 0.10000000000000002,
+                   0.10000000000000002, 0.10000000000000002, 0.10000000000000002, 0.10000000000000002}));
+  EXPECT_EQ(rates([&](optim::SGD& o) {
+              return std::make_shared<optim::LambdaLR>(o, [](std::int64_t e) { return 1.0 / static_cast<double>(e + 1); });
+            }),
+            (Rates{0.1, 0.05, 0.03333333333333333, 0.025, 0.020000000000000004, 0.016666666666666666,
+                   0.014285714285714285, 0.0125, 0.011111111111111112, 0.010000000000000002, 0.009090909090909092,
+                   0.008333333333333333, 0.007692307692307693}));
+  // A warmup, then cosine: the cosine starts from the optimizer's initial rate, restarted at the milestone.
+  EXPECT_EQ(rates([&](optim::SGD& o) {
+              auto warmup = std::make_shared<optim::LinearLR>(o, 0.1, 1.0, 3);
+              auto cosine = std::make_shared<optim::CosineAnnealingLR>(o, 6, 0.0);
+              return std::make_shared<optim::SequentialLR>(
+                  o, std::vector<std::shared_ptr<optim::LRScheduler>>{warmup, cosine}, std::vector<std::int64_t>{3});
+            }),
+            (Rates{0.010000000000000002, 0.04, 0.07, 0.1, 0.09330127018922195, 0.07500000000000001, 0.05,
+                   0.025000000000000012, 0.006698729810778065, 0.0, 0.006698729810778065, 0.025, 0.05000000000000004}));
+}
+
+// ReduceLROnPlateau against torch 1.13 (mode min, factor 0.5, patience 2, cooldown 1, min_lr 0.02), and refusals.
+TEST(LRScheduler, ReduceOnPlateauCountsAsPyTorchAndRefusesBadArguments) {
+  Tensor p = ferry::zeros({1});
+  optim::SGD sgd({p}, {.lr = 0.1});
+  optim::ReduceLROnPlateau plateau(sgd, {.factor = 0.5, .patience = 2, .cooldown = 1, .min_lr = 0.02});
+  const std::vector<double> losses = {1.0, 0.9, 0.95, 0.95, 0.95, 0.95, 0.5, 0.6, 0.6, 0.6, 0.6, 0.6, 0.6, 0.6, 0.6};
+  std::vector<double> seen;
+  for (const double loss : losses) {
+    plateau.step(loss);
+    seen.push_back(sgd.learning_rate());
+  }
+  EXPECT_EQ(seen, (std::vector<double>{0.1, 0.1, 0.1, 0.1, 0.05, 0.05, 0.05, 0.05, 0.05, 0.025, 0.025, 0.025, 0.025,
+                                       0.02, 0.02}));
+  EXPECT_EQ(plateau.best(), 0.5);
+  EXPECT_THROW(optim::ReduceLROnPlateau(sgd, {.factor = 1.0}), ferry::InvalidArgument);
+  EXPECT_THROW(optim::StepLR(sgd, 0), ferry::InvalidArgument);
+  EXPECT_THROW(optim::CosineAnnealingLR(sgd, 0), ferry::InvalidArgument);
+  EXPECT_THROW(optim::LinearLR(sgd, 1.5), ferry::InvalidArgument);
+  optim::SGD other({ferry::zeros({1})}, {.lr = 0.1});
+  auto foreign = std::make_shared<optim::StepLR>(other, 2);
+  EXPECT_THROW(optim::SequentialLR(sgd, {std::make_shared<optim::StepLR>(sgd, 2), foreign}, {3}), ferry::InvalidArgument);
+  EXPECT_THROW(optim::SequentialLR(sgd, {std::make_shared<optim::StepLR>(sgd, 2)}, {3}), ferry::InvalidArgument);
 }

@@ -1,6 +1,7 @@
 // ferry/optim.h — optimizers with PyTorch's exact update rules: SGD (momentum, dampening, nesterov, weight
 // decay), Adam and AdamW (optionally amsgrad). State lives on each parameter's device; updates are in-place
-// tensor ops under NoGradGuard (no host loops, no host syncs). Not here: learning-rate schedules.
+// tensor ops under NoGradGuard (no host loops, no host syncs). Not here: learning-rate schedules
+// (ferry/lr_scheduler.h).
 #pragma once
 
 #include <cstdint>
@@ -43,6 +44,10 @@ class Optimizer {
   const std::vector<Tensor>& parameters() const { return parameters_; }
   virtual double learning_rate() const = 0;
   virtual void set_learning_rate(double lr) = 0;
+  // The learning rate before any schedule changed it (PyTorch's param_group["initial_lr"]): the first call records
+  // learning_rate(), later calls return that value. Learning-rate schedulers (ferry/lr_scheduler.h) start from it,
+  // so that a second scheduler made on this optimizer starts where the first did, not where it moved the rate.
+  double initial_learning_rate();
 
  protected:
   // Per-parameter state: tensors on the parameter's device, in the order they were made, and a step
@@ -67,6 +72,9 @@ class Optimizer {
 
   std::vector<Tensor> parameters_;
   std::vector<ParameterState> state_;
+
+ private:
+  double initial_lr_ = -1;  // < 0: not recorded yet
 };
 
 struct SGDOptions {

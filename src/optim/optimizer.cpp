@@ -24,6 +24,11 @@ Optimizer::Optimizer(std::vector<Tensor> parameters) : parameters_(std::move(par
   state_.resize(parameters_.size());
 }
 
+double Optimizer::initial_learning_rate() {
+  if (initial_lr_ < 0) initial_lr_ = learning_rate();
+  return initial_lr_;
+}
+
 void Optimizer::zero_grad(bool set_to_none) {
   for (const Tensor& p : parameters_) {
     Tensor grad = p.grad();

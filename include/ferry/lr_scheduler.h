@@ -1,0 +1,175 @@
+// ferry/lr_scheduler.h — learning-rate schedules with PyTorch's exact arithmetic (torch.optim.lr_scheduler, 1.13):
+// each step() computes the next rate from the optimizer's current one by the same chainable formula, in double,
+// so a ferry run and a PyTorch run see the same rates to the last bit (tested against torch's values). The rate is
+// a host number: setting it is no sync (an SGD with lr_on_device writes it to the device, behind the queued work).
+// Not here: the optimizers (ferry/optim.h); `ferry train`'s own cosine schedule (ferry/trainer.h).
+//
+//   optim::SGD sgd(model.parameters(), {.lr = 0.1, .momentum = 0.9});
+//   optim::CosineAnnealingLR schedule(sgd, /*t_max=*/epochs);
+//   for (epoch ...) { for (batch ...) { ...; sgd.step(); } schedule.step(); }
+//
+// Resuming: make the scheduler again on the restored optimizer and call step() last_epoch() times; the chainable
+// formulas then give the rate of the unbroken run bit for bit (each depends only on the sequence of steps).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "ferry/optim.h"
+
+namespace ferry::optim {
+
+// The schedules' common part: step() moves last_epoch on by one and sets the optimizer's learning rate.
+// Constructing one sets the rate for epoch 0 (PyTorch's initial step), starting from the optimizer's
+// initial_learning_rate(). Refusals are InvalidArgument, named as PyTorch's arguments.
+class LRScheduler {
+ public:
+  virtual ~LRScheduler() = default;
+  LRScheduler(const LRScheduler&) = delete;
+  LRScheduler& operator=(const LRScheduler&) = delete;
+
+  // After an epoch (or a batch, for per-step schedules), after optimizer.step(): the rate of the next one.
+  virtual void step();
+  double last_lr() const { return last_lr_; }                // PyTorch's get_last_lr()[0]
+  std::int64_t last_epoch() const { return last_epoch_; }    // 0 after construction
+  double base_lr() const { return base_lr_; }                // the optimizer's initial learning rate
+  Optimizer& optimizer() const { return optimizer_; }
+
+ protected:
+  explicit LRScheduler(Optimizer& optimizer);
+  // PyTorch's _initial_step(): the derived constructor's last statement.
+  void initial_step();
+  // The next rate from the current one (PyTorch's get_lr(), the chainable form), at last_epoch_.
+  virtual double chained_lr(double current) const = 0;
+  // The rate at last_epoch_ from base_lr_ alone (PyTorch's _get_closed_form_lr); by default the chained form.
+  virtual double closed_form_lr() const { return chained_lr(optimizer_.learning_rate()); }
+
+  Optimizer& optimizer_;
+  double base_lr_;
+  std::int64_t last_epoch_ = -1;
+  std::int64_t step_count_ = 0;
+
+ private:
+  friend class SequentialLR;
+  void set_lr(double lr);
+  void restart_at_zero();  // PyTorch's step(0), which SequentialLR uses at a milestone: the closed form at epoch 0
+  double last_lr_ = 0;
+};
+
+// lr * gamma every step_size epochs.
+class StepLR final : public LRScheduler {
+ public:
+  StepLR(Optimizer& optimizer, std::int64_t step_size, double gamma = 0.1);
+
+ private:
+  double chained_lr(double current) const override;
+  double closed_form_lr() const override;
+  std::int64_t step_size_;
+  double gamma_;
+};
+
+// lr * gamma at each milestone (an epoch listed k times multiplies by gamma^k).
+class MultiStepLR final : public LRScheduler {
+ public:
+  MultiStepLR(Optimizer& optimizer, std::vector<std::int64_t> milestones, double gamma = 0.1);
+
+ private:
+  double chained_lr(double current) const override;
+  double closed_form_lr() const override;
+  std::vector<std::int64_t> milestones_;  // sorted
+  double gamma_;
+};
+
+// lr * gamma every epoch.
+class ExponentialLR final : public LRScheduler {
+ public:
+  ExponentialLR(Optimizer& optimizer, double gamma);
+
+ private:
+  double chained_lr(double current) const override;
+  double closed_form_lr() const override;
+  double gamma_;
+};
+
+// eta_min + (base - eta_min)(1 + cos(pi t / t_max)) / 2, and back up after t_max (SGDR without restarts).
+class CosineAnnealingLR final : public LRScheduler {
+ public:
+  CosineAnnealingLR(Optimizer& optimizer, std::int64_t t_max, double eta_min = 0);
+
+ private:
+  double chained_lr(double current) const override;
+  double closed_form_lr() const override;
+  std::int64_t t_max_;
+  double eta_min_;
+};
+
+// A linear ramp of the factor from start_factor to end_factor over total_iters epochs (a warmup), then constant.
+class LinearLR final : public LRScheduler {
+ public:
+  LinearLR(Optimizer& optimizer, double start_factor = 1.0 / 3, double end_factor = 1.0, std::int64_t total_iters = 5);
+
+ private:
+  double chained_lr(double current) const override;
+  double closed_form_lr() const override;
+  double start_factor_, end_factor_;
+  std::int64_t total_iters_;
+};
+
+// base_lr * factor(epoch), for any factor.
+class LambdaLR final : public LRScheduler {
+ public:
+  LambdaLR(Optimizer& optimizer, std::function<double(std::int64_t epoch)> factor);
+
+ private:
+  double chained_lr(double current) const override;
+  std::function<double(std::int64_t)> factor_;
+};
+
+// One schedule after another: schedulers[i + 1] takes over at milestones[i] (restarted at its epoch 0), as
+// PyTorch's SequentialLR, e.g. a LinearLR warmup then a CosineAnnealingLR. All on the same optimizer.
+class SequentialLR final : public LRScheduler {
+ public:
+  SequentialLR(Optimizer& optimizer, std::vector<std::shared_ptr<LRScheduler>> schedulers,
+               std::vector<std::int64_t> milestones);
+  void step() override;  // the scheduler of this epoch steps
+
+ private:
+  double chained_lr(double current) const override { return current; }  // unused: step() is the schedulers'
+  std::vector<std::shared_ptr<LRScheduler>> schedulers_;
+  std::vector<std::int64_t> milestones_;
+};
+
+// Cuts the rate by `factor` when a metric stops improving for more than `patience` epochs (PyTorch's
+// ReduceLROnPlateau): step(metric) after each evaluation. The metric is a host number: reading it from the device
+// is the caller's one sync.
+struct ReduceLROnPlateauOptions {
+  bool maximize = false;     // mode "max": higher is better (accuracy); default "min" (a loss)
+  double factor = 0.1;       // new lr = lr * factor (< 1)
+  std::int64_t patience = 10;  // epochs without improvement before a cut
+  double threshold = 1e-4;   // what counts as an improvement: relative (best * (1 -+ threshold)) or absolute
+  bool relative_threshold = true;
+  std::int64_t cooldown = 0;  // epochs after a cut during which bad epochs are not counted
+  double min_lr = 0;
+  double eps = 1e-8;          // a cut smaller than this is not made
+};
+
+class ReduceLROnPlateau {
+ public:
+  explicit ReduceLROnPlateau(Optimizer& optimizer, ReduceLROnPlateauOptions options = {});
+  void step(double metric);
+  double last_lr() const { return optimizer_.learning_rate(); }
+  std::int64_t last_epoch() const { return last_epoch_; }
+  std::int64_t bad_epochs() const { return bad_epochs_; }
+  double best() const { return best_; }
+
+ private:
+  bool is_better(double value) const;
+  Optimizer& optimizer_;
+  ReduceLROnPlateauOptions options_;
+  double best_;
+  std::int64_t bad_epochs_ = 0, cooldown_counter_ = 0, last_epoch_ = 0;
+};
+
+}  // namespace ferry::optim
