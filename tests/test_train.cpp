@@ -1,6 +1,7 @@
 // test_train.cpp — the data loader's placements and order, checkpoints, and the training loop:
 // loss goes down, resume continues bit for bit, and the loop reads values back only at log steps.
 #include <atomic>
+#include <cmath>
 #include <filesystem>
 #include <functional>
 #include <utility>
@@ -319,6 +320,31 @@ TEST(Trainer, AccumulatedMicroBatchesTakeTheWholeBatchesStep) {
                 std::string::npos) << e.what();
     }
   }
+}
+
+// --warmup-steps N: lr (step + 1) / N over the first N steps, then the cosine over the steps after them (or the
+// constant rate); without a warmup the cosine of the whole run, as before.
+TEST(Trainer, WarmupRampsTheRateThenTheScheduleTakesOver) {
+  TrainOptions o;
+  o.lr = 0.1;
+  o.warmup_steps = 4;
+  std::vector<double> rates;
+  for (std::int64_t step = 0; step < 10; ++step) rates.push_back(scheduled_learning_rate(o, step, 10));
+  const std::vector<double> expected = {0.025, 0.05, 0.075, 0.1, 0.1, 0.1 * 0.5 * (1 + std::cos(M_PI / 6)),
+                                        0.1 * 0.5 * (1 + std::cos(M_PI * 2 / 6)), 0.05,
+                                        0.1 * 0.5 * (1 + std::cos(M_PI * 4 / 6)), 0.1 * 0.5 * (1 + std::cos(M_PI * 5 / 6))};
+  for (std::size_t i = 0; i < rates.size(); ++i) EXPECT_NEAR(rates[i], expected[i], 1e-15) << "step " << i;
+  o.schedule = "constant";
+  EXPECT_EQ(scheduled_learning_rate(o, 1, 10), 0.05);
+  EXPECT_EQ(scheduled_learning_rate(o, 9, 10), 0.1);
+  o.warmup_steps = 0;
+  o.schedule = "cosine";
+  EXPECT_EQ(scheduled_learning_rate(o, 0, 10), 0.1);
+  EXPECT_NEAR(scheduled_learning_rate(o, 5, 10), 0.05, 1e-16);
+  o.warmup_steps = 20;  // longer than the run: a ramp that never ends
+  EXPECT_EQ(scheduled_learning_rate(o, 9, 10), 0.05);
+  o.warmup_steps = -1;
+  EXPECT_THROW(check_train_options(o), InvalidArgument);
 }
 
 // --clip-grad-norm: the norm before clipping is logged with the loss in the same read (no more syncs); a bound far

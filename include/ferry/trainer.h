@@ -37,6 +37,7 @@ struct TrainOptions {
   double momentum = 0.9;
   double weight_decay = 5e-4;
   std::string schedule = "cosine";  // "cosine" (to 0 over the run) or "constant"
+  std::int64_t warmup_steps = 0;     // the first steps ramp the rate up linearly: lr * (step + 1) / warmup_steps
   std::uint64_t seed = 0;
   std::int64_t log_every = 100;  // steps between loss read-backs (each is one host sync)
   Placement placement = Placement::Resident;
@@ -122,6 +123,11 @@ std::shared_ptr<nn::Sequential> make_model(const std::string& name, const Tensor
 
 // Fraction of `loader`'s samples that `model` classifies right (eval mode, no grad, one sync).
 double evaluate_accuracy(nn::Module& model, DataLoader& loader);
+
+// The learning rate of optimizer step `step` (0-based) of `total_steps`: a linear warmup over the first
+// options.warmup_steps (lr (step + 1) / warmup), then options.lr, or with the cosine schedule
+// lr (1 + cos(pi (step - warmup) / (total - warmup))) / 2, falling to 0 at the end.
+double scheduled_learning_rate(const TrainOptions& options, std::int64_t step, std::int64_t total_steps);
 
 // The options' values, checked before any work (train() does it first; ferry train before it reads the data):
 // InvalidArgument naming the flag of ferry train that sets the value.

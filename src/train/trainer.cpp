@@ -81,10 +81,6 @@ std::vector<double> sum_over_ranks(dist::ProcessGroup& group, const std::vector<
   return packed.cpu().to_vector<double>();
 }
 
-double schedule_lr(const TrainOptions& o, std::int64_t step, std::int64_t total_steps) {
-  if (o.schedule == "constant" || total_steps <= 0) return o.lr;
-  return o.lr * 0.5 * (1.0 + std::cos(M_PI * static_cast<double>(step) / static_cast<double>(total_steps)));
-}
 }  // namespace
 
 std::shared_ptr<nn::Sequential> make_cnn_model(std::int64_t in_channels, std::int64_t side, const TensorOptions& options) {
@@ -134,6 +130,14 @@ double evaluate_accuracy(nn::Module& model, DataLoader& loader) {
   return static_cast<double>(correct.item<std::int64_t>()) / static_cast<double>(loader.size());
 }
 
+double scheduled_learning_rate(const TrainOptions& o, std::int64_t step, std::int64_t total_steps) {
+  if (step < o.warmup_steps) return o.lr * static_cast<double>(step + 1) / static_cast<double>(o.warmup_steps);
+  const std::int64_t span = total_steps - o.warmup_steps;  // the steps after the warmup
+  if (o.schedule == "constant" || span <= 0) return o.lr;
+  return o.lr * 0.5 *
+         (1.0 + std::cos(M_PI * static_cast<double>(step - o.warmup_steps) / static_cast<double>(span)));
+}
+
 void check_train_options(const TrainOptions& o) {
   FERRY_CHECK(o.epochs >= 1, InvalidArgument, "--epochs must be at least 1, got ", o.epochs);
   FERRY_CHECK(o.batch_size >= 1, InvalidArgument, "--batch must be at least 1, got ", o.batch_size);
@@ -144,6 +148,7 @@ void check_train_options(const TrainOptions& o) {
               " into that many micro-batches: it can be at most ", o.batch_size / world);
   FERRY_CHECK(o.clip_grad_norm >= 0 && std::isfinite(o.clip_grad_norm), InvalidArgument,
               "--clip-grad-norm must be a number > 0 (1 is usual), or 0 for none; got ", o.clip_grad_norm);
+  FERRY_CHECK(o.warmup_steps >= 0, InvalidArgument, "--warmup-steps must be at least 0, got ", o.warmup_steps);
   FERRY_CHECK(o.log_every >= 1, InvalidArgument, "--log-every must be at least 1, got ", o.log_every);
   FERRY_CHECK(o.lr > 0 && std::isfinite(o.lr), InvalidArgument, "--lr must be a positive number, got ", o.lr);
   FERRY_CHECK(o.momentum >= 0 && std::isfinite(o.momentum), InvalidArgument,
@@ -283,7 +288,8 @@ TrainResult train(nn::Module& model, const Dataset& train_set, const Dataset& te
                          {"accumulate", std::to_string(o.accumulate)},
                          {"clip_grad_norm", metadata_text(o.clip_grad_norm)}, {"epochs", std::to_string(o.epochs)},
                          {"seed", std::to_string(o.seed)},
-                         {"schedule", o.schedule}, {"placement", std::string(placement_name(o.placement))},
+                         {"schedule", o.schedule}, {"warmup_steps", std::to_string(o.warmup_steps)},
+                         {"placement", std::string(placement_name(o.placement))},
                          {"deterministic", deterministic ? "true" : "false"},
                          {"train_images", std::to_string(train_set.size())},
                          {"test_images", std::to_string(test_set.size())}};
@@ -465,7 +471,7 @@ TrainResult train(nn::Module& model, const Dataset& train_set, const Dataset& te
       loss_weight = 1;
       if (sampler && !sampler->take(Batch(batch), batch, &loss_weight)) continue;  // a short last batch: all skip it
       Phase compute(PhaseKind::Compute, o.device, "forward, backward, update");
-      optimizer.set_learning_rate(schedule_lr(o, result.steps, total_steps));
+      optimizer.set_learning_rate(scheduled_learning_rate(o, result.steps, total_steps));
       Tensor loss = step_graph.run(batch.images, batch.labels);
       compute.end();
       compute_s += compute.elapsed_ms() / 1e3;

@@ -153,6 +153,7 @@ std::vector<std::string> take_run_settings(const CLI::App& cmd, TrainArgs& a, co
     };
   };
   const auto at_least_one = [](std::int64_t v) { return v >= 1 ? std::string() : std::string("a whole number >= 1"); };
+  const auto at_least_zero = [](std::int64_t v) { return v >= 0 ? std::string() : std::string("a whole number >= 0"); };
   const auto positive = [](double v) { return v > 0 && std::isfinite(v) ? std::string() : std::string("a number > 0"); };
   const auto non_negative = [](double v) {
     return v >= 0 && std::isfinite(v) ? std::string() : std::string("a number >= 0");
@@ -167,6 +168,7 @@ std::vector<std::string> take_run_settings(const CLI::App& cmd, TrainArgs& a, co
   apply("--momentum", "momentum", o.momentum, non_negative);
   apply("--weight-decay", "weight_decay", o.weight_decay, non_negative);
   apply("--schedule", "schedule", o.schedule, one_of({"cosine", "constant"}));
+  apply("--warmup-steps", "warmup_steps", o.warmup_steps, at_least_zero);
   apply("--seed", "seed", o.seed, any);
   apply("--placement", "placement", a.placement, one_of({"resident", "prefetch", "per-step"}));
   apply("--limit-train", "train_images", a.limit_train, at_least_one);
@@ -385,6 +387,11 @@ void register_train_command(CLI::App& app) {
   cmd->add_option("--momentum", o.momentum, "SGD momentum")->capture_default_str();
   cmd->add_option("--weight-decay", o.weight_decay, "L2 weight decay")->capture_default_str();
   cmd->add_option("--schedule", o.schedule, "Learning rate schedule: cosine | constant")->capture_default_str();
+  cmd->add_option("--warmup-steps", o.warmup_steps,
+                  "Ramp the learning rate up linearly over the first N steps (lr (step + 1) / N), then the schedule\n"
+                  "(cosine: over the steps after the warmup)")
+      ->capture_default_str()
+      ->check(whole_number_at_least(0));
   cmd->add_option("--seed", o.seed, "Seed for initialisation and shuffling")
       ->capture_default_str()
       ->check(whole_number_at_least(0));
@@ -411,8 +418,8 @@ void register_train_command(CLI::App& app) {
   cmd->add_option("--resume", o.resume_path,
                   "Continue the run that wrote a checkpoint, bit for bit: the options not given here take that\n"
                   "run's values (model, batch, accumulate, clip-grad-norm, epochs, lr, momentum, weight decay,\n"
-                  "schedule, seed, placement, image counts). On cuda bit for bit when that run used --deterministic,\n"
-                  "which this one then does too.\n"
+                  "schedule, warmup steps, seed, placement, image counts). On cuda bit for bit when that run used\n"
+                  "--deterministic, which this one then does too.\n"
                   "Example: ferry train --resume run.safetensors --checkpoint run.safetensors");
   cmd->add_flag("--deterministic", o.deterministic,
                 "Only algorithms that sum in a fixed order, chosen without timing: on cuda the same bits every run\n"
@@ -552,7 +559,8 @@ void register_train_command(CLI::App& app) {
           {"--max-steps", std::to_string(o.max_steps)},
           {"--lr", ferry::metadata_text(o.lr)}, {"--momentum", ferry::metadata_text(o.momentum)},
           {"--weight-decay", ferry::metadata_text(o.weight_decay)}, {"--schedule", o.schedule},
-          {"--placement", a.placement}, {"--log-every", std::to_string(o.log_every)},
+          {"--warmup-steps", std::to_string(o.warmup_steps)}, {"--placement", a.placement},
+          {"--log-every", std::to_string(o.log_every)},
           {"--check-replicas-every", std::to_string(o.check_replicas_every)},
           {"--bucket-mb", ferry::metadata_text(a.bucket_mb)}, {"--deterministic", o.deterministic ? "on" : "off"},
           {"the training images (--limit-train, --data)", std::to_string(train_set.size())},
