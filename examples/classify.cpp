@@ -21,8 +21,7 @@
 
 namespace {
 
-constexpr const char* kClasses[10] = {"T-shirt/top", "Trouser", "Pullover", "Dress", "Coat",
-                                      "Sandal",      "Shirt",   "Sneaker",  "Bag",   "Ankle boot"};
+const auto& kClasses = ferry::kFashionMnistClasses;
 
 struct Options {
   std::string checkpoint;

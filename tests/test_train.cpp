@@ -242,6 +242,42 @@ TEST(Trainer, LearnsAndReadsBackOnlyAtLogSteps) {
   for (const Tensor& p : model->parameters()) EXPECT_EQ(p.device(), kSim0);
 }
 
+// The confusion matrix counts every test sample once, its trace is evaluate_accuracy's count, and it is read back once;
+// a model whose logits do not match the classes, or a label outside them, is refused.
+TEST(Trainer, ConfusionMatrixAgreesWithTheAccuracyInOneRead) {
+  const Dataset train_set = quadrant_dataset(128, 12), test_set = quadrant_dataset(50, 13);
+  std::ostringstream log;
+  TrainOptions o = quick_options(kSim0);
+  o.epochs = 1;
+  manual_seed(7);
+  auto model = make_fmnist_model();
+  const TrainResult r = train(*model, train_set, test_set, o, log);
+  DataLoader loader(test_set, {.batch_size = 16, .shuffle = false, .device = kSim0});
+  Ledger::global().clear();
+  const Tensor confusion = confusion_matrix(*model, loader, 10);
+  EXPECT_EQ(Ledger::global().totals().syncs, 1);
+  EXPECT_EQ(confusion.device(), kCPU);
+  ASSERT_EQ(confusion.shape(), (Shape{10, 10}));
+  const auto cells = confusion.to_vector<std::int64_t>();
+  std::int64_t total = 0, right = 0;
+  for (std::int64_t i = 0; i < 100; ++i) total += cells[static_cast<std::size_t>(i)];
+  for (std::int64_t i = 0; i < 10; ++i) right += cells[static_cast<std::size_t>(i * 11)];
+  EXPECT_EQ(total, 50);
+  EXPECT_DOUBLE_EQ(static_cast<double>(right) / 50, r.test_accuracy);
+  for (std::int64_t label = 4; label < 10; ++label)  // the quadrant data has labels 0-3 only
+    for (std::int64_t guess = 0; guess < 10; ++guess) EXPECT_EQ(cells[static_cast<std::size_t>(label * 10 + guess)], 0);
+  EXPECT_THROW(confusion_matrix(*model, loader, 4), ShapeMismatch);  // 10 logits
+  Dataset bad = quadrant_dataset(8, 14);
+  bad.labels.fill_(12);
+  DataLoader bad_loader(bad, {.batch_size = 8, .shuffle = false, .device = kSim0});
+  try {
+    confusion_matrix(*model, bad_loader, 10);
+    ADD_FAILURE() << "label 12 of 10 classes was counted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("out of"), std::string::npos) << e.what();
+  }
+}
+
 // ferry train with the step captured as a graph (--graphs on; sim records the capture as CUDA would) trains to
 // the same parameters, bit for bit, with the same host syncs: the shorter last batch of each epoch runs eagerly.
 TEST(Trainer, StepGraphGivesTheEagerLoopsParametersBitForBit) {

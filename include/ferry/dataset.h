@@ -17,6 +17,9 @@ struct Dataset {
 // Fashion-MNIST's pixel statistics over the training set (x in [0, 1]).
 inline constexpr double kFashionMnistMean = 0.2860;
 inline constexpr double kFashionMnistStd = 0.3530;
+// Its ten classes, by label.
+inline constexpr const char* kFashionMnistClasses[10] = {"T-shirt/top", "Trouser", "Pullover", "Dress", "Coat",
+                                                         "Sandal",      "Shirt",   "Sneaker",  "Bag",   "Ankle boot"};
 
 // The train (60000) or test (10000) split from `dir` (Debian's dataset-fashion-mnist by default), as
 // (N, 1, 28, 28) images normalised to (x / 255 - mean) / std. A missing folder or file names the

@@ -123,6 +123,11 @@ std::shared_ptr<nn::Sequential> make_model(const std::string& name, const Tensor
 
 // Fraction of `loader`'s samples that `model` classifies right (eval mode, no grad, one sync).
 double evaluate_accuracy(nn::Module& model, DataLoader& loader);
+// How `model` classifies `loader`'s samples: a (classes, classes) int64 cpu tensor, row = true label, column =
+// the predicted class (argmax), so its trace over its sum is the accuracy. Counted on the device (scatter_add) and
+// read back once (one sync, "confusion matrix" in the ledger); eval mode, no grad. A label or prediction outside
+// [0, classes) is an error (on a GPU at that read).
+Tensor confusion_matrix(nn::Module& model, DataLoader& loader, std::int64_t classes);
 
 // The learning rate of optimizer step `step` (0-based) of `total_steps`: a linear warmup over the first
 // options.warmup_steps (lr (step + 1) / warmup), then options.lr, or with the cosine schedule

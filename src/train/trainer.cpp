@@ -17,6 +17,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "../core/internal.h"
 #include "ferry/autograd.h"
 #include "ferry/backend.h"
 #include "ferry/checkpoint.h"
@@ -128,6 +129,27 @@ double evaluate_accuracy(nn::Module& model, DataLoader& loader) {
   while (loader.next(batch)) correct = correct + sum(eq(argmax(model(batch.images), 1), batch.labels));
   model.train(was_training);
   return static_cast<double>(correct.item<std::int64_t>()) / static_cast<double>(loader.size());
+}
+
+Tensor confusion_matrix(nn::Module& model, DataLoader& loader, std::int64_t classes) {
+  FERRY_CHECK(classes >= 1, InvalidArgument, "confusion_matrix: classes must be at least 1, got ", classes);
+  const bool was_training = model.is_training();
+  model.eval();
+  autograd::NoGradGuard no_grad;
+  const Device device = loader.options().device;
+  Tensor counts = zeros({classes * classes}, {.device = device, .dtype = DType::Int64});  // row-major (label, guess)
+  loader.start_epoch(0);
+  Batch batch;
+  while (loader.next(batch)) {
+    const Tensor logits = model(batch.images);
+    FERRY_CHECK(logits.dim() == 2 && logits.size(1) == classes, ShapeMismatch, "confusion_matrix: the model gave ",
+                shape_str(logits.shape()), " for ", batch.labels.numel(), " samples; expected (N, ", classes, ")");
+    const Tensor guess = argmax(logits, 1);
+    const Tensor cell = add(mul(batch.labels, static_cast<double>(classes)), guess);
+    counts = scatter_add(counts, 0, cell, ones_like(cell));
+  }
+  model.train(was_training);
+  return detail::host_copy(counts, "confusion matrix").reshape({classes, classes});
 }
 
 double scheduled_learning_rate(const TrainOptions& o, std::int64_t step, std::int64_t total_steps) {

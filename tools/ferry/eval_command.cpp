@@ -2,12 +2,15 @@
 // safetensors file holds). A malformed file is one error line and a non-zero status.
 #include <fmt/format.h>
 
+#include <cmath>
 #include <iostream>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
 #include "commands.h"
 #include "ferry/checkpoint.h"
+#include "ferry/dataset.h"
 #include "ferry/idx.h"
 #include "ferry/trainer.h"
 
@@ -24,7 +27,9 @@ void register_eval_command(CLI::App& app) {
                   "fmnist | mlp: the model a weights-only file holds (default fmnist); a ferry checkpoint names its own");
   cmd->add_option("--device", device_text, "auto | cpu | cuda[:N] | sim[:N]")->capture_default_str();
   cmd->add_option("--data", data, "Folder with the Fashion-MNIST idx files (.gz, or uncompressed)")->capture_default_str();
-  cmd->add_flag("--json", json, "Print one JSON object: {\"device\", \"model\", \"test_accuracy\"}");
+  cmd->add_flag("--json", json,
+                "Print one JSON object: {\"device\", \"model\", \"test_accuracy\", \"per_class\": [{\"class\",\n"
+                "\"images\", \"accuracy\"}], \"confusion\": 10 rows (true class) of 10 counts (predicted class)}");
   cmd->callback([] {
     const ferry::Device device = ferry::Device::parse(device_text);
     std::map<std::string, std::string> metadata;
@@ -65,13 +70,46 @@ void register_eval_command(CLI::App& app) {
     model->to(device);
     ferry::DataLoader loader(ferry::load_fashion_mnist(data, false),
                              {.batch_size = 1000, .shuffle = false, .placement = ferry::Placement::Resident, .device = device});
-    const double accuracy = ferry::evaluate_accuracy(*model, loader);
+    // One pass, one read: the confusion matrix (row = the true class, column = the guess), from which the rest.
+    const ferry::Tensor confusion = ferry::confusion_matrix(*model, loader, 10);
+    const std::vector<std::int64_t> cells = confusion.to_vector<std::int64_t>();
+    const auto at = [&](std::size_t label, std::size_t guess) { return cells[label * 10 + guess]; };
+    std::int64_t right = 0;
+    std::vector<std::int64_t> per_class_total(10, 0);
+    for (std::size_t label = 0; label < 10; ++label) {
+      right += at(label, label);
+      for (std::size_t guess = 0; guess < 10; ++guess) per_class_total[label] += at(label, guess);
+    }
+    const double accuracy = static_cast<double>(right) / static_cast<double>(loader.size());
+    const auto class_accuracy = [&](std::size_t label) {
+      return per_class_total[label] > 0 ? static_cast<double>(at(label, label)) / static_cast<double>(per_class_total[label])
+                                        : NAN;
+    };
     if (json) {
-      fmt::print("{}\n",
-                 nlohmann::json{{"test_accuracy", accuracy}, {"device", device.str()}, {"model", model_name}}.dump());
-    } else {
-      fmt::print("test accuracy {:.2f} % ({} images, {} model{}, {})\n", 100 * accuracy, loader.size(), model_name,
-                 from_ferry ? "" : ", weights only", device.str());
+      nlohmann::json per_class = nlohmann::json::array(), matrix = nlohmann::json::array();
+      for (std::size_t label = 0; label < 10; ++label) {
+        per_class.push_back({{"class", ferry::kFashionMnistClasses[label]}, {"images", per_class_total[label]},
+                             {"accuracy", class_accuracy(label)}});
+        matrix.push_back(std::vector<std::int64_t>(cells.begin() + static_cast<std::ptrdiff_t>(label * 10),
+                                                   cells.begin() + static_cast<std::ptrdiff_t>(label * 10 + 10)));
+      }
+      fmt::print("{}\n", nlohmann::json{{"test_accuracy", accuracy}, {"device", device.str()}, {"model", model_name},
+                                        {"per_class", per_class}, {"confusion", matrix}}.dump());
+      return;
+    }
+    fmt::print("test accuracy {:.2f} % ({} images, {} model{}, {})\n", 100 * accuracy, loader.size(), model_name,
+               from_ferry ? "" : ", weights only", device.str());
+    // Each class: its accuracy, and the class its mistakes go to most.
+    fmt::print("\n{:<12} {:>8}  most often taken for\n", "class", "accuracy");
+    for (std::size_t label = 0; label < 10; ++label) {
+      std::size_t worst = label;
+      for (std::size_t guess = 0; guess < 10; ++guess)
+        if (guess != label && (worst == label || at(label, guess) > at(label, worst))) worst = guess;
+      const std::int64_t wrong = per_class_total[label] - at(label, label);
+      fmt::print("{:<12} {:>7.1f} %  {}\n", ferry::kFashionMnistClasses[label], 100 * class_accuracy(label),
+                 wrong == 0 ? std::string("-")
+                            : fmt::format("{} ({} of {} images)", ferry::kFashionMnistClasses[worst], at(label, worst),
+                                          per_class_total[label]));
     }
   });
 }
