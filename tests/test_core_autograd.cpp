@@ -68,6 +68,7 @@ TEST(Autograd, EveryOpMatchesFiniteDifferences) {
       {"relu", [](V x) { return relu(x[0]); }, {r({8})}},
       {"sigmoid", [](V x) { return sigmoid(x[0]); }, {r({4})}},
       {"tanh", [](V x) { return tanh(x[0]); }, {r({4})}},
+      {"erf", [](V x) { return erf(x[0]); }, {r({4})}},
       {"square", [](V x) { return square(x[0]); }, {r({4})}},
       {"where", [](V x) { return where(gt(x[0], 0.0), x[0], x[1]); }, {r({5}), r({5})}},
       {"sum_dims", [](V x) { return sum(x[0], {0, 2}); }, {r({2, 3, 4})}},

@@ -65,6 +65,7 @@ std::vector<OpCase> op_cases() {
       {"relu", one({10}), [](V x) { return relu(x[0]); }},
       {"sigmoid", one({10}), [](V x) { return sigmoid(x[0]); }},
       {"tanh", one({10}), [](V x) { return tanh(x[0]); }},
+      {"erf", one({10}), [](V x) { return erf(x[0]); }},
       {"square", one({10}), [](V x) { return square(x[0]); }},
       {"eq", two({10}, {10}), [](V x) { return eq(x[0], x[0]); }},
       {"lt", two({10}, {10}), [](V x) { return lt(x[0], x[1]); }},

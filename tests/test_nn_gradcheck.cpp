@@ -523,6 +523,29 @@ TEST(NNGradcheck, ActivationsAndDropout) {
       {random_argument({4, 6}, 62)}, "dropout");
 }
 
+// The composed layers of transformers: each gradient from its ops' backward, against finite differences.
+TEST(NNGradcheck, GeluSiluLeakyReluLayerNormAndEmbedding) {
+  check_everywhere([](const std::vector<Tensor>& a) { return F::gelu(a[0]); }, {random_argument({3, 5}, 71, 2)},
+                   "gelu");
+  check_everywhere([](const std::vector<Tensor>& a) { return F::gelu(a[0], "tanh"); },
+                   {random_argument({3, 5}, 72, 2)}, "gelu tanh");
+  check_everywhere([](const std::vector<Tensor>& a) { return F::silu(a[0]); }, {random_argument({3, 5}, 73, 2)},
+                   "silu");
+  check_everywhere([](const std::vector<Tensor>& a) { return F::leaky_relu(a[0], 0.1); },
+                   {random_argument({3, 5}, 74, 2)}, "leaky_relu");
+  check_everywhere([](const std::vector<Tensor>& a) { return F::layer_norm(a[0], {2, 4}, a[1], a[2]); },
+                   {random_argument({3, 2, 4}, 75), random_argument({2, 4}, 76), random_argument({2, 4}, 77)},
+                   "layer_norm");
+  check_everywhere([](const std::vector<Tensor>& a) { return F::layer_norm(a[0], {5}, Tensor(), Tensor(), 1e-3); },
+                   {random_argument({4, 5}, 78)}, "layer_norm without affine");
+  check_everywhere(
+      [](const std::vector<Tensor>& a) {
+        const Tensor indices = ferry::from_vector<std::int64_t>({1, 3, 1, 0, 4, 3}, {2, 3}).to(a[0].device());
+        return F::embedding(indices, a[0], 2);  // padding row 2, unused (the padding rule is PyTorch fixtures')
+      },
+      {random_argument({5, 3}, 79)}, "embedding");
+}
+
 TEST(NNGradcheck, Losses) {
   for (auto reduction : {ferry::nn::Reduction::Mean, ferry::nn::Reduction::Sum, ferry::nn::Reduction::None}) {
     const std::string name = reduction == ferry::nn::Reduction::Mean ? "mean" : reduction == ferry::nn::Reduction::Sum ? "sum" : "none";

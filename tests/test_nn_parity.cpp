@@ -6,6 +6,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <sstream>
 #include <string>
 
 #include "fixtures/fixture_reader.h"
@@ -13,6 +14,8 @@
 #include "ferry/nn/activation.h"
 #include "ferry/nn/batchnorm.h"
 #include "ferry/nn/conv.h"
+#include "ferry/nn/embedding.h"
+#include "ferry/nn/layernorm.h"
 #include "ferry/nn/linear.h"
 #include "ferry/nn/loss.h"
 #include "ferry/nn/pooling.h"
@@ -47,6 +50,17 @@ std::shared_ptr<nn::Module> make_layer(const std::string& name, const Fixture& f
     return std::make_shared<nn::BatchNorm2d>(n("features"), options);
   }
   if (name == "relu") return std::make_shared<nn::ReLU>();
+  if (name.rfind("gelu", 0) == 0) return std::make_shared<nn::GELU>(f.text("approximate"));
+  if (name == "silu") return std::make_shared<nn::SiLU>();
+  if (name == "sigmoid") return std::make_shared<nn::Sigmoid>();
+  if (name == "tanh") return std::make_shared<nn::Tanh>();
+  if (name == "leaky_relu") return std::make_shared<nn::LeakyReLU>(f.number("slope"));
+  if (name.rfind("layernorm", 0) == 0) {
+    ferry::Shape shape;
+    std::stringstream dims(f.text("shape"));
+    for (std::string d; std::getline(dims, d, ',');) shape.push_back(std::stoll(d));
+    return std::make_shared<nn::LayerNorm>(shape, f.number("eps"), n("affine") == 1);
+  }
   if (name == "flatten") return std::make_shared<nn::Flatten>();
   if (name.rfind("maxpool2d", 0) == 0) return std::make_shared<nn::MaxPool2d>(n("k"), n("s"), n("p"));
   if (name.rfind("avgpool2d", 0) == 0) return std::make_shared<nn::AvgPool2d>(n("k"), n("s"), n("p"));
@@ -113,7 +127,38 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, NNParityLayer,
                                            "conv2d_nobias_s2_d2", "conv2d_pointwise", "batchnorm2d_train",
                                            "batchnorm2d_eval", "batchnorm1d_train_2d", "batchnorm1d_train_3d",
                                            "batchnorm1d_cumulative", "relu", "maxpool2d_k2", "maxpool2d_k3s2p1",
-                                           "avgpool2d_k2", "avgpool2d_k3s2p1", "flatten"));
+                                           "avgpool2d_k2", "avgpool2d_k3s2p1", "flatten", "gelu", "gelu_tanh",
+                                           "silu", "sigmoid", "tanh", "leaky_relu", "layernorm_last",
+                                           "layernorm_last2", "layernorm_noaffine"));
+
+// Embedding against torch 1.13: the looked-up rows, and the weight's gradient, where repeated indices add up and
+// the padding row (padding_idx -2 of 8) gets none; on cpu, sim:0 (bit for bit the cpu's) and cuda:0 where present.
+TEST(NNParityEmbedding, LookupAndGradientMatchPyTorch) {
+  for (const std::string name : {"embedding", "embedding_padding"}) {
+    const Fixture f = load_fixture(name);
+    const std::string pad = f.text("padding_idx");
+    std::vector<Device> devices = {ferry::kCPU, Device::parse("sim:0")};
+    if (have_cuda()) devices.push_back(kCuda0);
+    std::vector<std::vector<double>> first;
+    for (const Device device : devices) {
+      nn::Embedding layer(static_cast<std::int64_t>(f.number("num")), static_cast<std::int64_t>(f.number("dim")),
+                          pad == "None" ? std::nullopt : std::optional<std::int64_t>(std::stoll(pad)));
+      layer.to(device);
+      layer.load_state_dict(with_prefix(f, "param."));
+      Tensor out = layer(f["indices"].to(device));
+      out.backward(f["grad_output"].to(device));
+      const std::string where = name + " on " + device.str();
+      EXPECT_CLOSE_TO_FIXTURE(out, f["output"], 0, where + ": output");
+      EXPECT_CLOSE_TO_FIXTURE(layer.weight.grad(), f["grad.weight"], kLayerTolerance, where + ": grad of weight");
+      const std::vector<std::vector<double>> values = {out.to_vector<double>(), layer.weight.grad().to_vector<double>()};
+      if (first.empty()) {
+        first = values;
+      } else if (!device.is_cuda()) {
+        EXPECT_EQ(values, first) << where << " differs from cpu";
+      }
+    }
+  }
+}
 
 namespace {
 nn::Reduction reduction_of(const Fixture& f) {

@@ -84,6 +84,29 @@ def randomise_affine(module):
             module.running_var.copy_(torch.rand_like(module.running_var) + 0.5)
 
 
+def randomise_layernorm(module):
+    with torch.no_grad():
+        module.weight.copy_(torch.rand_like(module.weight) + 0.5)
+        module.bias.copy_(torch.randn_like(module.bias))
+
+
+def embedding_case(name, num, dim, index_shape, padding_idx=None):
+    """Embedding lookups with repeated indices (their gradients add up) and, when given, the padding row."""
+    torch.manual_seed(abs(hash(name)) % (2 ** 31))
+    module = nn.Embedding(num, dim, padding_idx=padding_idx)
+    indices = torch.randint(0, num, index_shape)
+    indices.view(-1)[0] = indices.view(-1)[1]  # a repeat for sure
+    if padding_idx is not None:
+        indices.view(-1)[2] = padding_idx % num
+    out = module(indices)
+    grad_output = torch.randn_like(out)
+    (out * grad_output).sum().backward()
+    tensors = {"param.weight": module.weight.detach().clone(), "indices": indices, "grad_output": grad_output,
+               "output": out.detach(), "grad.weight": module.weight.grad}
+    metadata = {"num": num, "dim": dim, "padding_idx": "None" if padding_idx is None else padding_idx}
+    write_safetensors(os.path.join(OUT, name + ".safetensors"), tensors, metadata)
+
+
 def loss_case(name, kind, reduction):
     torch.manual_seed(abs(hash(name)) % (2 ** 31))
     if kind == "cross_entropy":
@@ -240,6 +263,20 @@ def main():
     layer_case("avgpool2d_k2", nn.AvgPool2d(2), (2, 3, 8, 8), {"k": 2, "s": 2, "p": 0})
     layer_case("avgpool2d_k3s2p1", nn.AvgPool2d(3, stride=2, padding=1), (2, 3, 9, 9), {"k": 3, "s": 2, "p": 1})
     layer_case("flatten", nn.Flatten(), (2, 3, 4, 5), {})
+    layer_case("gelu", nn.GELU(), (5, 7), {"approximate": "none"})
+    layer_case("gelu_tanh", nn.GELU(approximate="tanh"), (5, 7), {"approximate": "tanh"})
+    layer_case("silu", nn.SiLU(), (5, 7), {})
+    layer_case("sigmoid", nn.Sigmoid(), (5, 7), {})
+    layer_case("tanh", nn.Tanh(), (5, 7), {})
+    layer_case("leaky_relu", nn.LeakyReLU(0.2), (5, 7), {"slope": 0.2})
+    layer_case("layernorm_last", nn.LayerNorm(6), (4, 3, 6), {"shape": "6", "eps": 1e-5, "affine": 1},
+               setup=randomise_layernorm)
+    layer_case("layernorm_last2", nn.LayerNorm((3, 6)), (4, 3, 6), {"shape": "3,6", "eps": 1e-5, "affine": 1},
+               setup=randomise_layernorm)
+    layer_case("layernorm_noaffine", nn.LayerNorm(5, eps=1e-3, elementwise_affine=False), (7, 5),
+               {"shape": "5", "eps": 1e-3, "affine": 0})
+    embedding_case("embedding", 10, 4, (3, 5))
+    embedding_case("embedding_padding", 8, 3, (2, 6), padding_idx=-2)
 
     for reduction in ("mean", "sum", "none"):
         loss_case("cross_entropy_" + reduction, "cross_entropy", reduction)

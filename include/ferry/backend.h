@@ -74,6 +74,7 @@ struct DeviceProperties {
 enum class UnaryOp : std::uint8_t {
   Copy,  // out = in, with dtype conversion when the dtypes differ
   Neg, Exp, Log, Sqrt, Rsqrt, Abs, Sign, Relu, Sigmoid, Tanh, Square, Reciprocal, LogicalNot,
+  Erf,  // the error function (GELU)
 };
 enum class BinaryOp : std::uint8_t {
   Add, Sub, Mul, Div, Pow, Maximum, Minimum,

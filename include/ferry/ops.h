@@ -46,6 +46,7 @@ Tensor sign(const Tensor& a);
 Tensor relu(const Tensor& a);
 Tensor sigmoid(const Tensor& a);
 Tensor tanh(const Tensor& a);
+Tensor erf(const Tensor& a);  // the error function, 2/sqrt(pi) * integral of exp(-t^2) from 0 to a
 Tensor square(const Tensor& a);
 
 // comparisons -> bool

@@ -398,6 +398,15 @@ Tensor tanh(const Tensor& a) {
         autograd::Saved::Output);
   return out;
 }
+Tensor erf(const Tensor& a) {
+  Tensor out = unary_forward(UnaryOp::Erf, a, true);
+  if (needs_grad({&a})) {
+    record("erf", {a}, out, [a = a.detach()](const Tensor& g) {  // d/da erf(a) = 2/sqrt(pi) exp(-a^2)
+      return Grads{mul(g, mul(exp(neg(square(a))), 2.0 / std::sqrt(M_PI)))};
+    }, autograd::Saved::Inputs);
+  }
+  return out;
+}
 Tensor square(const Tensor& a) {
   Tensor out = unary_forward(UnaryOp::Square, a, false);
   if (needs_grad({&a}))

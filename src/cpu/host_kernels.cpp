@@ -67,6 +67,7 @@ T apply_unary(UnaryOp op, T x) {
       case UnaryOp::Square: return static_cast<T>(v * v);
       case UnaryOp::Reciprocal: return static_cast<T>(F(1) / v);
       case UnaryOp::LogicalNot: return static_cast<T>(v == 0);
+      case UnaryOp::Erf: return static_cast<T>(std::erf(v));
     }
     return x;
   }

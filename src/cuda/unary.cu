@@ -17,7 +17,7 @@ namespace {
 // the float64 op, convert back, which is the cpu's arithmetic, so integer kernels stay small.
 bool is_transcendental(UnaryOp op) {
   return op == UnaryOp::Exp || op == UnaryOp::Log || op == UnaryOp::Sqrt || op == UnaryOp::Rsqrt ||
-         op == UnaryOp::Sigmoid || op == UnaryOp::Tanh || op == UnaryOp::Reciprocal;
+         op == UnaryOp::Sigmoid || op == UnaryOp::Tanh || op == UnaryOp::Reciprocal || op == UnaryOp::Erf;
 }
 
 // The cpu's apply_unary: integers exact in their own type (two's complement wrap: -INT64_MIN is INT64_MIN, and
@@ -57,6 +57,7 @@ __device__ __forceinline__ T unary_value(UnaryOp op, T x) {
       case UnaryOp::Square: return cast_to<T>(v * v);
       case UnaryOp::Reciprocal: return cast_to<T>(F(1) / v);
       case UnaryOp::LogicalNot: return static_cast<T>(v == 0);
+      case UnaryOp::Erf: return cast_to<T>(erf(v));
     }
     return x;
   }
@@ -93,6 +94,7 @@ void run_unary(UnaryOp op, const KernelTensor& out, const KernelTensor& in, cuda
       FERRY_UNARY_CASE(Square)
       FERRY_UNARY_CASE(Reciprocal)
       FERRY_UNARY_CASE(LogicalNot)
+      FERRY_UNARY_CASE(Erf)
 #undef FERRY_UNARY_CASE
     }
     throw InternalError("cuda unary: an op without a float32 kernel");

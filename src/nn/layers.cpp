@@ -1,5 +1,5 @@
-// layers.cpp — the small layers without parameters (ReLU, Softmax, LogSoftmax, Flatten, Dropout, MaxPool2d,
-// AvgPool2d) and Sequential. Not here: anything with weights (linear.cpp, conv.cpp, batchnorm.cpp).
+// layers.cpp — the small layers without parameters (ReLU, GELU, SiLU, Sigmoid, Tanh, LeakyReLU, Softmax,
+// LogSoftmax, Flatten, Dropout, MaxPool2d, AvgPool2d) and Sequential. Not here: anything with weights (linear.cpp, conv.cpp, batchnorm.cpp).
 #include "ferry/nn/activation.h"
 #include "ferry/nn/functional.h"
 #include "ferry/nn/pooling.h"
@@ -13,6 +13,18 @@ std::string size_str(Size2 s) { return s.h == s.w ? ferry::detail::concat(s.h) :
 }  // namespace
 
 Tensor ReLU::forward(const Tensor& input) { return functional::relu(input); }
+
+GELU::GELU(std::string approximate) : approximate(std::move(approximate)) {
+  FERRY_CHECK(this->approximate == "none" || this->approximate == "tanh", InvalidArgument,
+              "GELU: approximate must be 'none' or 'tanh', got '", ferry::detail::printable(this->approximate), "'");
+}
+Tensor GELU::forward(const Tensor& input) { return functional::gelu(input, approximate); }
+std::string GELU::extra_repr() const { return ferry::detail::concat("approximate='", approximate, "'"); }
+Tensor SiLU::forward(const Tensor& input) { return functional::silu(input); }
+Tensor Sigmoid::forward(const Tensor& input) { return ferry::sigmoid(input); }
+Tensor Tanh::forward(const Tensor& input) { return ferry::tanh(input); }
+Tensor LeakyReLU::forward(const Tensor& input) { return functional::leaky_relu(input, negative_slope); }
+std::string LeakyReLU::extra_repr() const { return ferry::detail::concat("negative_slope=", negative_slope); }
 Tensor Module::forward_relu(const Tensor& input) { return functional::relu(forward(input)); }
 Tensor Module::forward_relu_max_pool(const Tensor& input) { return functional::max_pool2d(forward_relu(input), 2, 2); }
 

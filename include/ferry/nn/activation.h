@@ -1,7 +1,9 @@
-// ferry/nn/activation.h — the layers without parameters between the others: ReLU, Softmax, LogSoftmax,
-// Flatten, Dropout.
+// ferry/nn/activation.h — the layers without parameters between the others: ReLU, GELU, SiLU, Sigmoid, Tanh,
+// LeakyReLU, Softmax, LogSoftmax, Flatten, Dropout.
 // Not here: pooling (ferry/nn/pooling.h).
 #pragma once
+
+#include <string>
 
 #include "ferry/nn/module.h"
 
@@ -11,6 +13,45 @@ class ReLU : public Module {
  public:
   Tensor forward(const Tensor& input) override;  // any shape
   std::string type_name() const override { return "ReLU"; }
+};
+
+// functional::gelu (ferry/nn/functional.h): exact (erf) by default, or approximate = "tanh".
+class GELU : public Module {
+ public:
+  explicit GELU(std::string approximate = "none");
+  Tensor forward(const Tensor& input) override;
+  std::string type_name() const override { return "GELU"; }
+  std::string extra_repr() const override;
+
+  std::string approximate;
+};
+
+class SiLU : public Module {  // x sigmoid(x), also called swish
+ public:
+  Tensor forward(const Tensor& input) override;
+  std::string type_name() const override { return "SiLU"; }
+};
+
+class Sigmoid : public Module {
+ public:
+  Tensor forward(const Tensor& input) override;
+  std::string type_name() const override { return "Sigmoid"; }
+};
+
+class Tanh : public Module {
+ public:
+  Tensor forward(const Tensor& input) override;
+  std::string type_name() const override { return "Tanh"; }
+};
+
+class LeakyReLU : public Module {  // x where x > 0, else negative_slope x
+ public:
+  explicit LeakyReLU(double negative_slope = 0.01) : negative_slope(negative_slope) {}
+  Tensor forward(const Tensor& input) override;
+  std::string type_name() const override { return "LeakyReLU"; }
+  std::string extra_repr() const override;
+
+  double negative_slope;
 };
 
 // softmax(input, dim) and log_softmax(input, dim) (ferry/ops.h) as layers, e.g. a classifier's last layer when

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <string>
 
 #include "ferry/nn/loss.h"
 #include "ferry/tensor.h"
@@ -69,6 +70,25 @@ Tensor log_softmax(const Tensor& input, int dim);
 // counter-based generator on the input's device (so cpu and every accelerator drop the same elements).
 // Not training (or p = 0): the input itself.
 Tensor dropout(const Tensor& input, double p = 0.5, bool training = true);
+
+// The activations of transformers and modern MLPs, composed from tensor ops (any device, autograd through the
+// ops), with PyTorch's formulas:
+//   gelu: x/2 (1 + erf(x / sqrt 2)); approximate = "tanh": x/2 (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
+//   silu: x sigmoid(x);  leaky_relu: x where x > 0, else negative_slope x;  sigmoid, tanh: the tensor ops
+Tensor gelu(const Tensor& input, const std::string& approximate = "none");
+Tensor silu(const Tensor& input);
+Tensor leaky_relu(const Tensor& input, double negative_slope = 0.01);
+
+// (x - mean) / sqrt(var + eps) * weight + bias over the last normalized_shape.size() dims of x, which must be
+// normalized_shape (the mean and the biased variance of each row over those dims, as PyTorch's layer_norm).
+// weight and bias: normalized_shape, or undefined (no affine). Composed from tensor ops, on any device.
+Tensor layer_norm(const Tensor& input, const Shape& normalized_shape, const Tensor& weight = Tensor(),
+                  const Tensor& bias = Tensor(), double eps = 1e-5);
+
+// Rows of `weight` (num_embeddings, dim) picked by `indices` (int64, any shape): indices.shape + (dim). An index
+// outside [0, num_embeddings) is an error (on a GPU at the next sync). padding_idx (if given; negative counts from
+// the end): its row gets no gradient, as PyTorch's.
+Tensor embedding(const Tensor& indices, const Tensor& weight, std::optional<std::int64_t> padding_idx = std::nullopt);
 
 // The fused host kernels that cpu and sim (both host memory) use for BatchNorm; other devices compose
 // the same maths from tensor ops. Tests switch them off to check the composed path against them.

@@ -1,0 +1,86 @@
+// composed_layers.cpp — the layers built from tensor ops (ferry/ops.h) rather than kernels of their own: gelu,
+// silu, leaky_relu, layer_norm and embedding. Each runs on any device and autograd differentiates it through its
+// ops, so its gradient is as exact as theirs (checked against finite differences and PyTorch's fixtures).
+#include <cmath>
+
+#include "ferry/autograd.h"
+#include "ferry/error.h"
+#include "ferry/factories.h"
+#include "ferry/nn/functional.h"
+#include "ferry/ops.h"
+
+namespace ferry::nn::functional {
+
+namespace {
+void check_floating(const char* op, const Tensor& t) {
+  FERRY_CHECK(is_floating(t.dtype()), DTypeMismatch, op, ": expected a float32 or float64 input, got ",
+              dtype_name(t.dtype()));
+}
+}  // namespace
+
+Tensor gelu(const Tensor& x, const std::string& approximate) {
+  FERRY_CHECK(approximate == "none" || approximate == "tanh", InvalidArgument,
+              "gelu: approximate must be 'none' or 'tanh', got '", detail::printable(approximate), "'");
+  check_floating("gelu", x);
+  if (approximate == "none") return mul(mul(x, 0.5), add(erf(mul(x, M_SQRT1_2)), 1.0));
+  const double k = std::sqrt(2.0 / M_PI);
+  const Tensor inner = mul(add(x, mul(mul(square(x), x), 0.044715)), k);
+  return mul(mul(x, 0.5), add(tanh(inner), 1.0));
+}
+
+Tensor silu(const Tensor& x) {
+  check_floating("silu", x);
+  return mul(x, sigmoid(x));
+}
+
+Tensor leaky_relu(const Tensor& x, double negative_slope) {
+  check_floating("leaky_relu", x);
+  return where(gt(x, 0.0), x, mul(x, negative_slope));
+}
+
+Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& weight, const Tensor& bias,
+                  double eps) {
+  check_floating("layer_norm", x);
+  const auto k = static_cast<int>(normalized_shape.size());
+  FERRY_CHECK(k >= 1 && x.dim() >= k &&
+                  Shape(x.shape().end() - k, x.shape().end()) == normalized_shape,
+              ShapeMismatch, "layer_norm: given normalized_shape=", shape_str(normalized_shape),
+              ", expected input with shape [*, ", shape_str(normalized_shape).substr(1), ", but got input of size ",
+              shape_str(x.shape()));
+  for (const auto& [t, name] : {std::pair{&weight, "weight"}, std::pair{&bias, "bias"}}) {
+    if (!t->defined()) continue;
+    FERRY_CHECK(t->shape() == normalized_shape, ShapeMismatch, "layer_norm: ", name, " has shape ",
+                shape_str(t->shape()), ", expected normalized_shape ", shape_str(normalized_shape));
+  }
+  std::vector<int> dims;
+  for (int d = x.dim() - k; d < x.dim(); ++d) dims.push_back(d);
+  const Tensor centred = sub(x, mean(x, dims, true));
+  const Tensor variance = mean(square(centred), dims, true);  // biased, as PyTorch normalizes
+  Tensor out = mul(centred, rsqrt(add(variance, eps)));
+  if (weight.defined()) out = mul(out, weight);
+  if (bias.defined()) out = add(out, bias);
+  return out;
+}
+
+Tensor embedding(const Tensor& indices, const Tensor& weight, std::optional<std::int64_t> padding_idx) {
+  FERRY_CHECK(indices.dtype() == DType::Int64 || indices.dtype() == DType::Int32, DTypeMismatch,
+              "embedding: expected int64 or int32 indices, got ", dtype_name(indices.dtype()));
+  FERRY_CHECK(weight.dim() == 2, ShapeMismatch, "embedding: weight must be (num_embeddings, embedding_dim), got ",
+              shape_str(weight.shape()));
+  const std::int64_t rows = weight.size(0);
+  Shape out_shape = indices.shape();
+  out_shape.push_back(weight.size(1));
+  Tensor out = index_select(weight, 0, indices.reshape({-1}).to(DType::Int64)).reshape(out_shape);
+  if (padding_idx) {
+    const std::int64_t pad = *padding_idx < 0 ? *padding_idx + rows : *padding_idx;
+    FERRY_CHECK(pad >= 0 && pad < rows, InvalidArgument, "embedding: padding_idx must be within num_embeddings (",
+                rows, "), got ", *padding_idx);
+    if (out.requires_grad()) {  // the same values; the padding rows' through a detached alias, so no gradient
+      const Tensor padded = eq(indices, static_cast<double>(pad)).unsqueeze(-1);
+      out = where(padded, out.detach(), out);
+    }
+  }
+  return out;
+}
+
+}  // namespace ferry::nn::functional
