@@ -10,8 +10,10 @@
 #include <string>
 
 #include "fixtures/fixture_reader.h"
+#include "test_helpers.h"
 #include "ferry/factories.h"
 #include "ferry/nn/activation.h"
+#include "ferry/nn/attention.h"
 #include "ferry/nn/batchnorm.h"
 #include "ferry/nn/conv.h"
 #include "ferry/nn/embedding.h"
@@ -150,7 +152,8 @@ TEST(NNParityEmbedding, LookupAndGradientMatchPyTorch) {
       const std::string where = name + " on " + device.str();
       EXPECT_CLOSE_TO_FIXTURE(out, f["output"], 0, where + ": output");
       EXPECT_CLOSE_TO_FIXTURE(layer.weight.grad(), f["grad.weight"], kLayerTolerance, where + ": grad of weight");
-      const std::vector<std::vector<double>> values = {out.to_vector<double>(), layer.weight.grad().to_vector<double>()};
+      const std::vector<std::vector<double>> values = {out.to_vector<double>(),
+                                                       layer.weight.grad().to_vector<double>()};
       if (first.empty()) {
         first = values;
       } else if (!device.is_cuda()) {
@@ -158,6 +161,84 @@ TEST(NNParityEmbedding, LookupAndGradientMatchPyTorch) {
       }
     }
   }
+}
+
+// MultiheadAttention against torch 1.13's nn.MultiheadAttention: self-attention, batch first, causal (ferry's is_causal
+// against torch's triu mask); and cross-attention, sequence first, with a key padding mask, a float attn_mask and
+// per-head weights. The output, the weights, and the gradients of every input and parameter; on cpu, sim:0 (the cpu's
+// bits) and cuda:0 where present.
+TEST(NNParityAttention, MultiheadAttentionMatchesPyTorch) {
+  for (const std::string name : {"mha_self_causal", "mha_cross_padding"}) {
+    const Fixture f = load_fixture(name);
+    std::vector<Device> devices = {ferry::kCPU, Device::parse("sim:0")};
+    if (have_cuda()) devices.push_back(kCuda0);
+    std::vector<std::vector<double>> first;
+    for (const Device device : devices) {
+      const std::string where = name + " on " + device.str();
+      nn::MultiheadAttention mha(static_cast<std::int64_t>(f.number("embed_dim")),
+                                 static_cast<std::int64_t>(f.number("heads")),
+                                 {.batch_first = f.number("batch_first") == 1});
+      mha.to(device);
+      mha.load_state_dict(with_prefix(f, "param."));
+      const bool self = f.number("self") == 1;
+      Tensor query = f["query"].detach().to(device).requires_grad_(true);  // detached: a leaf on every device
+      Tensor key = self ? query : f["key"].detach().to(device).requires_grad_(true);
+      Tensor value = self ? query : f["value"].detach().to(device).requires_grad_(true);
+      nn::AttendOptions how;
+      how.is_causal = f.number("causal") == 1;
+      how.average_attn_weights = f.number("average") == 1;
+      if (f.has("attn_mask")) how.attn_mask = f["attn_mask"].to(device);
+      if (f.has("key_padding_mask")) how.key_padding_mask = f["key_padding_mask"].to(device);
+      const nn::AttentionResult r = mha.attend(query, key, value, how);
+      r.output.backward(f["grad_output"].to(device));
+      EXPECT_CLOSE_TO_FIXTURE(r.output, f["output"], kLayerTolerance, where + ": output");
+      EXPECT_CLOSE_TO_FIXTURE(r.weights, f["weights"], kLayerTolerance, where + ": weights");
+      std::vector<std::vector<double>> values = {r.output.to_vector<double>(), r.weights.to_vector<double>()};
+      for (const auto& [input, label] :
+           {std::pair{&query, "query"}, std::pair{&key, "key"}, std::pair{&value, "value"}}) {
+        if (self && input != &query) continue;
+        EXPECT_CLOSE_TO_FIXTURE(input->grad(), f[std::string("grad.") + label], kLayerTolerance,
+                                where + ": grad of " + label);
+        values.push_back(input->grad().to_vector<double>());
+      }
+      for (const auto& [pname, p] : mha.named_parameters()) {
+        EXPECT_CLOSE_TO_FIXTURE(p.grad(), f["grad.param." + pname], kLayerTolerance, where + ": grad of " + pname);
+        values.push_back(p.grad().to_vector<double>());
+      }
+      if (first.empty()) {
+        first = values;
+      } else if (!device.is_cuda()) {
+        EXPECT_EQ(values, first) << where << " differs from cpu";
+      }
+    }
+  }
+}
+
+// scaled_dot_product_attention against PyTorch 2's formula written out in torch 1.13 (a bool mask, true = may
+// attend): output and the gradients of query, key and value, batched over two leading dims.
+TEST(NNParityAttention, ScaledDotProductAttentionMatchesPyTorch) {
+  const Fixture f = load_fixture("sdpa_bool_mask");
+  std::vector<Device> devices = {ferry::kCPU, Device::parse("sim:0")};
+  if (have_cuda()) devices.push_back(kCuda0);
+  for (const Device device : devices) {
+    const std::string where = "sdpa on " + device.str();
+    Tensor q = f["query"].detach().to(device).requires_grad_(true),  // detached: a leaf on every device
+        k = f["key"].detach().to(device).requires_grad_(true), v = f["value"].detach().to(device).requires_grad_(true);
+    const Tensor out = nn::functional::scaled_dot_product_attention(q, k, v, f["mask"].to(device));
+    out.backward(f["grad_output"].to(device));
+    EXPECT_CLOSE_TO_FIXTURE(out, f["output"], kLayerTolerance, where + ": output");
+    EXPECT_CLOSE_TO_FIXTURE(q.grad(), f["grad.query"], kLayerTolerance, where + ": grad of query");
+    EXPECT_CLOSE_TO_FIXTURE(k.grad(), f["grad.key"], kLayerTolerance, where + ": grad of key");
+    EXPECT_CLOSE_TO_FIXTURE(v.grad(), f["grad.value"], kLayerTolerance, where + ": grad of value");
+  }
+  // is_causal equals the explicit lower-triangle mask; bad shapes and both masks at once are refused.
+  const Tensor q = f["query"], k = f["key"].narrow(2, 0, 4), v = f["value"].narrow(2, 0, 4);
+  const Tensor lower = ge(ferry::arange(4).unsqueeze(1), ferry::arange(4).unsqueeze(0));
+  EXPECT_TRUE(ferry::testing::all_close(nn::functional::scaled_dot_product_attention(q, k, v, Tensor(), 0, true),
+                                        nn::functional::scaled_dot_product_attention(q, k, v, lower), 0, 0));
+  EXPECT_THROW(nn::functional::scaled_dot_product_attention(q, k, v, lower, 0, true), ferry::InvalidArgument);
+  EXPECT_THROW(nn::functional::scaled_dot_product_attention(q, f["value"], v), ferry::ShapeMismatch);
+  EXPECT_THROW(nn::MultiheadAttention(10, 3), ferry::InvalidArgument);
 }
 
 namespace {

@@ -11,6 +11,7 @@
 # Layer cases hold: input, the layer's parameters (and buffers), grad_output (a fixed random upstream
 # gradient), output, and grad_<name> for the input and each parameter, from (output * grad_output).sum().
 import json
+import math
 import os
 import struct
 import sys
@@ -22,7 +23,7 @@ import torch.nn.functional as F
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 OUT = os.path.join(HERE, "..", "tests", "fixtures", "nn")
-DTYPES = {np.dtype("float32"): "F32", np.dtype("float64"): "F64", np.dtype("int64"): "I64"}
+DTYPES = {np.dtype("float32"): "F32", np.dtype("float64"): "F64", np.dtype("int64"): "I64", np.dtype("bool"): "BOOL"}
 
 
 def write_safetensors(path, tensors, metadata):
@@ -105,6 +106,62 @@ def embedding_case(name, num, dim, index_shape, padding_idx=None):
                "output": out.detach(), "grad.weight": module.weight.grad}
     metadata = {"num": num, "dim": dim, "padding_idx": "None" if padding_idx is None else padding_idx}
     write_safetensors(os.path.join(OUT, name + ".safetensors"), tensors, metadata)
+
+
+def attention_case(name, batch_first, e, heads, n, l, s, self_attention, causal=False, padding=False,
+                   float_mask=False, average=True):
+    """nn.MultiheadAttention forward and backward: output, weights, and the gradients of the inputs and parameters."""
+    torch.manual_seed(abs(hash(name)) % (2 ** 31))
+    module = nn.MultiheadAttention(e, heads, batch_first=batch_first)
+    with torch.no_grad():
+        module.in_proj_bias.copy_(torch.randn_like(module.in_proj_bias) * 0.1)
+        module.out_proj.bias.copy_(torch.randn_like(module.out_proj.bias) * 0.1)
+    shape = (lambda length: (n, length, e) if batch_first else (length, n, e))
+    query = torch.randn(*shape(l), requires_grad=True)
+    key = query if self_attention else torch.randn(*shape(s), requires_grad=True)
+    value = query if self_attention else torch.randn(*shape(s), requires_grad=True)
+    kwargs = {"average_attn_weights": average}
+    tensors = {"param." + k: v.clone() for k, v in module.state_dict().items()}
+    if causal:
+        kwargs["attn_mask"] = torch.triu(torch.ones(l, s, dtype=torch.bool), 1)
+    if float_mask:
+        kwargs["attn_mask"] = torch.randn(l, s)
+        tensors["attn_mask"] = kwargs["attn_mask"]
+    if padding:
+        mask = torch.zeros(n, s, dtype=torch.bool)
+        mask[0, -2:] = True
+        mask[1, 0] = True
+        kwargs["key_padding_mask"] = mask
+        tensors["key_padding_mask"] = mask
+    out, weights = module(query, key, value, **kwargs)
+    grad_output = torch.randn_like(out)
+    (out * grad_output).sum().backward()
+    tensors.update({"query": query.detach(), "output": out.detach(), "weights": weights.detach(),
+                    "grad_output": grad_output, "grad.query": query.grad})
+    if not self_attention:
+        tensors.update({"key": key.detach(), "value": value.detach(), "grad.key": key.grad, "grad.value": value.grad})
+    for k, p in module.named_parameters():
+        tensors["grad.param." + k] = p.grad
+    metadata = {"batch_first": int(batch_first), "embed_dim": e, "heads": heads, "self": int(self_attention),
+                "causal": int(causal), "average": int(average)}
+    write_safetensors(os.path.join(OUT, name + ".safetensors"), tensors, metadata)
+
+
+def sdpa_case(name):
+    """PyTorch 2's scaled_dot_product_attention, written out (torch 1.13 has none): a bool mask, true = may attend."""
+    torch.manual_seed(abs(hash(name)) % (2 ** 31))
+    q = torch.randn(2, 3, 4, 5, requires_grad=True)
+    k = torch.randn(2, 3, 6, 5, requires_grad=True)
+    v = torch.randn(2, 3, 6, 7, requires_grad=True)
+    allowed = torch.rand(4, 6) > 0.3
+    allowed[:, 0] = True  # every query sees a key
+    scores = (q @ k.transpose(-2, -1)) * (1 / math.sqrt(5))
+    out = torch.softmax(scores.masked_fill(~allowed, float("-inf")), dim=-1) @ v
+    grad_output = torch.randn_like(out)
+    (out * grad_output).sum().backward()
+    tensors = {"query": q.detach(), "key": k.detach(), "value": v.detach(), "mask": allowed, "output": out.detach(),
+               "grad_output": grad_output, "grad.query": q.grad, "grad.key": k.grad, "grad.value": v.grad}
+    write_safetensors(os.path.join(OUT, name + ".safetensors"), tensors, {})
 
 
 def loss_case(name, kind, reduction):
@@ -277,6 +334,10 @@ def main():
                {"shape": "5", "eps": 1e-3, "affine": 0})
     embedding_case("embedding", 10, 4, (3, 5))
     embedding_case("embedding_padding", 8, 3, (2, 6), padding_idx=-2)
+    attention_case("mha_self_causal", True, 8, 2, 2, 5, 5, self_attention=True, causal=True)
+    attention_case("mha_cross_padding", False, 6, 3, 2, 4, 7, self_attention=False, padding=True, float_mask=True,
+                   average=False)
+    sdpa_case("sdpa_bool_mask")
 
     for reduction in ("mean", "sum", "none"):
         loss_case("cross_entropy_" + reduction, "cross_entropy", reduction)

@@ -85,6 +85,16 @@ Tensor leaky_relu(const Tensor& input, double negative_slope = 0.01);
 Tensor layer_norm(const Tensor& input, const Shape& normalized_shape, const Tensor& weight = Tensor(),
                   const Tensor& bias = Tensor(), double eps = 1e-5);
 
+// Attention: softmax(query key^T * scale + mask) value over the last two dims, batched over the others (they
+// broadcast): query (..., L, E), key (..., S, E), value (..., S, Ev) -> (..., L, Ev). attn_mask broadcasts to
+// (..., L, S): bool is true where attention IS allowed (PyTorch 2's scaled_dot_product_attention; the opposite of
+// MultiheadAttention's), float is added. is_causal: query i sees keys 0..i (the top-left triangle when L != S), not
+// with attn_mask. scale: 1/sqrt(E) unless given. dropout_p: on the weights (training only: pass 0 in eval). A row
+// that may see no key gives NaN, as in PyTorch.
+Tensor scaled_dot_product_attention(const Tensor& query, const Tensor& key, const Tensor& value,
+                                    const Tensor& attn_mask = Tensor(), double dropout_p = 0, bool is_causal = false,
+                                    std::optional<double> scale = std::nullopt);
+
 // Rows of `weight` (num_embeddings, dim) picked by `indices` (int64, any shape): indices.shape + (dim). An index
 // outside [0, num_embeddings) is an error (on a GPU at the next sync). padding_idx (if given; negative counts from
 // the end): its row gets no gradient, as PyTorch's.
