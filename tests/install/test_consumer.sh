@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # tests/install/test_consumer.sh BUILD_DIR — ferry as another project's dependency (docs/library.md): installs
 # BUILD_DIR into a scratch prefix with `cmake --install`, builds examples/ against it with find_package(ferry)
-# as an outside project would, then trains with examples/train_mlp, classifies with examples/classify, and
+# as an outside project would, then trains with examples/train_mlp, classifies with examples/classify, trains
+# examples/char_transformer (a small GPT) on the README for 30 steps, and
 # checks that `ferry eval` (the installed one) reads the same accuracy from the same checkpoint. Also: bad
 # command lines exit 2 with one line. Skips with a reason where Fashion-MNIST is absent.
 set -u
@@ -64,6 +65,22 @@ else
   fail "classify: $(tail -c 600 "$scratch/classify.err")"
 fi
 
+# A small GPT on a text file (the checkout's README, so nothing else is needed): the loss falls over 30 steps, no byte
+# crosses to the device inside a step, and it writes a sample.
+if "$scratch/build/char_transformer" --text "$root/README.md" --device cpu --steps 30 --log-every 10 --sample 40 \
+     >"$scratch/gpt.out" 2>"$scratch/gpt.err"; then
+  first="$(sed -n 's/^  step 1  loss \([0-9.]*\).*/\1/p' "$scratch/gpt.out")"
+  last="$(sed -n 's/^  step 30  loss \([0-9.]*\).*/\1/p' "$scratch/gpt.out")"
+  if awk -v a="$first" -v b="$last" 'BEGIN { exit !(a != "" && b != "" && b < a - 0.5) }' &&
+     grep -q "^sample:" "$scratch/gpt.out" && grep -q "bytes per step: host->device 0 B" "$scratch/gpt.out"; then
+    ok "char_transformer: loss $first -> $last in 30 steps, 0 bytes to the device per step, a sample written"
+  else
+    fail "char_transformer: loss '$first' -> '$last': $(head -c 800 "$scratch/gpt.out")"
+  fi
+else
+  fail "char_transformer: $(tail -c 600 "$scratch/gpt.err")"
+fi
+
 # Bad command lines: status 2 and one line on stderr.
 expect_usage_error() {
   local what="$1"
@@ -78,6 +95,7 @@ expect_usage_error() {
 }
 expect_usage_error "train_mlp --epochs 0" "$scratch/build/train_mlp" --epochs 0
 expect_usage_error "classify without a checkpoint" "$scratch/build/classify"
+expect_usage_error "char_transformer --dim 10 --heads 3" "$scratch/build/char_transformer" --dim 10 --heads 3
 expect_usage_error "classify --device cuda:7" "$scratch/build/classify" "$checkpoint" --device cuda:7
 
 finish test_consumer

@@ -1,0 +1,268 @@
+// char_transformer — a small GPT (decoder-only transformer) trained on the characters of any text file, on ferry's
+// library, outside ferry's tree (examples/CMakeLists.txt). llm.c's loop in a page of C++:
+//
+//   tokens resident on the device once; each step's batch picked there (randint + index_select: no copy);
+//   Embedding + position Embedding -> N x [LayerNorm, causal MultiheadAttention, LayerNorm, Linear-GELU-Linear]
+//   -> LayerNorm -> Linear to the vocabulary; cross-entropy; AdamW with a warmup then cosine schedule
+//   (SequentialLR), gradients clipped to norm 1 (on the device); the loss read back every --log-every steps.
+//
+// Then it writes --sample characters, one forward pass per character (each one a read of the next character's
+// probabilities: a sync, and the ledger's report says so).
+//
+//   char_transformer [--text FILE] [--device auto|cpu|cuda:N|sim] [--steps N] [--batch N] [--context N]
+//                    [--dim N] [--heads N] [--layers N] [--lr X] [--log-every N] [--sample N] [--seed N]
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstdlib>
+#include <fstream>
+#include <iostream>
+#include <iterator>
+#include <memory>
+#include <random>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "ferry/ferry.h"
+#include "ferry/lr_scheduler.h"
+#include "ferry/nn/activation.h"
+#include "ferry/nn/attention.h"
+#include "ferry/nn/clip_grad.h"
+#include "ferry/nn/embedding.h"
+#include "ferry/nn/functional.h"
+#include "ferry/nn/init.h"
+#include "ferry/nn/layernorm.h"
+#include "ferry/nn/linear.h"
+#include "ferry/nn/loss.h"
+#include "ferry/optim.h"
+#include "ferry/phase.h"
+#include "ferry/report.h"
+
+namespace {
+
+using ferry::Tensor;
+namespace nn = ferry::nn;
+
+struct Options {
+  std::string text = "/usr/share/common-licenses/GPL-3";  // any text; Debian ships this one everywhere
+  std::string device = "auto";
+  std::int64_t steps = 300, batch = 32, context = 64, dim = 64, heads = 4, layers = 2, log_every = 50, sample = 300;
+  double lr = 3e-3;
+  std::int64_t seed = 0;
+};
+
+// One transformer block, pre-norm as GPT-2: x + attention(ln(x)), then x + mlp(ln(x)).
+class Block : public nn::Module {
+ public:
+  Block(std::int64_t dim, std::int64_t heads, const ferry::TensorOptions& on) {
+    ln1 = register_module("ln1", std::make_shared<nn::LayerNorm>(ferry::Shape{dim}, 1e-5, true, on));
+    attn = register_module("attn", std::make_shared<nn::MultiheadAttention>(
+                                       dim, heads, nn::MultiheadAttentionOptions{.batch_first = true}, on));
+    ln2 = register_module("ln2", std::make_shared<nn::LayerNorm>(ferry::Shape{dim}, 1e-5, true, on));
+    up = register_module("up", std::make_shared<nn::Linear>(dim, 4 * dim, true, on));
+    down = register_module("down", std::make_shared<nn::Linear>(4 * dim, dim, true, on));
+  }
+  Tensor forward(const Tensor& x) override {  // (B, T, dim)
+    nn::AttendOptions causal;
+    causal.is_causal = true;
+    causal.need_weights = false;
+    const Tensor normed = (*ln1)(x);
+    const Tensor h = x + attn->attend(normed, normed, normed, causal).output;
+    return h + (*down)(nn::functional::gelu((*up)((*ln2)(h))));
+  }
+  std::string type_name() const override { return "Block"; }
+
+  std::shared_ptr<nn::LayerNorm> ln1, ln2;
+  std::shared_ptr<nn::MultiheadAttention> attn;
+  std::shared_ptr<nn::Linear> up, down;
+};
+
+class CharTransformer : public nn::Module {
+ public:
+  CharTransformer(std::int64_t vocab, const Options& o, const ferry::TensorOptions& on) {
+    tokens = register_module("tokens", std::make_shared<nn::Embedding>(vocab, o.dim, std::nullopt, on));
+    positions = register_module("positions", std::make_shared<nn::Embedding>(o.context, o.dim, std::nullopt, on));
+    nn::init::normal_(tokens->weight, 0, 0.02);  // GPT-2's scale, not Embedding's N(0, 1)
+    nn::init::normal_(positions->weight, 0, 0.02);
+    for (std::int64_t i = 0; i < o.layers; ++i)
+      blocks.push_back(register_module("block" + std::to_string(i), std::make_shared<Block>(o.dim, o.heads, on)));
+    ln_f = register_module("ln_f", std::make_shared<nn::LayerNorm>(ferry::Shape{o.dim}, 1e-5, true, on));
+    head = register_module("head", std::make_shared<nn::Linear>(o.dim, vocab, true, on));
+  }
+  Tensor forward(const Tensor& ids) override {  // (B, T) int64 -> (B, T, vocab) logits
+    const std::int64_t t = ids.size(1);
+    const Tensor where = ferry::arange(0, static_cast<double>(t), 1, {.device = ids.device(), .dtype = ferry::DType::Int64});
+    Tensor x = (*tokens)(ids) + (*positions)(where);
+    for (const auto& block : blocks) x = (*block)(x);
+    return (*head)((*ln_f)(x));
+  }
+  std::string type_name() const override { return "CharTransformer"; }
+
+  std::shared_ptr<nn::Embedding> tokens, positions;
+  std::vector<std::shared_ptr<Block>> blocks;
+  std::shared_ptr<nn::LayerNorm> ln_f;
+  std::shared_ptr<nn::Linear> head;
+};
+
+std::int64_t whole(std::string_view option, const std::string& text, std::int64_t least) {
+  std::size_t used = 0;
+  long long value = 0;
+  try {
+    value = std::stoll(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used != text.size() || value < least) {
+    throw ferry::InvalidArgument(std::string(option) + " wants a whole number >= " + std::to_string(least) +
+                                 ", not '" + text + "'");
+  }
+  return value;
+}
+
+Options parse(int argc, char** argv) {
+  Options o;
+  for (int i = 1; i < argc; ++i) {
+    const std::string_view arg = argv[i];
+    if (arg == "--help" || arg == "-h") {
+      std::cout << "usage: char_transformer [--text FILE] [--device auto|cpu|cuda:N|sim] [--steps N] [--batch N]\n"
+                   "                        [--context N] [--dim N] [--heads N] [--layers N] [--lr X] [--log-every N]\n"
+                   "                        [--sample N] [--seed N]\n"
+                   "Trains a small GPT on the characters of FILE (default " << o.text << "), then writes\n"
+                   "--sample characters from it.\n";
+      std::exit(0);
+    }
+    if (i + 1 == argc) throw ferry::InvalidArgument(std::string(arg) + " needs a value (see --help)");
+    const std::string value = argv[++i];
+    if (arg == "--text") o.text = value;
+    else if (arg == "--device") o.device = value;
+    else if (arg == "--steps") o.steps = whole(arg, value, 1);
+    else if (arg == "--batch") o.batch = whole(arg, value, 1);
+    else if (arg == "--context") o.context = whole(arg, value, 2);
+    else if (arg == "--dim") o.dim = whole(arg, value, 1);
+    else if (arg == "--heads") o.heads = whole(arg, value, 1);
+    else if (arg == "--layers") o.layers = whole(arg, value, 1);
+    else if (arg == "--log-every") o.log_every = whole(arg, value, 1);
+    else if (arg == "--sample") o.sample = whole(arg, value, 0);
+    else if (arg == "--seed") o.seed = whole(arg, value, 0);
+    else if (arg == "--lr") {
+      char* end = nullptr;
+      o.lr = std::strtod(value.c_str(), &end);
+      if (end != value.c_str() + value.size() || !(o.lr > 0))
+        throw ferry::InvalidArgument("--lr wants a number > 0, not '" + value + "'");
+    } else {
+      throw ferry::InvalidArgument("unknown option " + std::string(arg) + " (see --help)");
+    }
+  }
+  if (o.dim % o.heads != 0) {
+    throw ferry::InvalidArgument("--dim " + std::to_string(o.dim) + " must divide by --heads " +
+                                 std::to_string(o.heads));
+  }
+  return o;
+}
+
+int run(const Options& o) {
+  using namespace ferry;
+  const Device device = Device::parse(o.device);
+  manual_seed(static_cast<std::uint64_t>(o.seed));
+
+  std::ifstream file(o.text, std::ios::binary);
+  if (!file) throw IoError("cannot read '" + o.text + "' (give any text file with --text)");
+  const std::string text((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
+  if (static_cast<std::int64_t>(text.size()) < o.context + 2) {
+    throw InvalidArgument("'" + o.text + "' has " + std::to_string(text.size()) + " characters; --context " +
+                          std::to_string(o.context) + " needs at least " + std::to_string(o.context + 2));
+  }
+  // The vocabulary: the bytes that occur, in byte order.
+  std::array<std::int64_t, 256> id{};
+  id.fill(-1);
+  std::vector<char> chars;
+  for (const unsigned char c : text) id[c] = 0;
+  for (int c = 0; c < 256; ++c)
+    if (id[c] == 0) id[c] = static_cast<std::int64_t>(chars.size()), chars.push_back(static_cast<char>(c));
+  const auto vocab = static_cast<std::int64_t>(chars.size());
+  std::vector<std::int64_t> ids(text.size());
+  for (std::size_t i = 0; i < text.size(); ++i) ids[i] = id[static_cast<unsigned char>(text[i])];
+  const Tensor data = from_vector(ids, {static_cast<std::int64_t>(ids.size())}).to(device);  // resident: one copy
+
+  CharTransformer model(vocab, o, {.device = device});
+  optim::AdamW adamw(model.parameters(), {.lr = o.lr, .weight_decay = 0.1});
+  const std::int64_t warmup = std::max<std::int64_t>(1, o.steps / 10);
+  auto ramp = std::make_shared<optim::LinearLR>(adamw, 0.01, 1.0, warmup);
+  auto decay = std::make_shared<optim::CosineAnnealingLR>(adamw, std::max<std::int64_t>(1, o.steps - warmup), o.lr / 10);
+  optim::SequentialLR schedule(adamw, {ramp, decay}, {warmup});
+  std::cout << "char_transformer: " << text.size() << " characters of " << o.text << ", " << vocab
+            << " distinct; " << model.parameter_count() << " parameters on " << device.str() << "; " << o.steps
+            << " steps of " << o.batch << " x " << o.context << " tokens\n";
+
+  // A batch, on the device: random starts, then the windows of tokens after them (inputs) and one further on
+  // (targets). No byte crosses the link inside a step.
+  const Tensor offsets = arange(0, static_cast<double>(o.context), 1, {.device = device, .dtype = DType::Int64});
+  const auto batch = [&]() {
+    const Tensor starts = randint(0, data.numel() - o.context - 1, {o.batch, 1}, {.device = device});
+    const Tensor where = (starts + offsets).reshape({-1});
+    return std::pair{index_select(data, 0, where).reshape({o.batch, o.context}),
+                     index_select(data, 0, where + 1).reshape({o.batch, o.context})};
+  };
+  Ledger::global().set_budget({.max_syncs = 1, .max_host_to_device_bytes = 0});  // inside a step (see train_mlp)
+  for (std::int64_t step = 0; step < o.steps; ++step) {
+    Step scope(step);
+    Tensor loss;
+    {
+      Phase compute(PhaseKind::Compute, device);
+      const auto [inputs, targets] = batch();
+      adamw.zero_grad();
+      loss = nn::functional::cross_entropy(model(inputs).reshape({-1, vocab}), targets.reshape({-1}));
+      loss.backward();
+      nn::utils::clip_grad_norm_(model.parameters(), 1.0);
+      adamw.step();
+      schedule.step();
+    }
+    if ((step + 1) % o.log_every == 0 || step == 0) {
+      Phase sync(PhaseKind::Sync, device, "log");
+      std::cout << "  step " << step + 1 << "  loss " << loss.item<double>() << "  lr " << schedule.last_lr()
+                << "\n";
+    }
+  }
+  Ledger::global().set_budget({});
+
+  // Sampling: the last --context characters in, the next one drawn from the softmax of its logits.
+  model.eval();
+  autograd::NoGradGuard no_grad;
+  std::mt19937_64 draw(static_cast<std::uint64_t>(o.seed));
+  std::vector<std::int64_t> generated = {id[static_cast<unsigned char>('\n')] >= 0
+                                             ? id[static_cast<unsigned char>('\n')]
+                                             : 0};
+  std::string out;
+  for (std::int64_t i = 0; i < o.sample; ++i) {
+    const auto n = static_cast<std::int64_t>(std::min<std::size_t>(generated.size(), static_cast<std::size_t>(o.context)));
+    const std::vector<std::int64_t> window(generated.end() - n, generated.end());
+    const Tensor logits = model(from_vector(window, {1, n}).to(device)).select(1, n - 1).reshape({vocab});
+    const std::vector<double> p = softmax(logits, 0).to_vector<double>();
+    const auto next = static_cast<std::int64_t>(std::discrete_distribution<std::size_t>(p.begin(), p.end())(draw));
+    generated.push_back(next);
+    out += chars[static_cast<std::size_t>(next)];
+  }
+  if (o.sample > 0) std::cout << "\nsample:\n" << out << "\n";
+  std::cout << "\n" << report_text(make_report({.warmup_steps = 2})) << "\n";
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  // One line on stderr; status 2 for bad input, 1 otherwise, as the `ferry` command line does.
+  const auto say = [](const std::exception& e, int status) {
+    std::cerr << "char_transformer: " << e.what() << "\n";
+    return status;
+  };
+  try {
+    return run(parse(argc, argv));
+  } catch (const ferry::InvalidArgument& e) {
+    return say(e, 2);
+  } catch (const ferry::DeviceUnavailable& e) {
+    return say(e, 2);
+  } catch (const std::exception& e) {
+    return say(e, 1);
+  }
+}
