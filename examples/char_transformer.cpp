@@ -92,7 +92,8 @@ class CharTransformer : public nn::Module {
   }
   Tensor forward(const Tensor& ids) override {  // (B, T) int64 -> (B, T, vocab) logits
     const std::int64_t t = ids.size(1);
-    const Tensor where = ferry::arange(0, static_cast<double>(t), 1, {.device = ids.device(), .dtype = ferry::DType::Int64});
+    const Tensor where =
+        ferry::arange(0, static_cast<double>(t), 1, {.device = ids.device(), .dtype = ferry::DType::Int64});
     Tensor x = (*tokens)(ids) + (*positions)(where);
     for (const auto& block : blocks) x = (*block)(x);
     return (*head)((*ln_f)(x));
@@ -189,7 +190,8 @@ int run(const Options& o) {
   optim::AdamW adamw(model.parameters(), {.lr = o.lr, .weight_decay = 0.1});
   const std::int64_t warmup = std::max<std::int64_t>(1, o.steps / 10);
   auto ramp = std::make_shared<optim::LinearLR>(adamw, 0.01, 1.0, warmup);
-  auto decay = std::make_shared<optim::CosineAnnealingLR>(adamw, std::max<std::int64_t>(1, o.steps - warmup), o.lr / 10);
+  auto decay =
+      std::make_shared<optim::CosineAnnealingLR>(adamw, std::max<std::int64_t>(1, o.steps - warmup), o.lr / 10);
   optim::SequentialLR schedule(adamw, {ramp, decay}, {warmup});
   std::cout << "char_transformer: " << text.size() << " characters of " << o.text << ", " << vocab
             << " distinct; " << model.parameter_count() << " parameters on " << device.str() << "; " << o.steps
@@ -230,12 +232,12 @@ int run(const Options& o) {
   model.eval();
   autograd::NoGradGuard no_grad;
   std::mt19937_64 draw(static_cast<std::uint64_t>(o.seed));
-  std::vector<std::int64_t> generated = {id[static_cast<unsigned char>('\n')] >= 0
-                                             ? id[static_cast<unsigned char>('\n')]
-                                             : 0};
+  const std::int64_t newline = id[static_cast<unsigned char>('\n')];
+  std::vector<std::int64_t> generated = {newline >= 0 ? newline : 0};  // start as after a line break
   std::string out;
   for (std::int64_t i = 0; i < o.sample; ++i) {
-    const auto n = static_cast<std::int64_t>(std::min<std::size_t>(generated.size(), static_cast<std::size_t>(o.context)));
+    const auto n =
+        static_cast<std::int64_t>(std::min<std::size_t>(generated.size(), static_cast<std::size_t>(o.context)));
     const std::vector<std::int64_t> window(generated.end() - n, generated.end());
     const Tensor logits = model(from_vector(window, {1, n}).to(device)).select(1, n - 1).reshape({vocab});
     const std::vector<double> p = softmax(logits, 0).to_vector<double>();

@@ -54,7 +54,8 @@ Tensor clip_grad_norm_(const std::vector<Tensor>& parameters, double max_norm, d
   if (error_if_nonfinite) {
     const double value = detail::host_copy(total, "clip_grad_norm_ (error_if_nonfinite)").item<double>();
     FERRY_CHECK(std::isfinite(value), Error, "clip_grad_norm_: the total ", norm_type, "-norm of the gradients of ",
-                grads.size(), grads.size() == 1 ? " parameter is " : " parameters is ", value, "; the gradients are left as they were (error_if_nonfinite)");
+                grads.size(), grads.size() == 1 ? " parameter is " : " parameters is ", value,
+                "; the gradients are left as they were (error_if_nonfinite)");
   }
   // min(1, max_norm / (total + 1e-6)), on the device: no read, the same launches whether or not it clips.
   const Tensor scale = clamp(div(full({}, max_norm, {.device = total.device(), .dtype = total.dtype()}),

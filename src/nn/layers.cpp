@@ -1,5 +1,6 @@
 // layers.cpp — the small layers without parameters (ReLU, GELU, SiLU, Sigmoid, Tanh, LeakyReLU, Softmax,
-// LogSoftmax, Flatten, Dropout, MaxPool2d, AvgPool2d) and Sequential. Not here: anything with weights (linear.cpp, conv.cpp, batchnorm.cpp).
+// LogSoftmax, Flatten, Dropout, MaxPool2d, AvgPool2d) and Sequential. Not here: anything with weights (linear.cpp,
+// conv.cpp, batchnorm.cpp, layernorm_embedding.cpp, attention.cpp).
 #include "ferry/nn/activation.h"
 #include "ferry/nn/functional.h"
 #include "ferry/nn/pooling.h"

@@ -10,8 +10,8 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
-#include <optional>
 #include <iomanip>
+#include <optional>
 #include <ostream>
 #include <sstream>
 
