@@ -6,8 +6,8 @@
 //   -> LayerNorm -> Linear to the vocabulary; cross-entropy; AdamW with a warmup then cosine schedule
 //   (SequentialLR), gradients clipped to norm 1 (on the device); the loss read back every --log-every steps.
 //
-// Then it writes --sample characters, one forward pass per character (each one a read of the next character's
-// probabilities: a sync, and the ledger's report says so).
+// Then it writes --sample characters, one forward pass each, drawn on the device (multinomial): the text is read
+// back once, at the end, one sync for the whole sample.
 //
 //   char_transformer [--text FILE] [--device auto|cpu|cuda:N|sim] [--steps N] [--batch N] [--context N]
 //                    [--dim N] [--heads N] [--layers N] [--lr X] [--log-every N] [--sample N] [--seed N]
@@ -19,7 +19,6 @@
 #include <iostream>
 #include <iterator>
 #include <memory>
-#include <random>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -228,24 +227,27 @@ int run(const Options& o) {
   }
   Ledger::global().set_budget({});
 
-  // Sampling: the last --context characters in, the next one drawn from the softmax of its logits.
+  // Sampling, on the device: the last --context tokens in, the next one drawn from the softmax of its logits by
+  // multinomial (ferry's generator, no host read), appended; the text crosses to the host once, at the end.
   model.eval();
   autograd::NoGradGuard no_grad;
-  std::mt19937_64 draw(static_cast<std::uint64_t>(o.seed));
   const std::int64_t newline = id[static_cast<unsigned char>('\n')];
-  std::vector<std::int64_t> generated = {newline >= 0 ? newline : 0};  // start as after a line break
-  std::string out;
+  Tensor generated = full({1, 1}, static_cast<double>(newline >= 0 ? newline : 0),  // as after a line break
+                          {.device = device, .dtype = DType::Int64});
+  const std::int64_t syncs_before = Ledger::global().totals().syncs;
   for (std::int64_t i = 0; i < o.sample; ++i) {
-    const auto n =
-        static_cast<std::int64_t>(std::min<std::size_t>(generated.size(), static_cast<std::size_t>(o.context)));
-    const std::vector<std::int64_t> window(generated.end() - n, generated.end());
-    const Tensor logits = model(from_vector(window, {1, n}).to(device)).select(1, n - 1).reshape({vocab});
-    const std::vector<double> p = softmax(logits, 0).to_vector<double>();
-    const auto next = static_cast<std::int64_t>(std::discrete_distribution<std::size_t>(p.begin(), p.end())(draw));
-    generated.push_back(next);
-    out += chars[static_cast<std::size_t>(next)];
+    const std::int64_t length = generated.size(1), n = std::min(length, o.context);
+    const Tensor logits = model(generated.narrow(1, length - n, n)).select(1, n - 1);  // (1, vocab)
+    generated = cat({generated, multinomial(softmax(logits, -1), 1)}, 1);
   }
-  if (o.sample > 0) std::cout << "\nsample:\n" << out << "\n";
+  std::string out;
+  for (const std::int64_t next : generated.narrow(1, 1, o.sample).to_vector<std::int64_t>())
+    out += chars[static_cast<std::size_t>(next)];
+  const std::int64_t sample_syncs = Ledger::global().totals().syncs - syncs_before;
+  if (o.sample > 0) {
+    std::cout << "\nsample (" << o.sample << " characters, " << sample_syncs << " host sync"
+              << (sample_syncs == 1 ? "" : "s") << "):\n" << out << "\n";
+  }
   std::cout << "\n" << report_text(make_report({.warmup_steps = 2})) << "\n";
   return 0;
 }

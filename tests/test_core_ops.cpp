@@ -705,5 +705,58 @@ TEST(CoreOps, EveryMultiOperandOpChecksDevices) {
   }
 }
 
+// multinomial draws each index in proportion to its weight (weights need not sum to 1), never a zero-weight one,
+// with and without replacement; the same seed draws the same indices on every device; nothing is read back.
+TEST(CoreOps, MultinomialDrawsInProportionAndAlikeOnEveryDevice) {
+  const std::vector<float> weights = {0.3f, 0.6f, 0.0f, 2.1f};  // probabilities 0.1, 0.2, 0, 0.7
+  const std::vector<double> expected = {0.1, 0.2, 0.0, 0.7};
+  const auto frequencies = [](const std::vector<std::int64_t>& draws, std::size_t stride, std::size_t column) {
+    std::vector<double> f(4, 0.0);
+    std::size_t count = 0;
+    for (std::size_t i = column; i < draws.size(); i += stride, ++count) f[static_cast<std::size_t>(draws[i])] += 1;
+    for (double& v : f) v /= static_cast<double>(count);
+    return f;
+  };
+  std::vector<Device> devices = accelerators();
+  devices.insert(devices.begin(), kCPU);
+  std::vector<std::int64_t> with_first, without_first;
+  for (const Device device : devices) {
+    const Tensor p = from_vector(weights, {4}).to(device);
+    Ledger::global().clear();
+    manual_seed(1);
+    const Tensor with = multinomial(p, 20000, true);
+    const Tensor without = multinomial(p.unsqueeze(0).expand({4000, 4}), 3, false);
+    EXPECT_EQ(Ledger::global().totals().syncs, 0) << device.str();
+    ASSERT_EQ(with.shape(), (Shape{20000}));
+    ASSERT_EQ(without.shape(), (Shape{4000, 3}));
+    EXPECT_EQ(with.dtype(), DType::Int64);
+    const auto w = with.to_vector<std::int64_t>(), wo = without.to_vector<std::int64_t>();
+    const auto f = frequencies(w, 1, 0), first = frequencies(wo, 3, 0);
+    for (std::size_t i = 0; i < 4; ++i) {
+      EXPECT_NEAR(f[i], expected[i], 0.015) << "with replacement, index " << i << " on " << device.str();
+      EXPECT_NEAR(first[i], expected[i], 0.03) << "without, first draw, index " << i << " on " << device.str();
+    }
+    EXPECT_EQ(f[2], 0.0);
+    for (std::size_t row = 0; row < 4000; ++row) {  // three distinct indices of the three with weight: never 2
+      const std::int64_t a = wo[row * 3], b = wo[row * 3 + 1], c = wo[row * 3 + 2];
+      EXPECT_TRUE(a != b && b != c && a != c && a != 2 && b != 2 && c != 2) << "row " << row;
+    }
+    if (with_first.empty()) {
+      with_first = w;
+      without_first = wo;
+    } else {
+      EXPECT_EQ(w, with_first) << device.str() << " drew other indices than the cpu";
+      EXPECT_EQ(wo, without_first) << device.str() << " drew other indices than the cpu";
+    }
+  }
+  // Rows of their own; one-hot rows always give their index.
+  const Tensor rows = from_vector<float>({1, 0, 0, 0, 0, 0, 0, 5}, {2, 4});
+  EXPECT_EQ(multinomial(rows, 3, true).to_vector<std::int64_t>(), (std::vector<std::int64_t>{0, 0, 0, 3, 3, 3}));
+  EXPECT_THROW(multinomial(from_vector(weights, {4}), 5, false), InvalidArgument);
+  EXPECT_THROW(multinomial(from_vector<std::int64_t>({1, 2}, {2}), 1, true), DTypeMismatch);
+  EXPECT_THROW(multinomial(zeros({2, 2, 2}), 1, true), ShapeMismatch);
+  EXPECT_THROW(multinomial(from_vector(weights, {4}), 0, true), InvalidArgument);
+}
+
 }  // namespace
 }  // namespace ferry

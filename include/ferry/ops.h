@@ -115,6 +115,14 @@ std::pair<Tensor, Tensor> sort(const Tensor& a, int dim = -1, bool descending = 
 Tensor argsort(const Tensor& a, int dim = -1, bool descending = false);  // sort's indices alone
 // The k largest (smallest) along dim, in order, with their int64 indices (ties: the earlier first).
 std::pair<Tensor, Tensor> topk(const Tensor& a, std::int64_t k, int dim = -1, bool largest = true);
+// torch.multinomial: num_samples int64 indices per row of `probs` (1-d (n) -> (num_samples); 2-d (rows, n) ->
+// (rows, num_samples)), index i drawn with probability probs[i] / sum(probs), from ferry's generator on probs'
+// device (the same seed draws the same indices on every device) and with no host read. With replacement: a
+// cumulative sum against uniform draws. Without: the Gumbel top-k (the k largest of log p - log(-log u)), which
+// draws as sequential sampling without replacement does; num_samples <= n. Weights must be >= 0 and finite, and a
+// row must not be all zero (PyTorch checks this on the device and raises; here such a row gives index 0, or
+// zero-weight indices last without replacement).
+Tensor multinomial(const Tensor& probs, std::int64_t num_samples, bool replacement = false);
 // Selection by a mask, whose result size depends on the values: each reads that size to the host (one recorded
 // device->host copy and sync; not allowed inside a graph capture), as PyTorch's do.
 // The elements of a (broadcast with mask) where mask (bool) is true, in row-major order, 1-d. Differentiable.
