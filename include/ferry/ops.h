@@ -118,7 +118,7 @@ std::pair<Tensor, Tensor> topk(const Tensor& a, std::int64_t k, int dim = -1, bo
 // torch.multinomial: num_samples int64 indices per row of `probs` (1-d (n) -> (num_samples); 2-d (rows, n) ->
 // (rows, num_samples)), index i drawn with probability probs[i] / sum(probs), from ferry's generator on probs'
 // device (the same seed draws the same indices on every device) and with no host read. With replacement: a
-// cumulative sum against uniform draws. Without: the Gumbel top-k (the k largest of log p - log(-log u)), which
+// cumulative sum against uniform draws (each draw compared with every running sum: rows x num_samples x n bools). Without: the Gumbel top-k (the k largest of log p - log(-log u)), which
 // draws as sequential sampling without replacement does; num_samples <= n. Weights must be >= 0 and finite, and a
 // row must not be all zero (PyTorch checks this on the device and raises; here such a row gives index 0, or
 // zero-weight indices last without replacement).
