@@ -5,6 +5,7 @@
 #include <cmath>
 #include <limits>
 
+#include "checks.h"
 #include "ferry/error.h"
 #include "ferry/factories.h"
 #include "ferry/nn/attention.h"
@@ -25,10 +26,6 @@ Tensor causal_forbidden(std::int64_t queries, std::int64_t keys, Device device) 
   return gt(cols.unsqueeze(0), rows.unsqueeze(1));
 }
 
-void check_floating(const char* op, const Tensor& t, const char* what) {
-  FERRY_CHECK(is_floating(t.dtype()), DTypeMismatch, op, ": expected a float32 or float64 ", what, ", got ",
-              dtype_name(t.dtype()));
-}
 
 // softmax(scores + additive, masked -inf where forbidden), then dropout: the attention weights.
 Tensor attention_weights(Tensor scores, const Tensor& additive, const Tensor& forbidden, double dropout_p,

@@ -3,6 +3,7 @@
 // ops, so its gradient is as exact as theirs (checked against finite differences and PyTorch's fixtures).
 #include <cmath>
 
+#include "checks.h"
 #include "ferry/autograd.h"
 #include "ferry/error.h"
 #include "ferry/factories.h"
@@ -10,13 +11,6 @@
 #include "ferry/ops.h"
 
 namespace ferry::nn::functional {
-
-namespace {
-void check_floating(const char* op, const Tensor& t) {
-  FERRY_CHECK(is_floating(t.dtype()), DTypeMismatch, op, ": expected a float32 or float64 input, got ",
-              dtype_name(t.dtype()));
-}
-}  // namespace
 
 Tensor gelu(const Tensor& x, const std::string& approximate) {
   FERRY_CHECK(approximate == "none" || approximate == "tanh", InvalidArgument,

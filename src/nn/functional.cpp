@@ -2,6 +2,7 @@
 // backend; conv via im2col/col2im, or the device's library: cuDNN), batch_norm (per-channel passes, or
 // cuDNN in training), pooling, dropout. Each records one autograd node with a
 // hand-written backward. Not here: the losses (loss.cpp), BatchNorm's per-channel passes (batch_norm_kernels.cpp).
+#include "checks.h"
 #include "ferry/nn/functional.h"
 
 #include <algorithm>
@@ -29,10 +30,6 @@ namespace {
 KernelTensor kernel(const Tensor& t) { return ferry::detail::kernel_view(t); }
 Stream stream_of(Device device) { return ferry::detail::compute_stream(device); }
 
-void check_floating(const char* op, const Tensor& t, const char* what) {
-  FERRY_CHECK(is_floating(t.dtype()), DTypeMismatch, op, ": expected a float32 or float64 ", what, ", got ",
-              dtype_name(t.dtype()));
-}
 
 void check_same_dtype(const char* op, const Tensor& input, std::initializer_list<std::pair<const Tensor*, const char*>> others) {
   for (const auto& [t, what] : others) {

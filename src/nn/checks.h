@@ -1,0 +1,15 @@
+// checks.h — the argument checks the nn functions share (functional.cpp, composed_layers.cpp, attention.cpp).
+#pragma once
+
+#include "ferry/error.h"
+#include "ferry/tensor.h"
+
+namespace ferry::nn {
+
+// DTypeMismatch unless `t` is float32 or float64: "<op>: expected a float32 or float64 <what>, got int64".
+inline void check_floating(const char* op, const Tensor& t, const char* what = "input") {
+  FERRY_CHECK(is_floating(t.dtype()), DTypeMismatch, op, ": expected a float32 or float64 ", what, ", got ",
+              dtype_name(t.dtype()));
+}
+
+}  // namespace ferry::nn
