@@ -93,6 +93,9 @@ std::vector<OpCase> op_cases() {
       {"matmul_batched_2d", two({2, 5, 7}, {7, 3}), [](V x) { return matmul(x[0], x[1]); }, 1e-4},
       {"matmul_broadcast", two({2, 1, 5, 7}, {3, 7, 4}), [](V x) { return matmul(x[0], x[1]); }, 1e-4},
       {"bmm", two({3, 4, 5}, {3, 5, 2}), [](V x) { return bmm(x[0], x[1]); }, 1e-4},
+      {"bmm_transposed_views", two({3, 5, 4}, {3, 2, 5}), [](V x) { return bmm(x[0].transpose(1, 2), x[1].transpose(1, 2)); }, 1e-4},
+      {"matmul_head_views", two({2, 6, 3, 4}, {2, 5, 3, 4}),  // attention's q k^T on (N, L, H, D) heads
+       [](V x) { return matmul(x[0].transpose(1, 2), x[1].transpose(1, 2).transpose(-2, -1)); }, 1e-4},
       {"index_select",
        [](Device d) { return std::vector<Tensor>{seeded(d, {{5, 3}})[0], from_vector<std::int64_t>({4, 0, 4, 2}, {.device = d})}; },
        [](V x) { return index_select(x[0], 0, x[1]); }},
@@ -610,6 +613,38 @@ TEST(CoreOps, MatmulOfTwoVectorsIsTheZeroDimDotProduct) {
     EXPECT_NE(std::string(e.what()).find("inconsistent tensor size, expected tensor [3] and src [4] to have the same "
                                          "number of elements, but got 3 and 4 elements respectively"),
               std::string::npos) << e.what();
+  }
+}
+
+// bmm hands transposed, row-strided and expanded operands to the GEMM as they lie (no copy): the same products as
+// of their contiguous copies, forward and backward, on every device.
+TEST(CoreOps, BmmOfStridedViewsEqualsBmmOfContiguousCopies) {
+  for (const Device& device : available_devices()) {
+    if (device.index != 0) continue;
+    const Tensor a = randn({3, 5, 4}, {.device = device}), b = randn({3, 4, 6}, {.device = device});
+    const Tensor wide = randn({3, 5, 9}, {.device = device}), pairs = randn({3, 2, 4, 6}, {.device = device});
+    const Tensor one = randn({1, 4, 6}, {.device = device});
+    const std::vector<std::pair<Tensor, Tensor>> cases{
+        {a.transpose(1, 2).contiguous().transpose(1, 2), b},  // A stored transposed
+        {a, b.transpose(1, 2).contiguous().transpose(1, 2)},  // B stored transposed
+        {wide.narrow(2, 3, 4), b},                            // rows 9 apart, 4 used
+        {a, pairs.select(1, 1)},                              // matrices 2 * 24 apart
+        {a, one.expand({3, 4, 6})},                           // one matrix for every batch entry (stride 0)
+        {a.narrow(0, 1, 1), b.narrow(0, 2, 1)},               // a batch of one
+    };
+    for (std::size_t i = 0; i < cases.size(); ++i) {
+      const auto& [x, y] = cases[i];
+      EXPECT_TRUE(testing::all_close(bmm(x, y), bmm(x.contiguous(), y.contiguous()), 1e-5, 1e-5))
+          << device.str() << " case " << i;
+    }
+    // backward multiplies by the transposes of the saved operands: the gradients of a view and of a copy agree
+    const Tensor p = randn({3, 5, 4}, {.device = device, .requires_grad = true});
+    const Tensor q = randn({3, 6, 4}, {.device = device, .requires_grad = true});
+    sum(square(bmm(p, q.transpose(1, 2)))).backward();
+    const Tensor pc = p.detach().requires_grad_(), qc = q.detach().transpose(1, 2).contiguous().requires_grad_();
+    sum(square(bmm(pc, qc))).backward();
+    EXPECT_TRUE(testing::all_close(p.grad(), pc.grad(), 1e-4, 1e-5)) << device.str();
+    EXPECT_TRUE(testing::all_close(q.grad(), qc.grad().transpose(1, 2), 1e-4, 1e-5)) << device.str();
   }
 }
 

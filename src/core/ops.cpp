@@ -692,16 +692,37 @@ Tensor mm_forward(const Tensor& a, const Tensor& b) {
   return out;
 }
 
-Tensor bmm_forward(const Tensor& a_in, const Tensor& b_in) {
-  const Tensor a = a_in.contiguous(), b = b_in.contiguous();
+// A (batch, rows, cols) operand: each matrix as gemm_operand takes it, the matrices `batch_stride` elements
+// apart (0 for a batch of one, or an expanded batch dim). Transposed views (bmm's backward, k^T in attention)
+// go to the GEMM as they are, without a copy; other layouts are copied to contiguous first.
+struct BatchedGemmOperand {
+  GemmOperand matrix;
+  std::int64_t batch_stride = 0;
+};
+BatchedGemmOperand batched_gemm_operand(const Tensor& t) {
+  const auto& st = t.strides();
+  const std::int64_t rows = t.size(1), cols = t.size(2);
+  const std::int64_t batch_stride = t.size(0) == 1 ? 0 : st[0];
+  if (batch_stride >= 0) {  // each matrix by gemm_operand's rule
+    if ((st[2] == 1 || cols == 1) && st[1] >= std::max<std::int64_t>(cols, 1)) return {{t, false, st[1]}, batch_stride};
+    if ((st[1] == 1 || rows == 1) && st[2] >= std::max<std::int64_t>(rows, 1)) return {{t, true, st[2]}, batch_stride};
+  }
+  const Tensor c = t.contiguous();
+  return {{c, false, std::max<std::int64_t>(cols, 1)}, rows * cols};
+}
+
+Tensor bmm_forward(const Tensor& a, const Tensor& b) {
   const std::int64_t batch = a.size(0), n = a.size(1), k = a.size(2), m = b.size(2);
   Tensor out = make_tensor({batch, n, m}, {.device = a.device(), .dtype = a.dtype()});
   if (out.numel() == 0) return out;
   if (k == 0) return out.fill_(0);
+  const BatchedGemmOperand ga = batched_gemm_operand(a), gb = batched_gemm_operand(b);
   Backend::GemmArgs args;
+  args.trans_a = ga.matrix.transposed;
+  args.trans_b = gb.matrix.transposed;
   args.m = n; args.n = m; args.k = k;
-  args.a = a.data_ptr(); args.lda = k; args.stride_a = n * k;
-  args.b = b.data_ptr(); args.ldb = m; args.stride_b = k * m;
+  args.a = ga.matrix.storage.data_ptr(); args.lda = ga.matrix.ld; args.stride_a = ga.batch_stride;
+  args.b = gb.matrix.storage.data_ptr(); args.ldb = gb.matrix.ld; args.stride_b = gb.batch_stride;
   args.c = out.data_ptr(); args.ldc = m; args.stride_c = n * m;
   args.batch = batch;
   args.dtype = a.dtype();

@@ -19,6 +19,7 @@
 #include "dispatch.h"
 #include "max_pool_2x2.h"
 #include "strided.h"
+#include "vec_math.h"
 
 namespace ferry::cpu {
 
@@ -31,8 +32,10 @@ T* at(const KernelTensor& t, std::int64_t offset) {
 
 // --- elementwise functors -------------------------------------------------------------------------
 
+// Inlined into loops whose op is a constant (see with_unary_op), so the switch folds away and a contiguous
+// float loop vectorises: exp, erf and sigmoid through vec_math.h's branch-free versions.
 template <typename T>
-T apply_unary(UnaryOp op, T x) {
+[[gnu::always_inline]] inline T apply_unary(UnaryOp op, T x) {
   if constexpr (std::is_same_v<T, bool>) {
     switch (op) {
       case UnaryOp::LogicalNot: return !x;
@@ -55,21 +58,41 @@ T apply_unary(UnaryOp op, T x) {
     switch (op) {
       case UnaryOp::Copy: return x;
       case UnaryOp::Neg: return static_cast<T>(-v);
-      case UnaryOp::Exp: return static_cast<T>(std::exp(v));
+      case UnaryOp::Exp:
+        if constexpr (std::is_same_v<T, float>) return exp_f32(x);
+        else return static_cast<T>(std::exp(v));
       case UnaryOp::Log: return static_cast<T>(std::log(v));
       case UnaryOp::Sqrt: return static_cast<T>(std::sqrt(v));
       case UnaryOp::Rsqrt: return static_cast<T>(F(1) / std::sqrt(v));
       case UnaryOp::Abs: return static_cast<T>(v < 0 ? -v : v);
       case UnaryOp::Sign: return static_cast<T>((v > 0) - (v < 0));
       case UnaryOp::Relu: return v < 0 ? T(0) : x;  // NaN stays NaN, as in PyTorch
-      case UnaryOp::Sigmoid: return static_cast<T>(F(1) / (F(1) + std::exp(-v)));
+      case UnaryOp::Sigmoid:
+        if constexpr (std::is_same_v<T, float>) return 1.0f / (1.0f + exp_f32(-x));
+        else return static_cast<T>(F(1) / (F(1) + std::exp(-v)));
       case UnaryOp::Tanh: return static_cast<T>(std::tanh(v));
       case UnaryOp::Square: return static_cast<T>(v * v);
       case UnaryOp::Reciprocal: return static_cast<T>(F(1) / v);
       case UnaryOp::LogicalNot: return static_cast<T>(v == 0);
-      case UnaryOp::Erf: return static_cast<T>(std::erf(v));
+      case UnaryOp::Erf:
+        if constexpr (std::is_same_v<T, float>) return erf_f32(x);
+        else return static_cast<T>(std::erf(v));
     }
     return x;
+  }
+}
+
+// Calls body(std::integral_constant<UnaryOp, op>{}): the op becomes a compile-time constant in the body.
+template <typename Body>
+void with_unary_op(UnaryOp op, Body&& body) {
+  switch (op) {
+#define FERRY_UNARY_CASE(name) \
+  case UnaryOp::name: return body(std::integral_constant<UnaryOp, UnaryOp::name>{});
+    FERRY_UNARY_CASE(Copy) FERRY_UNARY_CASE(Neg) FERRY_UNARY_CASE(Exp) FERRY_UNARY_CASE(Log)
+    FERRY_UNARY_CASE(Sqrt) FERRY_UNARY_CASE(Rsqrt) FERRY_UNARY_CASE(Abs) FERRY_UNARY_CASE(Sign)
+    FERRY_UNARY_CASE(Relu) FERRY_UNARY_CASE(Sigmoid) FERRY_UNARY_CASE(Tanh) FERRY_UNARY_CASE(Square)
+    FERRY_UNARY_CASE(Reciprocal) FERRY_UNARY_CASE(LogicalNot) FERRY_UNARY_CASE(Erf)
+#undef FERRY_UNARY_CASE
   }
 }
 
@@ -286,14 +309,13 @@ void HostKernels::unary(UnaryOp op, const KernelTensor& out, const KernelTensor&
         return;
       }
       T* o = at<T>(out, off[0]);
-      if (std::is_floating_point_v<T> && st[0] == 1 && st[1] == 1 && op == UnaryOp::Relu) {
-        if constexpr (std::is_floating_point_v<T>) {
-#pragma omp simd
-          for (std::int64_t i = 0; i < n; ++i) o[i] = x[i] < T(0) ? T(0) : x[i];  // NaN stays NaN
+      with_unary_op(op, [&](auto op_c) {
+        if (st[0] == 1 && st[1] == 1) {
+          for (std::int64_t i = 0; i < n; ++i) o[i] = apply_unary<T>(op_c, x[i]);
+        } else {
+          for (std::int64_t i = 0; i < n; ++i) o[i * st[0]] = apply_unary<T>(op_c, x[i * st[1]]);
         }
-      } else {
-        for (std::int64_t i = 0; i < n; ++i) o[i * st[0]] = apply_unary(op, x[i * st[1]]);
-      }
+      });
     });
   });
 }
