@@ -1,6 +1,7 @@
 // composed_layers.cpp — the layers built from tensor ops (ferry/ops.h) rather than kernels of their own: gelu,
-// silu, leaky_relu, layer_norm and embedding. Each runs on any device and autograd differentiates it through its
-// ops, so its gradient is as exact as theirs (checked against finite differences and PyTorch's fixtures).
+// silu, leaky_relu, layer_norm and embedding. Each runs on any device. Autograd differentiates most through their
+// ops; gelu and layer_norm are one node each with a closed-form backward of fewer passes. Every gradient is
+// checked against finite differences and PyTorch's fixtures.
 #include <cmath>
 
 #include "checks.h"
@@ -16,7 +17,21 @@ Tensor gelu(const Tensor& x, const std::string& approximate) {
   FERRY_CHECK(approximate == "none" || approximate == "tanh", InvalidArgument,
               "gelu: approximate must be 'none' or 'tanh', got '", detail::printable(approximate), "'");
   check_floating("gelu", x);
-  if (approximate == "none") return mul(mul(x, 0.5), add(erf(mul(x, M_SQRT1_2)), 1.0));
+  if (approximate == "none") {  // x Phi(x), Phi(x) = (1 + erf(x / sqrt 2)) / 2; d/dx = Phi(x) + x phi(x)
+    Tensor cdf, out;
+    {
+      autograd::NoGradGuard no_grad;
+      cdf = mul(add(erf(mul(x, M_SQRT1_2)), 1.0), 0.5);
+      out = mul(x, cdf);
+    }
+    if (autograd::needs_grad({&x})) {
+      autograd::record("gelu", {x}, out, [x = x.detach(), cdf](const Tensor& g) {
+        const Tensor pdf = mul(exp(mul(square(x), -0.5)), 0.5 * M_2_SQRTPI * M_SQRT1_2);  // phi(x)
+        return std::vector<Tensor>{mul(g, add(cdf, mul(x, pdf)))};
+      }, autograd::Saved::Inputs);
+    }
+    return out;
+  }
   const double k = std::sqrt(2.0 / M_PI);
   const Tensor inner = mul(add(x, mul(mul(square(x), x), 0.044715)), k);
   return mul(mul(x, 0.5), add(tanh(inner), 1.0));
@@ -46,13 +61,36 @@ Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& 
     FERRY_CHECK(t->shape() == normalized_shape, ShapeMismatch, "layer_norm: ", name, " has shape ",
                 shape_str(t->shape()), ", expected normalized_shape ", shape_str(normalized_shape));
   }
-  std::vector<int> dims;
-  for (int d = x.dim() - k; d < x.dim(); ++d) dims.push_back(d);
-  const Tensor centred = sub(x, mean(x, dims, true));
-  const Tensor variance = mean(square(centred), dims, true);  // biased, as PyTorch normalizes
-  Tensor out = mul(centred, rsqrt(add(variance, eps)));
-  if (weight.defined()) out = mul(out, weight);
-  if (bias.defined()) out = add(out, bias);
+  std::vector<int> dims, leading;  // the normalized dims; the others (summed over for weight's and bias' gradient)
+  for (int d = 0; d < x.dim(); ++d) (d < x.dim() - k ? leading : dims).push_back(d);
+  Tensor normalized, rstd, out;  // x-hat; 1 / sqrt(var + eps), (*, 1, ..., 1)
+  {
+    autograd::NoGradGuard no_grad;
+    const Tensor centred = sub(x, mean(x, dims, true));
+    const Tensor variance = mean(square(centred), dims, true);  // biased, as PyTorch normalizes
+    rstd = rsqrt(add(variance, eps));
+    normalized = mul(centred, rstd);
+    out = normalized;
+    if (weight.defined()) out = mul(out, weight);
+    if (bias.defined()) out = add(out, bias);
+  }
+  if (autograd::needs_grad({&x, &weight, &bias})) {
+    const bool want_x = x.requires_grad(), want_w = weight.defined() && weight.requires_grad(),
+               want_b = bias.defined() && bias.requires_grad();
+    autograd::record("layer_norm", {x, weight, bias}, out,
+        [w = weight.defined() ? weight.detach() : Tensor(), normalized, rstd, dims, leading, want_x, want_w,
+         want_b](const Tensor& g) {
+          // dx = rstd (dx^ - mean(dx^) - x^ mean(dx^ x^)), dx^ = g w; dw = sum(g x^), db = sum(g) over the rest
+          Tensor gx, gw, gb;
+          if (want_x) {
+            const Tensor gn = w.defined() ? mul(g, w) : g;
+            gx = mul(sub(sub(gn, mean(gn, dims, true)), mul(normalized, mean(mul(gn, normalized), dims, true))), rstd);
+          }
+          if (want_w) gw = leading.empty() ? mul(g, normalized) : sum(mul(g, normalized), leading);
+          if (want_b) gb = leading.empty() ? g : sum(g, leading);
+          return std::vector<Tensor>{gx, gw, gb};
+        }, autograd::Saved::Inputs, /*inputs_read=*/2);  // weight; x's own values are not read, x-hat is kept
+  }
   return out;
 }
 
