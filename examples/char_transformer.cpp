@@ -34,6 +34,7 @@
 #include "ferry/nn/layernorm.h"
 #include "ferry/nn/linear.h"
 #include "ferry/nn/loss.h"
+#include "ferry/nn/module_list.h"
 #include "ferry/optim.h"
 #include "ferry/phase.h"
 #include "ferry/report.h"
@@ -84,8 +85,8 @@ class CharTransformer : public nn::Module {
     positions = register_module("positions", std::make_shared<nn::Embedding>(o.context, o.dim, std::nullopt, on));
     nn::init::normal_(tokens->weight, 0, 0.02);  // GPT-2's scale, not Embedding's N(0, 1)
     nn::init::normal_(positions->weight, 0, 0.02);
-    for (std::int64_t i = 0; i < o.layers; ++i)
-      blocks.push_back(register_module("block" + std::to_string(i), std::make_shared<Block>(o.dim, o.heads, on)));
+    blocks = register_module("blocks", std::make_shared<nn::ModuleList>());  // "blocks.0.ln1.weight", ...
+    for (std::int64_t i = 0; i < o.layers; ++i) blocks->push_back(std::make_shared<Block>(o.dim, o.heads, on));
     ln_f = register_module("ln_f", std::make_shared<nn::LayerNorm>(ferry::Shape{o.dim}, 1e-5, true, on));
     head = register_module("head", std::make_shared<nn::Linear>(o.dim, vocab, true, on));
   }
@@ -94,13 +95,13 @@ class CharTransformer : public nn::Module {
     const Tensor where =
         ferry::arange(0, static_cast<double>(t), 1, {.device = ids.device(), .dtype = ferry::DType::Int64});
     Tensor x = (*tokens)(ids) + (*positions)(where);
-    for (const auto& block : blocks) x = (*block)(x);
+    for (const auto& block : blocks->children()) x = (*block)(x);
     return (*head)((*ln_f)(x));
   }
   std::string type_name() const override { return "CharTransformer"; }
 
   std::shared_ptr<nn::Embedding> tokens, positions;
-  std::vector<std::shared_ptr<Block>> blocks;
+  std::shared_ptr<nn::ModuleList> blocks;
   std::shared_ptr<nn::LayerNorm> ln_f;
   std::shared_ptr<nn::Linear> head;
 };

@@ -15,6 +15,7 @@
 #include "ferry/nn/init.h"
 #include "ferry/nn/linear.h"
 #include "ferry/nn/loss.h"
+#include "ferry/nn/module_list.h"
 #include "ferry/nn/pooling.h"
 #include "ferry/nn/sequential.h"
 #include "ferry/ops.h"
@@ -337,6 +338,57 @@ TEST(NNModule, EmptyBatchesAndFeaturesFollowPyTorch) {
 }
 
 // A layer registered twice (shared weights) is listed once by parameters(), so an optimizer updates it once, as
+// A model holding its blocks in a ModuleList: PyTorch's names ("blocks.1.0.weight"), the children in order and
+// typed, moves and modes reach them, and calling the list itself is an error that says what to do.
+TEST(NNModule, ModuleListHoldsBlocksUnderPyTorchNames) {
+  struct Model : nn::Module {
+    Model() {
+      blocks = register_module("blocks", std::make_shared<nn::ModuleList>());
+      for (int i = 0; i < 3; ++i) blocks->push_back(nn::Sequential(nn::Linear(4, 4), nn::ReLU(), nn::Dropout(0.5)));
+      head = register_module("head", std::make_shared<nn::Linear>(4, 2));
+    }
+    Tensor forward(const Tensor& x) override {
+      Tensor y = x;
+      for (const auto& block : blocks->children()) y = (*block)(y);
+      return (*head)(y);
+    }
+    std::string type_name() const override { return "Model"; }
+    std::shared_ptr<nn::ModuleList> blocks;
+    std::shared_ptr<nn::Linear> head;
+  } model;
+  std::vector<std::string> names;
+  for (const auto& [name, t] : model.state_dict()) names.push_back(name);
+  EXPECT_EQ(names, (std::vector<std::string>{"blocks.0.0.weight", "blocks.0.0.bias", "blocks.1.0.weight",
+                                             "blocks.1.0.bias", "blocks.2.0.weight", "blocks.2.0.bias", "head.weight",
+                                             "head.bias"}));
+  ASSERT_EQ(model.blocks->size(), 3u);
+  EXPECT_FALSE(model.blocks->empty());
+  EXPECT_EQ(&model.blocks->at<nn::Sequential>(1), &(*model.blocks)[1]);
+  EXPECT_EQ(model.blocks->at<nn::Sequential>(2).at<nn::Linear>(0).weight.shape(), (ferry::Shape{4, 4}));
+  EXPECT_THROW(model.blocks->at<nn::Linear>(0), ferry::InvalidArgument);
+  EXPECT_THROW((*model.blocks)[3], ferry::InvalidArgument);
+  EXPECT_EQ(model.parameters().size(), 8u);
+  EXPECT_EQ(model.forward(ferry::ones({5, 4})).shape(), (ferry::Shape{5, 2}));
+
+  model.eval();  // reaches the Dropout inside the list
+  EXPECT_FALSE(model.blocks->at<nn::Sequential>(0).at<nn::Dropout>(2).is_training());
+  model.to(sim0());
+  EXPECT_EQ(model.blocks->at<nn::Sequential>(2).at<nn::Linear>(0).weight.device(), sim0());
+
+  try {
+    (*model.blocks)(ferry::ones({5, 4}, {.device = sim0()}));
+    ADD_FAILURE() << "calling a ModuleList was accepted";
+  } catch (const ferry::InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("ModuleList has no forward: it holds 3 modules"), std::string::npos)
+        << e.what();
+  }
+  // Pushed by value, the module comes back typed.
+  nn::ModuleList list;
+  const auto linear = list.push_back(nn::Linear(2, 3));
+  EXPECT_EQ(linear->weight.shape(), (ferry::Shape{3, 2}));
+  EXPECT_EQ(list.str().find("ModuleList("), 0u) << list.str();
+}
+
 // PyTorch's remove_duplicate; state_dict() keeps both names.
 TEST(NNModule, ASharedLayerIsOneSetOfParameters) {
   auto shared = std::make_shared<nn::Linear>(2, 2);

@@ -1,8 +1,9 @@
 // layers.cpp — the small layers without parameters (ReLU, GELU, SiLU, Sigmoid, Tanh, LeakyReLU, Softmax,
-// LogSoftmax, Flatten, Dropout, MaxPool2d, AvgPool2d) and Sequential. Not here: anything with weights (linear.cpp,
+// LogSoftmax, Flatten, Dropout, MaxPool2d, AvgPool2d), Sequential and ModuleList. Not here: anything with weights (linear.cpp,
 // conv.cpp, batchnorm.cpp, layernorm_embedding.cpp, attention.cpp).
 #include "ferry/nn/activation.h"
 #include "ferry/nn/functional.h"
+#include "ferry/nn/module_list.h"
 #include "ferry/nn/pooling.h"
 #include "ferry/nn/sequential.h"
 #include "ferry/ops.h"
@@ -87,6 +88,23 @@ Tensor Sequential::forward(const Tensor& input) {
 Module& Sequential::operator[](std::size_t index) const {
   FERRY_CHECK(index < size(), InvalidArgument, "Sequential: index ", index, " is out of range for ", size(), " modules");
   return *named_children()[index].second;
+}
+
+Tensor ModuleList::forward(const Tensor&) {
+  throw InvalidArgument(ferry::detail::concat("ModuleList has no forward: it holds ", size(),
+                                       " modules; call them in the owner's forward"));
+}
+
+Module& ModuleList::operator[](std::size_t index) const {
+  FERRY_CHECK(index < size(), InvalidArgument, "ModuleList: index ", index, " is out of range for ", size(),
+              " modules");
+  return *named_children()[index].second;
+}
+
+std::vector<std::shared_ptr<Module>> ModuleList::children() const {
+  std::vector<std::shared_ptr<Module>> out;
+  for (const auto& [name, child] : named_children()) out.push_back(child);
+  return out;
 }
 
 }  // namespace ferry::nn
