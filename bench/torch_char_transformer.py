@@ -68,7 +68,10 @@ def main():
     index = {c: i for i, c in enumerate(chars)}
     data = torch.tensor([index[c] for c in text], dtype=torch.int64)
     model = CharTransformer(len(chars), a.dim, a.heads, a.layers, a.context)
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.1)
+    matrices = [p for p in model.parameters() if p.dim() >= 2]  # as the example: no decay for biases and norms
+    others = [p for p in model.parameters() if p.dim() < 2]
+    opt = torch.optim.AdamW([{"params": matrices}, {"params": others, "weight_decay": 0.0}], lr=3e-3,
+                            weight_decay=0.1)
     offsets = torch.arange(a.context)
 
     def step():

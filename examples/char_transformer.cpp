@@ -3,8 +3,9 @@
 //
 //   tokens resident on the device once; each step's batch picked there (randint + index_select: no copy);
 //   Embedding + position Embedding -> N x [LayerNorm, causal MultiheadAttention, LayerNorm, Linear-GELU-Linear]
-//   -> LayerNorm -> Linear to the vocabulary; cross-entropy; AdamW with a warmup then cosine schedule
-//   (SequentialLR), gradients clipped to norm 1 (on the device); the loss read back every --log-every steps.
+//   -> LayerNorm -> Linear to the vocabulary; cross-entropy; AdamW (weight decay on the matrices only: two
+//   parameter groups, as nanoGPT) with a warmup then cosine schedule (SequentialLR), gradients clipped to norm 1
+//   (on the device); the loss read back every --log-every steps.
 //
 // Then it writes --sample characters, one forward pass each, drawn on the device (multinomial): the text is read
 // back once, at the end, one sync for the whole sample.
@@ -187,7 +188,9 @@ int run(const Options& o) {
   const Tensor data = from_vector(ids, {static_cast<std::int64_t>(ids.size())}).to(device);  // resident: one copy
 
   CharTransformer model(vocab, o, {.device = device});
-  optim::AdamW adamw(model.parameters(), {.lr = o.lr, .weight_decay = 0.1});
+  std::vector<Tensor> matrices, others;  // weight decay for the weight matrices and embeddings, none for biases and norms
+  for (const auto& [name, p] : model.named_parameters()) (p.dim() >= 2 ? matrices : others).push_back(p);
+  optim::AdamW adamw({{.params = matrices}, {.params = others, .weight_decay = 0.0}}, {.lr = o.lr, .weight_decay = 0.1});
   const std::int64_t warmup = std::max<std::int64_t>(1, o.steps / 10);
   auto ramp = std::make_shared<optim::LinearLR>(adamw, 0.01, 1.0, warmup);
   auto decay =

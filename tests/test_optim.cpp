@@ -211,7 +211,7 @@ TEST(OptimState, AStepThatThrowsUpdatesNothing) {
     optimizer->to_parameter_devices();
     optimizer->step();
   }
-  EXPECT_THROW(optim::SGD({}, {.lr = 0.1}), ferry::InvalidArgument);  // PyTorch: "empty parameter list"
+  EXPECT_THROW(optim::SGD(std::vector<Tensor>{}, {.lr = 0.1}), ferry::InvalidArgument);  // "empty parameter list"
 }
 
 // AdamW's options keep PyTorch's default weight decay (1e-2) when written with designated initialisers.
@@ -439,4 +439,114 @@ TEST(LRScheduler, ReduceOnPlateauCountsAsPyTorchAndRefusesBadArguments) {
   auto foreign = std::make_shared<optim::StepLR>(other, 2);
   EXPECT_THROW(optim::SequentialLR(sgd, {std::make_shared<optim::StepLR>(sgd, 2), foreign}, {3}), ferry::InvalidArgument);
   EXPECT_THROW(optim::SequentialLR(sgd, {std::make_shared<optim::StepLR>(sgd, 2)}, {3}), ferry::InvalidArgument);
+}
+
+// --- parameter groups -------------------------------------------------------------------------------------------
+
+// Two groups with their own lr and weight decay update each parameter exactly as two optimizers, one per group,
+// with those settings: SGD fused and op by op, Adam, AdamW, on cpu and sim.
+TEST(OptimGroups, TwoGroupsStepAsTwoOptimizersBitForBit) {
+  using Make = std::function<std::unique_ptr<optim::Optimizer>(std::vector<optim::ParamGroup>)>;
+  const std::vector<std::pair<std::string, Make>> kinds{
+      {"sgd fused", [](auto g) { return std::make_unique<optim::SGD>(std::move(g), optim::SGDOptions{.lr = 0.1, .momentum = 0.9, .weight_decay = 0.01}); }},
+      {"sgd op by op", [](auto g) { return std::make_unique<optim::SGD>(std::move(g), optim::SGDOptions{.lr = 0.1, .momentum = 0.9, .weight_decay = 0.01, .fused = false}); }},
+      {"adam", [](auto g) { return std::make_unique<optim::Adam>(std::move(g), optim::AdamOptions{.lr = 0.1, .weight_decay = 0.01}); }},
+      {"adamw", [](auto g) { return std::make_unique<optim::AdamW>(std::move(g), optim::AdamWOptions{.lr = 0.1}); }},
+  };
+  for (const Device device : {Device::parse("cpu"), sim0()}) {
+    for (const auto& [kind, make] : kinds) {
+      ferry::manual_seed(7);
+      const Tensor a0 = ferry::randn({3, 4}, {.device = device}), b0 = ferry::randn({5}, {.device = device});
+      Tensor a = a0.clone().requires_grad_(), b = b0.clone().requires_grad_();  // grouped
+      Tensor a1 = a0.clone().requires_grad_(), b1 = b0.clone().requires_grad_();  // one optimizer each
+      const auto grouped = make({{.params = {a}}, {.params = {b}, .lr = 0.02, .weight_decay = 0.0}});
+      const auto alone_a = make({{.params = {a1}}});
+      auto alone_b = make({{.params = {b1}, .lr = 0.02, .weight_decay = 0.0}});
+      EXPECT_EQ(grouped->group_count(), 2u);
+      EXPECT_EQ(grouped->group_learning_rate(1), 0.02);
+      EXPECT_EQ(grouped->group_weight_decay(1), 0.0);
+      EXPECT_EQ(alone_b->learning_rate(), 0.02) << "one group's own lr becomes the option";
+      for (int step = 0; step < 3; ++step) {
+        const Tensor ga = ferry::randn({3, 4}, {.device = device}), gb = ferry::randn({5}, {.device = device});
+        a.set_grad(ga.clone()); a1.set_grad(ga.clone());
+        b.set_grad(gb.clone()); b1.set_grad(gb.clone());
+        grouped->step(); alone_a->step(); alone_b->step();
+      }
+      EXPECT_EQ(a.to_vector<float>(), a1.to_vector<float>()) << kind << " on " << device.str();
+      EXPECT_EQ(b.to_vector<float>(), b1.to_vector<float>()) << kind << " on " << device.str();
+      // the state is numbered across the groups, as PyTorch's
+      std::vector<std::string> names;
+      for (const auto& [name, value] : grouped->state_dict()) names.push_back(name.substr(0, 8));
+      EXPECT_EQ(names.front(), "state.0.") << kind;
+      EXPECT_EQ(names.back(), "state.1.") << kind;
+    }
+  }
+}
+
+TEST(OptimGroups, SetLearningRateReachesEveryGroupAndRefusals) {
+  Tensor a = ferry::zeros({2}).requires_grad_(), b = ferry::zeros({3}).requires_grad_();
+  optim::SGD sgd({{.params = {a}}, {.params = {b}, .lr = 0.5}}, {.lr = 0.1});
+  EXPECT_EQ(sgd.learning_rate(), 0.1);
+  EXPECT_EQ(sgd.group_learning_rate(1), 0.5);
+  ASSERT_EQ(sgd.group_parameters(1).size(), 1u);
+  EXPECT_TRUE(sgd.group_parameters(1)[0].is_same(b));
+  EXPECT_EQ(sgd.parameters().size(), 2u);
+  sgd.set_group_learning_rate(0, 0.2);
+  EXPECT_EQ(sgd.group_learning_rate(0), 0.2);
+  EXPECT_EQ(sgd.group_learning_rate(1), 0.5);
+  sgd.set_learning_rate(0.3);  // every group, as `for g in param_groups: g["lr"] = 0.3`
+  EXPECT_EQ(sgd.group_learning_rate(0), 0.3);
+  EXPECT_EQ(sgd.group_learning_rate(1), 0.3);
+  EXPECT_THROW(sgd.group_learning_rate(2), ferry::InvalidArgument);
+  EXPECT_THROW(sgd.set_group_learning_rate(2, 0.1), ferry::InvalidArgument);
+  EXPECT_THROW(optim::SGD(std::vector<optim::ParamGroup>{}, {.lr = 0.1}), ferry::InvalidArgument);
+  EXPECT_THROW(optim::SGD({{.params = {a}}, {.params = {}}}, {.lr = 0.1}), ferry::InvalidArgument);
+  EXPECT_THROW(optim::Adam({{.params = {a}}, {.params = {b}, .lr = -1.0}}), ferry::InvalidArgument);
+  EXPECT_THROW(optim::SGD({{.params = {a, b}}, {.params = {b}}}, {.lr = 0.1}), ferry::InvalidArgument);
+  try {
+    optim::SGD({{.params = {a}}, {.params = {b}}}, {.lr = 0.1, .lr_on_device = true});
+    ADD_FAILURE() << "lr_on_device with two groups was accepted";
+  } catch (const ferry::InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("2 parameter groups"), std::string::npos) << e.what();
+  }
+}
+
+// Each group follows the schedule from its own base rate: torch 1.13's rates for groups at lr 0.1 and 0.02.
+TEST(OptimGroups, SchedulesMoveEachGroupFromItsOwnRateAsPyTorch) {
+  using Rates = std::vector<std::vector<double>>;
+  using Make = std::function<std::shared_ptr<optim::LRScheduler>(optim::SGD&)>;
+  const auto rates = [](const Make& make) {
+    optim::SGD sgd({{.params = {ferry::zeros({1})}}, {.params = {ferry::zeros({1})}, .lr = 0.02}}, {.lr = 0.1});
+    const std::shared_ptr<optim::LRScheduler> scheduler = make(sgd);
+    Rates out{{sgd.group_learning_rate(0), sgd.group_learning_rate(1)}};
+    for (int i = 0; i < 8; ++i) {
+      scheduler->step();
+      out.push_back({sgd.group_learning_rate(0), sgd.group_learning_rate(1)});
+      EXPECT_EQ(scheduler->last_lrs(), out.back());
+    }
+    return out;
+  };
+  EXPECT_EQ(rates([](optim::SGD& o) { return std::make_shared<optim::CosineAnnealingLR>(o, 5, 0.001); }),
+            (Rates{{0.1, 0.02}, {0.0905463412215599, 0.018185661446562}, {0.06579634122155989, 0.013435661446562},
+                   {0.035203658778440096, 0.007564338553437999}, {0.010453658778440105, 0.002814338553438},
+                   {0.001, 0.001}, {0.010453658778440102, 0.002814338553437999},
+                   {0.03520365877844012, 0.007564338553438001}, {0.06579634122155993, 0.013435661446562004}}));
+  EXPECT_EQ(rates([](optim::SGD& o) {
+              auto warmup = std::make_shared<optim::LinearLR>(o, 0.1, 1.0, 3);
+              auto cosine = std::make_shared<optim::CosineAnnealingLR>(o, 6, 0.0);
+              return std::make_shared<optim::SequentialLR>(
+                  o, std::vector<std::shared_ptr<optim::LRScheduler>>{warmup, cosine}, std::vector<std::int64_t>{3});
+            }),
+            (Rates{{0.010000000000000002, 0.002}, {0.04, 0.007999999999999998}, {0.07, 0.013999999999999997},
+                   {0.1, 0.02}, {0.09330127018922195, 0.01866025403784439}, {0.07500000000000001, 0.015000000000000001},
+                   {0.05, 0.01}, {0.025000000000000012, 0.005000000000000003},
+                   {0.006698729810778065, 0.001339745962155613}}));
+  optim::SGD sgd({{.params = {ferry::zeros({1})}}, {.params = {ferry::zeros({1})}, .lr = 0.02}}, {.lr = 0.1});
+  optim::ReduceLROnPlateau plateau(sgd, {.factor = 0.5, .patience = 0, .min_lr = 0.015});
+  Rates seen;
+  for (int i = 0; i < 4; ++i) {
+    plateau.step(1.0);
+    seen.push_back({sgd.group_learning_rate(0), sgd.group_learning_rate(1)});
+  }
+  EXPECT_EQ(seen, (Rates{{0.1, 0.02}, {0.05, 0.015}, {0.025, 0.015}, {0.015, 0.015}}));
 }

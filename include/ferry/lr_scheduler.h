@@ -21,9 +21,10 @@
 
 namespace ferry::optim {
 
-// The schedules' common part: step() moves last_epoch on by one and sets the optimizer's learning rate.
-// Constructing one sets the rate for epoch 0 (PyTorch's initial step), starting from the optimizer's
-// initial_learning_rate(). Refusals are InvalidArgument, named as PyTorch's arguments.
+// The schedules' common part: step() moves last_epoch on by one and sets the optimizer's learning rates, each
+// parameter group's from its own (as PyTorch's base_lrs). Constructing one sets the rates for epoch 0 (PyTorch's
+// initial step), starting from the optimizer's initial_learning_rate(group). Refusals are InvalidArgument, named as
+// PyTorch's arguments.
 class LRScheduler {
  public:
   virtual ~LRScheduler() = default;
@@ -32,30 +33,34 @@ class LRScheduler {
 
   // After an epoch (or a batch, for per-step schedules), after optimizer.step(): the rate of the next one.
   virtual void step();
-  double last_lr() const { return last_lr_; }                // PyTorch's get_last_lr()[0]
+  double last_lr() const { return last_lrs_.at(0); }         // PyTorch's get_last_lr()[0]
+  const std::vector<double>& last_lrs() const { return last_lrs_; }  // get_last_lr(): one per group
   std::int64_t last_epoch() const { return last_epoch_; }    // 0 after construction
-  double base_lr() const { return base_lr_; }                // the optimizer's initial learning rate
+  double base_lr() const { return base_lrs_.at(0); }         // the optimizer's initial learning rate (group 0's)
+  const std::vector<double>& base_lrs() const { return base_lrs_; }
   Optimizer& optimizer() const { return optimizer_; }
 
  protected:
   explicit LRScheduler(Optimizer& optimizer);
   // PyTorch's _initial_step(): the derived constructor's last statement.
   void initial_step();
-  // The next rate from the current one (PyTorch's get_lr(), the chainable form), at last_epoch_.
-  virtual double chained_lr(double current) const = 0;
-  // The rate at last_epoch_ from base_lr_ alone (PyTorch's _get_closed_form_lr); by default the chained form.
-  virtual double closed_form_lr() const { return chained_lr(optimizer_.learning_rate()); }
+  // A group's next rate from its current one and its base rate (PyTorch's get_lr(), the chainable form), at
+  // last_epoch_.
+  virtual double chained_lr(double current, double base) const = 0;
+  // A group's rate at last_epoch_ from its base rate alone (PyTorch's _get_closed_form_lr); by default the
+  // chained form from the current rate.
+  virtual double closed_form_lr(double current, double base) const { return chained_lr(current, base); }
 
   Optimizer& optimizer_;
-  double base_lr_;
+  std::vector<double> base_lrs_;
   std::int64_t last_epoch_ = -1;
   std::int64_t step_count_ = 0;
 
  private:
   friend class SequentialLR;
-  void set_lr(double lr);
+  void set_lrs(const std::vector<double>& lrs);
   void restart_at_zero();  // PyTorch's step(0), which SequentialLR uses at a milestone: the closed form at epoch 0
-  double last_lr_ = 0;
+  std::vector<double> last_lrs_;
 };
 
 // lr * gamma every step_size epochs.
@@ -64,8 +69,8 @@ class StepLR final : public LRScheduler {
   StepLR(Optimizer& optimizer, std::int64_t step_size, double gamma = 0.1);
 
  private:
-  double chained_lr(double current) const override;
-  double closed_form_lr() const override;
+  double chained_lr(double current, double base) const override;
+  double closed_form_lr(double current, double base) const override;
   std::int64_t step_size_;
   double gamma_;
 };
@@ -76,8 +81,8 @@ class MultiStepLR final : public LRScheduler {
   MultiStepLR(Optimizer& optimizer, std::vector<std::int64_t> milestones, double gamma = 0.1);
 
  private:
-  double chained_lr(double current) const override;
-  double closed_form_lr() const override;
+  double chained_lr(double current, double base) const override;
+  double closed_form_lr(double current, double base) const override;
   std::vector<std::int64_t> milestones_;  // sorted
   double gamma_;
 };
@@ -88,8 +93,8 @@ class ExponentialLR final : public LRScheduler {
   ExponentialLR(Optimizer& optimizer, double gamma);
 
  private:
-  double chained_lr(double current) const override;
-  double closed_form_lr() const override;
+  double chained_lr(double current, double base) const override;
+  double closed_form_lr(double current, double base) const override;
   double gamma_;
 };
 
@@ -99,8 +104,8 @@ class CosineAnnealingLR final : public LRScheduler {
   CosineAnnealingLR(Optimizer& optimizer, std::int64_t t_max, double eta_min = 0);
 
  private:
-  double chained_lr(double current) const override;
-  double closed_form_lr() const override;
+  double chained_lr(double current, double base) const override;
+  double closed_form_lr(double current, double base) const override;
   std::int64_t t_max_;
   double eta_min_;
 };
@@ -111,8 +116,8 @@ class LinearLR final : public LRScheduler {
   LinearLR(Optimizer& optimizer, double start_factor = 1.0 / 3, double end_factor = 1.0, std::int64_t total_iters = 5);
 
  private:
-  double chained_lr(double current) const override;
-  double closed_form_lr() const override;
+  double chained_lr(double current, double base) const override;
+  double closed_form_lr(double current, double base) const override;
   double start_factor_, end_factor_;
   std::int64_t total_iters_;
 };
@@ -123,7 +128,7 @@ class LambdaLR final : public LRScheduler {
   LambdaLR(Optimizer& optimizer, std::function<double(std::int64_t epoch)> factor);
 
  private:
-  double chained_lr(double current) const override;
+  double chained_lr(double current, double base) const override;
   std::function<double(std::int64_t)> factor_;
 };
 
@@ -136,7 +141,7 @@ class SequentialLR final : public LRScheduler {
   void step() override;  // the scheduler of this epoch steps
 
  private:
-  double chained_lr(double current) const override { return current; }  // unused: step() is the schedulers'
+  double chained_lr(double current, double) const override { return current; }  // unused: the schedulers step
   std::vector<std::shared_ptr<LRScheduler>> schedulers_;
   std::vector<std::int64_t> milestones_;
 };
@@ -155,11 +160,12 @@ struct ReduceLROnPlateauOptions {
   double eps = 1e-8;          // a cut smaller than this is not made
 };
 
+// Each parameter group's rate is cut by the same factor, down to min_lr.
 class ReduceLROnPlateau {
  public:
   explicit ReduceLROnPlateau(Optimizer& optimizer, ReduceLROnPlateauOptions options = {});
   void step(double metric);
-  double last_lr() const { return optimizer_.learning_rate(); }
+  double last_lr() const { return optimizer_.learning_rate(); }  // group 0's
   std::int64_t last_epoch() const { return last_epoch_; }
   std::int64_t bad_epochs() const { return bad_epochs_; }
   double best() const { return best_; }

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -16,9 +17,21 @@ namespace ferry::optim {
 
 using NamedTensors = nn::NamedTensors;
 
+// Parameters with their own learning rate and weight decay (PyTorch's param_groups); an unset value is the
+// optimizer's option. The usual use: no weight decay for biases and norm layers.
+//   optim::AdamW adamw({{.params = matrices}, {.params = others, .weight_decay = 0.0}}, {.lr = 3e-4});
+struct ParamGroup {
+  std::vector<Tensor> params = {};  // (the initializers let {.params = ...} leave the rest out without a warning)
+  std::optional<double> lr = std::nullopt;
+  std::optional<double> weight_decay = std::nullopt;
+};
+
 class Optimizer {
  public:
-  explicit Optimizer(std::vector<Tensor> parameters);
+  explicit Optimizer(std::vector<Tensor> parameters);  // one group
+  // Parameters are numbered across the groups in order (state_dict's "state.<i>", as PyTorch). Throws
+  // InvalidArgument for an empty group, a parameter in two groups, or a negative lr or weight_decay.
+  explicit Optimizer(std::vector<ParamGroup> groups);
   virtual ~Optimizer() = default;
   Optimizer(const Optimizer&) = delete;
   Optimizer& operator=(const Optimizer&) = delete;
@@ -41,13 +54,25 @@ class Optimizer {
   // Returns the bytes moved.
   std::size_t to_parameter_devices();
 
-  const std::vector<Tensor>& parameters() const { return parameters_; }
-  virtual double learning_rate() const = 0;
+  const std::vector<Tensor>& parameters() const { return parameters_; }  // every group's, in order
+  // The first group's learning rate (the only one's, without groups).
+  double learning_rate() const { return group_learning_rate(0); }
+  // Sets every group's learning rate to `lr` (options.lr too).
   virtual void set_learning_rate(double lr) = 0;
   // The learning rate before any schedule changed it (PyTorch's param_group["initial_lr"]): the first call records
   // learning_rate(), later calls return that value. Learning-rate schedulers (ferry/lr_scheduler.h) start from it,
   // so that a second scheduler made on this optimizer starts where the first did, not where it moved the rate.
-  double initial_learning_rate();
+  double initial_learning_rate() { return initial_learning_rate(0); }
+
+  // --- parameter groups (one, numbered 0, when the optimizer was given a list of tensors) -------------
+  std::size_t group_count() const { return groups_.size(); }
+  std::vector<Tensor> group_parameters(std::size_t group) const;
+  double group_learning_rate(std::size_t group) const;  // its own, else options.lr
+  double group_weight_decay(std::size_t group) const;   // its own, else options.weight_decay
+  // With one group this is set_learning_rate(lr). Throws InvalidArgument for a group out of range.
+  void set_group_learning_rate(std::size_t group, double lr);
+  // initial_learning_rate() of each group: all recorded at the first call of either.
+  double initial_learning_rate(std::size_t group);
 
  protected:
   // Per-parameter state: tensors on the parameter's device, in the order they were made, and a step
@@ -69,12 +94,28 @@ class Optimizer {
   virtual std::vector<std::string> state_names() const = 0;
   // Whether state_dict() carries a "step" entry per parameter.
   virtual bool counts_steps() const { return false; }
+  // The options the groups fall back on: the derived optimizer's options.lr and options.weight_decay.
+  virtual double default_learning_rate() const = 0;
+  virtual double default_weight_decay() const = 0;
+  // For the derived constructor: with one group, the group's own lr and weight_decay become the options (so that
+  // group 0's rate and options.lr are one number).
+  void adopt_group_options(double& lr, double& weight_decay);
+  // For set_learning_rate: every group takes options.lr again.
+  void forget_group_learning_rates();
+  // The group of parameter i.
+  std::size_t group_of(std::size_t i) const { return group_of_[i]; }
 
   std::vector<Tensor> parameters_;
   std::vector<ParameterState> state_;
 
  private:
-  double initial_lr_ = -1;  // < 0: not recorded yet
+  struct Group {
+    std::size_t first = 0, count = 0;  // parameters_[first, first + count)
+    std::optional<double> lr, weight_decay;
+  };
+  std::vector<Group> groups_;
+  std::vector<std::size_t> group_of_;  // per parameter
+  std::vector<double> initial_lrs_;    // per group; empty: not recorded yet
 };
 
 struct SGDOptions {
@@ -100,8 +141,9 @@ struct SGDOptions {
 class SGD : public Optimizer {
  public:
   SGD(std::vector<Tensor> parameters, const SGDOptions& options);
+  // lr_on_device needs a single group.
+  SGD(std::vector<ParamGroup> groups, const SGDOptions& options);
   void step() override;
-  double learning_rate() const override { return options.lr; }
   // With lr_on_device the value is also written to the device (not allowed inside a capture: a replay
   // would repeat the value; set it before each replay instead).
   void set_learning_rate(double lr) override;
@@ -110,9 +152,15 @@ class SGD : public Optimizer {
 
  protected:
   std::vector<std::string> state_names() const override { return {"momentum_buffer"}; }
+  double default_learning_rate() const override { return options.lr; }
+  double default_weight_decay() const override { return options.weight_decay; }
 
  private:
-  bool step_fused();  // false (having changed nothing) when the parameters do not allow one call
+  void check_options();
+  bool step_fused();  // false (having changed nothing) when the parameters do not allow one call per group
+  // The fused update of one group's parameters `order` (indices into parameters_) with their gradients.
+  void step_fused_group(Device device, const std::vector<std::size_t>& order, const std::vector<Tensor>& grads,
+                        std::size_t group);
   const double* device_lr(Device device);  // lr_on_device: the scalar holding options.lr, written if stale
 
   Tensor lr_tensor_;         // lr_on_device: float64, shape (), on the parameters' device
@@ -133,18 +181,21 @@ struct AdamOptions {
 class Adam : public Optimizer {
  public:
   Adam(std::vector<Tensor> parameters, const AdamOptions& options = {});
+  Adam(std::vector<ParamGroup> groups, const AdamOptions& options = {});
   void step() override;
-  double learning_rate() const override { return options.lr; }
-  void set_learning_rate(double lr) override { options.lr = lr; }
+  void set_learning_rate(double lr) override;
 
   AdamOptions options;
 
  protected:
-  Adam(std::vector<Tensor> parameters, const AdamOptions& options, bool decoupled_weight_decay);
+  Adam(std::vector<ParamGroup> groups, const AdamOptions& options, bool decoupled_weight_decay);
   std::vector<std::string> state_names() const override { return {"exp_avg", "exp_avg_sq", "max_exp_avg_sq"}; }
   bool counts_steps() const override { return true; }
+  double default_learning_rate() const override { return options.lr; }
+  double default_weight_decay() const override { return options.weight_decay; }
 
  private:
+  void check_options();
   bool decoupled_weight_decay_ = false;
 };
 
@@ -163,7 +214,9 @@ struct AdamWOptions {
 class AdamW : public Adam {
  public:
   AdamW(std::vector<Tensor> parameters, const AdamWOptions& options = {})
-      : Adam(std::move(parameters),
+      : AdamW(std::vector<ParamGroup>{ParamGroup{.params = std::move(parameters)}}, options) {}
+  AdamW(std::vector<ParamGroup> groups, const AdamWOptions& options = {})
+      : Adam(std::move(groups),
              AdamOptions{.lr = options.lr, .beta1 = options.beta1, .beta2 = options.beta2, .eps = options.eps,
                          .weight_decay = options.weight_decay, .amsgrad = options.amsgrad,
                          .maximize = options.maximize},

@@ -10,10 +10,24 @@
 
 namespace ferry::optim {
 
-Adam::Adam(std::vector<Tensor> parameters, const AdamOptions& adam) : Adam(std::move(parameters), adam, false) {}
+Adam::Adam(std::vector<Tensor> parameters, const AdamOptions& adam) : Optimizer(std::move(parameters)), options(adam) {
+  check_options();
+}
 
-Adam::Adam(std::vector<Tensor> parameters, const AdamOptions& adam, bool decoupled_weight_decay)
-    : Optimizer(std::move(parameters)), options(adam), decoupled_weight_decay_(decoupled_weight_decay) {
+Adam::Adam(std::vector<ParamGroup> groups, const AdamOptions& adam) : Adam(std::move(groups), adam, false) {}
+
+Adam::Adam(std::vector<ParamGroup> groups, const AdamOptions& adam, bool decoupled_weight_decay)
+    : Optimizer(std::move(groups)), options(adam), decoupled_weight_decay_(decoupled_weight_decay) {
+  check_options();
+}
+
+void Adam::set_learning_rate(double lr) {
+  options.lr = lr;
+  forget_group_learning_rates();
+}
+
+void Adam::check_options() {
+  adopt_group_options(options.lr, options.weight_decay);
   FERRY_CHECK(options.lr >= 0, InvalidArgument, "Adam: invalid learning rate: ", options.lr);
   FERRY_CHECK(options.eps >= 0, InvalidArgument, "Adam: invalid epsilon value: ", options.eps);
   FERRY_CHECK(options.beta1 >= 0 && options.beta1 < 1, InvalidArgument, "Adam: invalid beta parameter at index 0: ",
@@ -34,11 +48,12 @@ void Adam::step() {
     const Tensor grad_in = p.grad();
     if (!grad_in.defined()) continue;
     check_same_device("Adam.step", {&p, &grad_in});
+    const double lr = group_learning_rate(group_of(i)), weight_decay = group_weight_decay(group_of(i));
     Tensor grad = options.maximize ? neg(grad_in) : grad_in;
     const std::int64_t step = ++state_[i].step;
-    if (options.weight_decay != 0) {
-      if (decoupled_weight_decay_) p.mul_(1 - options.lr * options.weight_decay);  // AdamW
-      else grad = add(grad, p, options.weight_decay);                              // Adam
+    if (weight_decay != 0) {
+      if (decoupled_weight_decay_) p.mul_(1 - lr * weight_decay);  // AdamW
+      else grad = add(grad, p, weight_decay);                      // Adam
     }
     Tensor exp_avg = state_tensor(i, "exp_avg");
     Tensor exp_avg_sq = state_tensor(i, "exp_avg_sq");
@@ -46,7 +61,7 @@ void Adam::step() {
     exp_avg_sq.mul_(beta2).add_(square(grad), 1 - beta2);     // v = b2 v + (1 - b2) g^2
     const double bias_correction1 = 1 - std::pow(beta1, static_cast<double>(step));
     const double bias_correction2 = 1 - std::pow(beta2, static_cast<double>(step));
-    const double step_size = options.lr / bias_correction1;
+    const double step_size = lr / bias_correction1;
     const double bias_correction2_sqrt = std::sqrt(bias_correction2);
     Tensor second = exp_avg_sq;
     if (options.amsgrad) {

@@ -15,11 +15,13 @@ namespace ferry::optim {
 
 // --- the common part ---------------------------------------------------------------------------------
 
-LRScheduler::LRScheduler(Optimizer& optimizer) : optimizer_(optimizer), base_lr_(optimizer.initial_learning_rate()) {}
+LRScheduler::LRScheduler(Optimizer& optimizer) : optimizer_(optimizer) {
+  for (std::size_t g = 0; g < optimizer.group_count(); ++g) base_lrs_.push_back(optimizer.initial_learning_rate(g));
+}
 
-void LRScheduler::set_lr(double lr) {
-  optimizer_.set_learning_rate(lr);
-  last_lr_ = lr;
+void LRScheduler::set_lrs(const std::vector<double>& lrs) {
+  for (std::size_t g = 0; g < lrs.size(); ++g) optimizer_.set_group_learning_rate(g, lrs[g]);
+  last_lrs_ = lrs;
 }
 
 void LRScheduler::initial_step() {
@@ -30,13 +32,19 @@ void LRScheduler::initial_step() {
 void LRScheduler::step() {
   ++step_count_;
   ++last_epoch_;
-  set_lr(chained_lr(optimizer_.learning_rate()));
+  std::vector<double> lrs;
+  for (std::size_t g = 0; g < base_lrs_.size(); ++g)
+    lrs.push_back(chained_lr(optimizer_.group_learning_rate(g), base_lrs_[g]));
+  set_lrs(lrs);
 }
 
 void LRScheduler::restart_at_zero() {
   ++step_count_;
   last_epoch_ = 0;
-  set_lr(closed_form_lr());
+  std::vector<double> lrs;
+  for (std::size_t g = 0; g < base_lrs_.size(); ++g)
+    lrs.push_back(closed_form_lr(optimizer_.group_learning_rate(g), base_lrs_[g]));
+  set_lrs(lrs);
 }
 
 // --- StepLR, MultiStepLR, ExponentialLR -----------------------------------------------------------------
@@ -46,11 +54,11 @@ StepLR::StepLR(Optimizer& optimizer, std::int64_t step_size, double gamma)
   FERRY_CHECK(step_size >= 1, InvalidArgument, "StepLR: step_size must be at least 1, got ", step_size);
   initial_step();
 }
-double StepLR::chained_lr(double current) const {
+double StepLR::chained_lr(double current, double) const {
   return last_epoch_ == 0 || last_epoch_ % step_size_ != 0 ? current : current * gamma_;
 }
-double StepLR::closed_form_lr() const {
-  return base_lr_ * std::pow(gamma_, static_cast<double>(last_epoch_ / step_size_));
+double StepLR::closed_form_lr(double, double base) const {
+  return base * std::pow(gamma_, static_cast<double>(last_epoch_ / step_size_));
 }
 
 MultiStepLR::MultiStepLR(Optimizer& optimizer, std::vector<std::int64_t> milestones, double gamma)
@@ -58,21 +66,21 @@ MultiStepLR::MultiStepLR(Optimizer& optimizer, std::vector<std::int64_t> milesto
   std::sort(milestones_.begin(), milestones_.end());
   initial_step();
 }
-double MultiStepLR::chained_lr(double current) const {
+double MultiStepLR::chained_lr(double current, double) const {
   const auto times = std::count(milestones_.begin(), milestones_.end(), last_epoch_);
   return times == 0 ? current : current * std::pow(gamma_, static_cast<double>(times));
 }
-double MultiStepLR::closed_form_lr() const {
+double MultiStepLR::closed_form_lr(double, double base) const {
   const auto passed = std::upper_bound(milestones_.begin(), milestones_.end(), last_epoch_) - milestones_.begin();
-  return base_lr_ * std::pow(gamma_, static_cast<double>(passed));
+  return base * std::pow(gamma_, static_cast<double>(passed));
 }
 
 ExponentialLR::ExponentialLR(Optimizer& optimizer, double gamma) : LRScheduler(optimizer), gamma_(gamma) {
   initial_step();
 }
-double ExponentialLR::chained_lr(double current) const { return last_epoch_ == 0 ? current : current * gamma_; }
-double ExponentialLR::closed_form_lr() const {
-  return base_lr_ * std::pow(gamma_, static_cast<double>(last_epoch_));
+double ExponentialLR::chained_lr(double current, double) const { return last_epoch_ == 0 ? current : current * gamma_; }
+double ExponentialLR::closed_form_lr(double, double base) const {
+  return base * std::pow(gamma_, static_cast<double>(last_epoch_));
 }
 
 // --- CosineAnnealingLR ------------------------------------------------------------------------------------
@@ -82,17 +90,17 @@ CosineAnnealingLR::CosineAnnealingLR(Optimizer& optimizer, std::int64_t t_max, d
   FERRY_CHECK(t_max >= 1, InvalidArgument, "CosineAnnealingLR: T_max must be at least 1, got ", t_max);
   initial_step();
 }
-double CosineAnnealingLR::chained_lr(double current) const {
+double CosineAnnealingLR::chained_lr(double current, double base) const {
   constexpr double pi = std::numbers::pi;
   const auto t = static_cast<double>(last_epoch_), t_max = static_cast<double>(t_max_);
   if (last_epoch_ == 0) return current;
   if ((last_epoch_ - 1 - t_max_) % (2 * t_max_) == 0)  // the bottom: the step back up
-    return current + (base_lr_ - eta_min_) * (1 - std::cos(pi / t_max)) / 2;
+    return current + (base - eta_min_) * (1 - std::cos(pi / t_max)) / 2;
   return (1 + std::cos(pi * t / t_max)) / (1 + std::cos(pi * (t - 1) / t_max)) * (current - eta_min_) + eta_min_;
 }
-double CosineAnnealingLR::closed_form_lr() const {
+double CosineAnnealingLR::closed_form_lr(double, double base) const {
   constexpr double pi = std::numbers::pi;
-  return eta_min_ + (base_lr_ - eta_min_) *
+  return eta_min_ + (base - eta_min_) *
                         (1 + std::cos(pi * static_cast<double>(last_epoch_) / static_cast<double>(t_max_))) / 2;
 }
 
@@ -107,15 +115,15 @@ LinearLR::LinearLR(Optimizer& optimizer, double start_factor, double end_factor,
   FERRY_CHECK(total_iters >= 1, InvalidArgument, "LinearLR: total_iters must be at least 1, got ", total_iters);
   initial_step();
 }
-double LinearLR::chained_lr(double current) const {
+double LinearLR::chained_lr(double current, double) const {
   if (last_epoch_ == 0) return current * start_factor_;
   if (last_epoch_ > total_iters_) return current;
   const double slope = end_factor_ - start_factor_;
   return current * (1. + slope / (static_cast<double>(total_iters_) * start_factor_ +
                                   static_cast<double>(last_epoch_ - 1) * slope));
 }
-double LinearLR::closed_form_lr() const {
-  return base_lr_ * (start_factor_ + (end_factor_ - start_factor_) *
+double LinearLR::closed_form_lr(double, double base) const {
+  return base * (start_factor_ + (end_factor_ - start_factor_) *
                                          static_cast<double>(std::min(total_iters_, last_epoch_)) /
                                          static_cast<double>(total_iters_));
 }
@@ -125,7 +133,7 @@ LambdaLR::LambdaLR(Optimizer& optimizer, std::function<double(std::int64_t)> fac
   FERRY_CHECK(static_cast<bool>(factor_), InvalidArgument, "LambdaLR: the factor function is empty");
   initial_step();
 }
-double LambdaLR::chained_lr(double) const { return base_lr_ * factor_(last_epoch_); }
+double LambdaLR::chained_lr(double, double base) const { return base * factor_(last_epoch_); }
 
 // --- SequentialLR -------------------------------------------------------------------------------------------
 
@@ -146,10 +154,10 @@ SequentialLR::SequentialLR(Optimizer& optimizer, std::vector<std::shared_ptr<LRS
               "SequentialLR: the milestones must be in increasing order");
   // As PyTorch: back to the initial rate, each schedule one epoch back, and the first one's initial step again.
   last_epoch_ = 0;
-  optimizer.set_learning_rate(base_lr_);
+  for (std::size_t g = 0; g < base_lrs_.size(); ++g) optimizer.set_group_learning_rate(g, base_lrs_[g]);
   for (auto& scheduler : schedulers_) scheduler->last_epoch_ -= 1;
   schedulers_.front()->initial_step();
-  set_lr(schedulers_.front()->last_lr());
+  set_lrs(schedulers_.front()->last_lrs());
 }
 
 void SequentialLR::step() {
@@ -162,7 +170,7 @@ void SequentialLR::step() {
   } else {
     scheduler.step();
   }
-  set_lr(scheduler.last_lr());
+  set_lrs(scheduler.last_lrs());
 }
 
 // --- ReduceLROnPlateau ----------------------------------------------------------------------------------------
@@ -196,9 +204,11 @@ void ReduceLROnPlateau::step(double metric) {
     bad_epochs_ = 0;
   }
   if (bad_epochs_ > options_.patience) {
-    const double old_lr = optimizer_.learning_rate();
-    const double new_lr = std::max(old_lr * options_.factor, options_.min_lr);
-    if (old_lr - new_lr > options_.eps) optimizer_.set_learning_rate(new_lr);
+    for (std::size_t g = 0; g < optimizer_.group_count(); ++g) {
+      const double old_lr = optimizer_.group_learning_rate(g);
+      const double new_lr = std::max(old_lr * options_.factor, options_.min_lr);
+      if (old_lr - new_lr > options_.eps) optimizer_.set_group_learning_rate(g, new_lr);
+    }
     cooldown_counter_ = options_.cooldown;
     bad_epochs_ = 0;
   }

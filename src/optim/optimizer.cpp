@@ -3,6 +3,7 @@
 // update rule (sgd.cpp, adam.cpp).
 #include <algorithm>
 #include <string>
+#include <utility>
 
 #include "../core/internal.h"
 #include "ferry/autograd.h"
@@ -12,21 +13,93 @@
 
 namespace ferry::optim {
 
-Optimizer::Optimizer(std::vector<Tensor> parameters) : parameters_(std::move(parameters)) {
-  FERRY_CHECK(!parameters_.empty(), InvalidArgument,
+namespace {
+std::vector<ParamGroup> one_group(std::vector<Tensor> parameters) {
+  FERRY_CHECK(!parameters.empty(), InvalidArgument,
               "optimizer got an empty parameter list (does the model hold any parameters yet?)");
+  std::vector<ParamGroup> groups(1);
+  groups[0].params = std::move(parameters);
+  return groups;
+}
+}  // namespace
+
+Optimizer::Optimizer(std::vector<Tensor> parameters) : Optimizer(one_group(std::move(parameters))) {}
+
+Optimizer::Optimizer(std::vector<ParamGroup> groups) {
+  FERRY_CHECK(!groups.empty(), InvalidArgument, "optimizer got no parameter groups");
+  for (std::size_t g = 0; g < groups.size(); ++g) {
+    FERRY_CHECK(!groups[g].params.empty(), InvalidArgument, "optimizer: parameter group ", g, " has no parameters");
+    for (const auto& [value, what] : {std::pair{groups[g].lr, "lr"}, std::pair{groups[g].weight_decay, "weight_decay"}})
+      FERRY_CHECK(!value || *value >= 0, InvalidArgument, "optimizer: parameter group ", g, " has a negative ", what,
+                  ": ", *value);
+    groups_.push_back({parameters_.size(), groups[g].params.size(), groups[g].lr, groups[g].weight_decay});
+    for (Tensor& p : groups[g].params) {
+      group_of_.push_back(g);
+      parameters_.push_back(std::move(p));
+    }
+  }
   for (std::size_t i = 0; i < parameters_.size(); ++i) {
     FERRY_CHECK(parameters_[i].defined(), InvalidArgument, "optimizer: parameter ", i, " is undefined");
     FERRY_CHECK(parameters_[i].is_leaf(), InvalidArgument, "optimizer: can't optimize a non-leaf Tensor (parameter ", i, ")");
     FERRY_CHECK(is_floating(parameters_[i].dtype()), InvalidArgument, "optimizer: parameter ", i,
                 " is not floating point (", dtype_name(parameters_[i].dtype()), ")");
+    for (std::size_t j = 0; j < i; ++j) {  // PyTorch: "some parameters appear in more than one parameter group"
+      FERRY_CHECK(!parameters_[i].is_same(parameters_[j]), InvalidArgument, "optimizer: parameters ", j, " and ", i,
+                  " are the same tensor (in groups ", group_of_[j], " and ", group_of_[i],
+                  "); each parameter belongs to one group, once");
+    }
   }
   state_.resize(parameters_.size());
 }
 
-double Optimizer::initial_learning_rate() {
-  if (initial_lr_ < 0) initial_lr_ = learning_rate();
-  return initial_lr_;
+void Optimizer::adopt_group_options(double& lr, double& weight_decay) {
+  if (groups_.size() != 1) return;
+  Group& only = groups_[0];
+  if (only.lr) lr = *std::exchange(only.lr, std::nullopt);
+  if (only.weight_decay) weight_decay = *std::exchange(only.weight_decay, std::nullopt);
+}
+
+std::vector<Tensor> Optimizer::group_parameters(std::size_t group) const {
+  FERRY_CHECK(group < groups_.size(), InvalidArgument, "optimizer: no parameter group ", group, " (there are ",
+              groups_.size(), ")");
+  const Group& g = groups_[group];
+  return {parameters_.begin() + static_cast<std::ptrdiff_t>(g.first),
+          parameters_.begin() + static_cast<std::ptrdiff_t>(g.first + g.count)};
+}
+
+double Optimizer::group_learning_rate(std::size_t group) const {
+  FERRY_CHECK(group < groups_.size(), InvalidArgument, "optimizer: no parameter group ", group, " (there are ",
+              groups_.size(), ")");
+  return groups_[group].lr.value_or(default_learning_rate());
+}
+
+double Optimizer::group_weight_decay(std::size_t group) const {
+  FERRY_CHECK(group < groups_.size(), InvalidArgument, "optimizer: no parameter group ", group, " (there are ",
+              groups_.size(), ")");
+  return groups_[group].weight_decay.value_or(default_weight_decay());
+}
+
+void Optimizer::set_group_learning_rate(std::size_t group, double lr) {
+  FERRY_CHECK(group < groups_.size(), InvalidArgument, "optimizer: no parameter group ", group, " (there are ",
+              groups_.size(), ")");
+  if (groups_.size() == 1) {
+    set_learning_rate(lr);
+    return;
+  }
+  groups_[group].lr = lr;
+}
+
+void Optimizer::forget_group_learning_rates() {
+  for (Group& g : groups_) g.lr.reset();  // every group reads options.lr again
+}
+
+double Optimizer::initial_learning_rate(std::size_t group) {
+  FERRY_CHECK(group < groups_.size(), InvalidArgument, "optimizer: no parameter group ", group, " (there are ",
+              groups_.size(), ")");
+  if (initial_lrs_.empty()) {
+    for (std::size_t g = 0; g < groups_.size(); ++g) initial_lrs_.push_back(group_learning_rate(g));
+  }
+  return initial_lrs_[group];
 }
 
 void Optimizer::zero_grad(bool set_to_none) {

@@ -12,6 +12,17 @@
 namespace ferry::optim {
 
 SGD::SGD(std::vector<Tensor> parameters, const SGDOptions& sgd) : Optimizer(std::move(parameters)), options(sgd) {
+  check_options();
+}
+
+SGD::SGD(std::vector<ParamGroup> groups, const SGDOptions& sgd) : Optimizer(std::move(groups)), options(sgd) {
+  check_options();
+}
+
+void SGD::check_options() {
+  adopt_group_options(options.lr, options.weight_decay);
+  FERRY_CHECK(!options.lr_on_device || group_count() == 1, InvalidArgument, "SGD: lr_on_device keeps one learning "
+              "rate on the device, but the optimizer has ", group_count(), " parameter groups");
   FERRY_CHECK(options.lr >= 0, InvalidArgument, "SGD: invalid learning rate: ", options.lr);
   FERRY_CHECK(options.momentum >= 0, InvalidArgument, "SGD: invalid momentum value: ", options.momentum);
   FERRY_CHECK(options.weight_decay >= 0, InvalidArgument, "SGD: invalid weight_decay value: ", options.weight_decay);
@@ -27,6 +38,7 @@ constexpr const char* kWritingLr =
 }  // namespace
 
 void SGD::set_learning_rate(double lr) {
+  forget_group_learning_rates();
   if (!options.lr_on_device || !lr_tensor_.defined()) {
     options.lr = lr;
     return;
@@ -68,10 +80,6 @@ bool SGD::step_fused() {
   }
   if (order.empty()) return true;
   const Device device = parameters_[order[0]].device();
-  Backend::SgdStep step{.lr = options.lr, .momentum = options.momentum, .dampening = options.dampening,
-                        .weight_decay = options.weight_decay, .nesterov = options.nesterov,
-                        .maximize = options.maximize};
-  if (options.lr_on_device) step.lr_on_device = device_lr(device);
   // A buffer made inside a capture would be the graph's memory, and "buf = d" would be replayed every step.
   if (options.momentum != 0 && ferry::detail::capture_active()) {
     for (const std::size_t i : order) {
@@ -80,6 +88,25 @@ bool SGD::step_fused() {
       }
     }
   }
+  for (std::size_t group = 0; group < group_count(); ++group) {  // one call (two on the first step) per group
+    std::vector<std::size_t> mine;
+    std::vector<Tensor> my_grads;
+    for (std::size_t j = 0; j < order.size(); ++j) {
+      if (group_of(order[j]) != group) continue;
+      mine.push_back(order[j]);
+      my_grads.push_back(grads[j]);
+    }
+    if (!mine.empty()) step_fused_group(device, mine, my_grads, group);
+  }
+  return true;
+}
+
+void SGD::step_fused_group(Device device, const std::vector<std::size_t>& order, const std::vector<Tensor>& grads,
+                           std::size_t group) {
+  Backend::SgdStep step{.lr = group_learning_rate(group), .momentum = options.momentum,
+                        .dampening = options.dampening, .weight_decay = group_weight_decay(group),
+                        .nesterov = options.nesterov, .maximize = options.maximize};
+  if (options.lr_on_device) step.lr_on_device = device_lr(device);
   // One call for the parameters whose momentum buffer exists and one for those that get it now.
   for (const bool first : {false, true}) {
     std::vector<KernelTensor> p_views, g_views, b_views;
@@ -102,7 +129,6 @@ bool SGD::step_fused() {
     backend(device).sgd_step(p_views.data(), g_views.data(), b_views.empty() ? nullptr : b_views.data(),
                              p_views.size(), step, ferry::detail::compute_stream(device));
   }
-  return true;
 }
 
 void SGD::step() {
@@ -121,8 +147,9 @@ void SGD::step() {
     const Tensor grad = p.grad();
     if (!grad.defined()) continue;
     check_same_device("SGD.step", {&p, &grad});
+    const double lr = group_learning_rate(group_of(i)), weight_decay = group_weight_decay(group_of(i));
     Tensor d = options.maximize ? neg(grad) : grad;
-    if (options.weight_decay != 0) d = add(d, p, options.weight_decay);  // a new tensor: never alters .grad
+    if (weight_decay != 0) d = add(d, p, weight_decay);  // a new tensor: never alters .grad
     if (options.momentum != 0) {
       bool created = false;
       Tensor buffer = state_tensor(i, "momentum_buffer", &created);
@@ -133,7 +160,7 @@ void SGD::step() {
       }
       d = options.nesterov ? add(d, buffer, options.momentum) : buffer;
     }
-    p.add_(d, -options.lr);
+    p.add_(d, -lr);
   }
 }
 
