@@ -113,6 +113,7 @@ class Optimizer {
     std::size_t first = 0, count = 0;  // parameters_[first, first + count)
     std::optional<double> lr, weight_decay;
   };
+  void check_group(std::size_t group) const;  // InvalidArgument when out of range
   std::vector<Group> groups_;
   std::vector<std::size_t> group_of_;  // per parameter
   std::vector<double> initial_lrs_;    // per group; empty: not recorded yet

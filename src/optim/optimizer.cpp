@@ -59,29 +59,30 @@ void Optimizer::adopt_group_options(double& lr, double& weight_decay) {
   if (only.weight_decay) weight_decay = *std::exchange(only.weight_decay, std::nullopt);
 }
 
-std::vector<Tensor> Optimizer::group_parameters(std::size_t group) const {
+void Optimizer::check_group(std::size_t group) const {
   FERRY_CHECK(group < groups_.size(), InvalidArgument, "optimizer: no parameter group ", group, " (there are ",
               groups_.size(), ")");
+}
+
+std::vector<Tensor> Optimizer::group_parameters(std::size_t group) const {
+  check_group(group);
   const Group& g = groups_[group];
   return {parameters_.begin() + static_cast<std::ptrdiff_t>(g.first),
           parameters_.begin() + static_cast<std::ptrdiff_t>(g.first + g.count)};
 }
 
 double Optimizer::group_learning_rate(std::size_t group) const {
-  FERRY_CHECK(group < groups_.size(), InvalidArgument, "optimizer: no parameter group ", group, " (there are ",
-              groups_.size(), ")");
+  check_group(group);
   return groups_[group].lr.value_or(default_learning_rate());
 }
 
 double Optimizer::group_weight_decay(std::size_t group) const {
-  FERRY_CHECK(group < groups_.size(), InvalidArgument, "optimizer: no parameter group ", group, " (there are ",
-              groups_.size(), ")");
+  check_group(group);
   return groups_[group].weight_decay.value_or(default_weight_decay());
 }
 
 void Optimizer::set_group_learning_rate(std::size_t group, double lr) {
-  FERRY_CHECK(group < groups_.size(), InvalidArgument, "optimizer: no parameter group ", group, " (there are ",
-              groups_.size(), ")");
+  check_group(group);
   if (groups_.size() == 1) {
     set_learning_rate(lr);
     return;
@@ -94,8 +95,7 @@ void Optimizer::forget_group_learning_rates() {
 }
 
 double Optimizer::initial_learning_rate(std::size_t group) {
-  FERRY_CHECK(group < groups_.size(), InvalidArgument, "optimizer: no parameter group ", group, " (there are ",
-              groups_.size(), ")");
+  check_group(group);
   if (initial_lrs_.empty()) {
     for (std::size_t g = 0; g < groups_.size(); ++g) initial_lrs_.push_back(group_learning_rate(g));
   }
