@@ -573,7 +573,7 @@ namespace {
 // -inf after the shift instead of NaN; +inf stays +inf).
 Tensor softmax_shift(const Tensor& a, int dim) {
   autograd::NoGradGuard no_grad;
-  const Tensor top = max(a, dim, true).first;
+  const Tensor top = reduce_forward(ReduceOp::Max, plan_reduce(a, {dim}, "softmax"), a.dtype(), true);  // no argmax
   return where(eq(abs(top), INFINITY), zeros({}, {.device = a.device(), .dtype = a.dtype()}), top);
 }
 
