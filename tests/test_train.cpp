@@ -456,11 +456,16 @@ TEST(Trainer, AccumulatingStepsCaptureAsAGraphAndResumeBitForBit) {
 }
 
 // --resume continues bit for bit: N steps straight equal k steps, a checkpoint, then N - k more.
+// With SGD and with AdamW (its moments and host step counts in the checkpoint).
 TEST(Trainer, ResumeIsBitForBit) {
+  for (const std::string optimizer : {"sgd", "adamw"}) {
+  SCOPED_TRACE(optimizer);
   const Dataset train_set = quadrant_dataset(96, 20), test_set = quadrant_dataset(16, 21);
   std::ostringstream log;
   TrainOptions o = quick_options(kCPU);
   o.epochs = 2;  // 12 steps in all
+  o.optimizer = optimizer;
+  if (optimizer == "adamw") o.lr = 1e-3;
   manual_seed(1);
   auto straight = make_fmnist_model();
   train(*straight, train_set, test_set, o, log);
@@ -481,6 +486,34 @@ TEST(Trainer, ResumeIsBitForBit) {
   EXPECT_EQ(r.steps_run, 4);
   expect_same_bits(*straight, *resumed);
   std::filesystem::remove(path);
+  }
+}
+
+// --optimizer adamw learns; its weight decay is on the weight matrices and kernels only (group 0), none on biases and
+// BatchNorm (group 1), as timm and nanoGPT.
+TEST(Trainer, AdamWLearnsWithoutDecayOnBiasesAndNorms) {
+  const Dataset train_set = quadrant_dataset(96, 20), test_set = quadrant_dataset(64, 21);
+  std::ostringstream log;
+  TrainOptions o = quick_options(kCPU);
+  o.epochs = 3;
+  o.optimizer = "adamw";
+  o.lr = 3e-3;
+  o.weight_decay = 0.05;
+  manual_seed(1);
+  auto model = make_fmnist_model();
+  const TrainResult r = train(*model, train_set, test_set, o, log);
+  EXPECT_GT(r.test_accuracy, 0.5) << log.str();  // four classes: chance is 0.25
+
+  const auto optimizer = make_train_optimizer(o, *model, false);
+  ASSERT_EQ(optimizer->group_count(), 2u);
+  EXPECT_EQ(optimizer->group_weight_decay(0), 0.05);
+  EXPECT_EQ(optimizer->group_weight_decay(1), 0.0);
+  for (const Tensor& p : optimizer->group_parameters(0)) EXPECT_GE(p.dim(), 2);
+  for (const Tensor& p : optimizer->group_parameters(1)) EXPECT_EQ(p.dim(), 1);
+  EXPECT_EQ(optimizer->parameters().size(), model->parameters().size());
+  EXPECT_NE(dynamic_cast<optim::AdamW*>(optimizer.get()), nullptr);
+  o.optimizer = "sgd";
+  EXPECT_NE(dynamic_cast<optim::SGD*>(make_train_optimizer(o, *model, false).get()), nullptr);
 }
 
 // The epoch a resume continues reports the loss and accuracy of all its batches, as the unbroken run does (the

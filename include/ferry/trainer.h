@@ -17,6 +17,7 @@
 #include "ferry/nn/sequential.h"
 
 namespace ferry::dist { class ProcessGroup; }
+namespace ferry::optim { class Optimizer; }
 
 namespace ferry {
 
@@ -33,6 +34,10 @@ struct TrainOptions {
   // Before each update, scale the gradients so that their joint 2-norm is at most this (nn::utils::clip_grad_norm_,
   // on the device: no read); the norm before clipping is logged beside the loss, in the same read. 0: no clipping.
   double clip_grad_norm = 0;
+  // "sgd" (momentum, L2 weight decay on every parameter) or "adamw" (decoupled weight decay on the weight matrices
+  // and convolution kernels only, none on biases and BatchNorm: two parameter groups; momentum unused). AdamW keeps
+  // its step count on the host, so its steps are not captured as graphs.
+  std::string optimizer = "sgd";
   double lr = 0.05;
   double momentum = 0.9;
   double weight_decay = 5e-4;
@@ -140,6 +145,12 @@ void check_train_options(const TrainOptions& options);
 
 // Trains `model` on `train_set`, testing on `test_set` after each epoch. Progress and per-epoch lines
 // go to `out`. Throws on non-finite loss (naming the step; the last checkpoint is kept).
+// The optimizer train() makes from options.optimizer: SGD over every parameter (lr_on_device when the step is
+// captured as a graph), or AdamW with the weight decay on the weight matrices and kernels only (dim >= 2, group 0)
+// and none on biases and BatchNorm's scale and shift (group 1), as timm and nanoGPT.
+std::unique_ptr<optim::Optimizer> make_train_optimizer(const TrainOptions& options, const nn::Module& model,
+                                                       bool graphs);
+
 TrainResult train(nn::Module& model, const Dataset& train_set, const Dataset& test_set, const TrainOptions& options,
                   std::ostream& out);
 

@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <fstream>
 #include <iomanip>
+#include <memory>
 #include <optional>
 #include <ostream>
 #include <sstream>
@@ -81,6 +82,7 @@ std::vector<double> sum_over_ranks(dist::ProcessGroup& group, const std::vector<
   group.all_reduce(packed, dist::ReduceOp::Sum, "epoch totals");
   return packed.cpu().to_vector<double>();
 }
+
 
 }  // namespace
 
@@ -181,8 +183,28 @@ void check_train_options(const TrainOptions& o) {
               "--schedule must be cosine or constant, got '", o.schedule, "'");
   FERRY_CHECK(o.graphs == "auto" || o.graphs == "on" || o.graphs == "off", InvalidArgument,
               "--graphs must be auto, on or off, got '", o.graphs, "'");
+  FERRY_CHECK(o.optimizer == "sgd" || o.optimizer == "adamw", InvalidArgument,
+              "--optimizer must be sgd or adamw, got '", detail::printable(o.optimizer), "'");
+  FERRY_CHECK(o.graphs != "on" || o.optimizer == "sgd", InvalidArgument,
+              "--graphs on captures the SGD step; AdamW's step count and bias corrections are host numbers that a "
+              "replay would repeat (use --graphs auto or off with --optimizer adamw)");
   FERRY_CHECK(o.graphs != "on" || !o.device.is_cpu(), InvalidArgument,
               "--graphs on captures steps on cuda or sim; the cpu runs every step eagerly (use --graphs auto or off)");
+}
+
+std::unique_ptr<optim::Optimizer> make_train_optimizer(const TrainOptions& o, const nn::Module& model, bool graphs) {
+  if (o.optimizer == "sgd") {
+    return std::make_unique<optim::SGD>(
+        model.parameters(), optim::SGDOptions{.lr = o.lr, .momentum = o.momentum, .weight_decay = o.weight_decay,
+                                              .lr_on_device = graphs});
+  }
+  std::vector<optim::ParamGroup> groups(2);
+  groups[1].weight_decay = 0.0;
+  for (const Tensor& p : model.parameters()) groups[p.dim() >= 2 ? 0 : 1].params.push_back(p);
+  if (groups[1].params.empty()) groups.pop_back();
+  if (groups[0].params.empty()) groups.erase(groups.begin());
+  return std::make_unique<optim::AdamW>(std::move(groups),
+                                        optim::AdamWOptions{.lr = o.lr, .weight_decay = o.weight_decay});
 }
 
 TrainResult train(nn::Module& model, const Dataset& train_set, const Dataset& test_set, const TrainOptions& o,
@@ -201,9 +223,9 @@ TrainResult train(nn::Module& model, const Dataset& train_set, const Dataset& te
   // shorter last batch of an epoch runs eagerly. Data-parallel steps stay eager (their all-reduces overlap
   // backward from hooks). A captured update reads the learning rate from the device, written before each step.
   const bool want_graphs = o.graphs == "on" ? !o.device.is_cpu() : o.graphs == "auto" && o.device.is_cuda();
-  const bool graphs = want_graphs && group == nullptr;
-  optim::SGD optimizer(model.parameters(), {.lr = o.lr, .momentum = o.momentum, .weight_decay = o.weight_decay,
-                                            .lr_on_device = graphs});
+  const bool graphs = want_graphs && group == nullptr && o.optimizer == "sgd";
+  const std::unique_ptr<optim::Optimizer> optimizer_owner = make_train_optimizer(o, model, graphs);
+  optim::Optimizer& optimizer = *optimizer_owner;
   TrainingProgress progress;
   bool deterministic = o.deterministic || deterministic_algorithms();
   if (!o.resume_path.empty()) {
@@ -305,7 +327,8 @@ TrainResult train(nn::Module& model, const Dataset& train_set, const Dataset& te
     contents.progress = at;
     contents.progress.epoch_sums.reset();
     contents.generator = generator_state();
-    contents.settings = {{"model", o.model_name}, {"lr", metadata_text(o.lr)}, {"momentum", metadata_text(o.momentum)},
+    contents.settings = {{"model", o.model_name}, {"optimizer", o.optimizer}, {"lr", metadata_text(o.lr)},
+                         {"momentum", metadata_text(o.momentum)},
                          {"weight_decay", metadata_text(o.weight_decay)}, {"batch", std::to_string(o.batch_size)},
                          {"accumulate", std::to_string(o.accumulate)},
                          {"clip_grad_norm", metadata_text(o.clip_grad_norm)}, {"epochs", std::to_string(o.epochs)},

@@ -164,6 +164,7 @@ std::vector<std::string> take_run_settings(const CLI::App& cmd, TrainArgs& a, co
   apply("--accumulate", "accumulate", o.accumulate, at_least_one);
   apply("--clip-grad-norm", "clip_grad_norm", o.clip_grad_norm, non_negative);
   apply("--epochs", "epochs", o.epochs, at_least_one);
+  apply("--optimizer", "optimizer", o.optimizer, one_of({"sgd", "adamw"}));
   apply("--lr", "lr", o.lr, positive);
   apply("--momentum", "momentum", o.momentum, non_negative);
   apply("--weight-decay", "weight_decay", o.weight_decay, non_negative);
@@ -180,6 +181,17 @@ std::vector<std::string> take_run_settings(const CLI::App& cmd, TrainArgs& a, co
                                              ferry::detail::printable(o.model_name),
                                              ferry::detail::printable(o.resume_path),
                                              ferry::detail::printable(it->second)));
+  }
+  // The optimizer's state is one optimizer's (SGD's momentum buffers, AdamW's moments): another cannot take it on.
+  // A checkpoint written before --optimizer existed holds SGD's.
+  const auto written = c.settings.find("optimizer");
+  const std::string written_optimizer = written == c.settings.end() ? "sgd" : written->second;
+  if (written_optimizer != o.optimizer) {
+    throw ferry::InvalidArgument(fmt::format("--optimizer {} cannot resume '{}': it holds {}'s state (leave "
+                                             "--optimizer out to take it from the checkpoint)",
+                                             ferry::detail::printable(o.optimizer),
+                                             ferry::detail::printable(o.resume_path),
+                                             ferry::detail::printable(written_optimizer)));
   }
   if (!taken.empty()) {
     std::string line = "the run's settings, from " + o.resume_path + ":";
@@ -383,9 +395,14 @@ void register_train_command(CLI::App& app) {
                   "clip_grad_norm_, on the device: no extra sync); the norm is logged beside the loss. 0: off")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
-  cmd->add_option("--lr", o.lr, "Peak learning rate (SGD)")->capture_default_str();
+  cmd->add_option("--optimizer", o.optimizer,
+                  "sgd (momentum; L2 weight decay on every parameter) | adamw (decoupled weight decay on the weight\n"
+                  "matrices and kernels only, none on biases and BatchNorm; its steps are not captured as graphs)")
+      ->capture_default_str();
+  cmd->add_option("--lr", o.lr, "Peak learning rate (default 0.05 with sgd, 0.001 with adamw)");
   cmd->add_option("--momentum", o.momentum, "SGD momentum")->capture_default_str();
-  cmd->add_option("--weight-decay", o.weight_decay, "L2 weight decay")->capture_default_str();
+  cmd->add_option("--weight-decay", o.weight_decay,
+                  "Weight decay: L2 with sgd (default 0.0005), decoupled with adamw (default 0.01)");
   cmd->add_option("--schedule", o.schedule, "Learning rate schedule: cosine | constant")->capture_default_str();
   cmd->add_option("--warmup-steps", o.warmup_steps,
                   "Ramp the learning rate up linearly over the first N steps (lr (step + 1) / N), then the schedule\n"
@@ -417,9 +434,9 @@ void register_train_command(CLI::App& app) {
       ->check(whole_number_at_least(1));
   cmd->add_option("--resume", o.resume_path,
                   "Continue the run that wrote a checkpoint, bit for bit: the options not given here take that\n"
-                  "run's values (model, batch, accumulate, clip-grad-norm, epochs, lr, momentum, weight decay,\n"
-                  "schedule, warmup steps, seed, placement, image counts). On cuda bit for bit when that run used\n"
-                  "--deterministic, which this one then does too.\n"
+                  "run's values (model, optimizer, batch, accumulate, clip-grad-norm, epochs, lr, momentum,\n"
+                  "weight decay, schedule, warmup steps, seed, placement, image counts). On cuda bit for bit when\n"
+                  "that run used --deterministic, which this one then does too.\n"
                   "Example: ferry train --resume run.safetensors --checkpoint run.safetensors");
   cmd->add_flag("--deterministic", o.deterministic,
                 "Only algorithms that sum in a fixed order, chosen without timing: on cuda the same bits every run\n"
@@ -468,6 +485,12 @@ void register_train_command(CLI::App& app) {
     check_writable(o.metrics_path, "--metrics");
     check_writable(a.plot_path, "--plot");
     check_writable(a.trace_path, "--trace");
+    if (o.optimizer == "adamw") {  // AdamW's usual values where the command line leaves them out
+      FERRY_CHECK(cmd->count("--momentum") == 0, InvalidArgument,
+                  "--momentum is SGD's; AdamW's moments use beta1 0.9 and beta2 0.999 (leave --momentum out)");
+      if (cmd->count("--lr") == 0) o.lr = 1e-3;
+      if (cmd->count("--weight-decay") == 0) o.weight_decay = 1e-2;
+    }
     std::vector<std::string> notes;  // printed before the run's first line
     std::int64_t resume_step = -1;  // the checkpoint's step; -1: no --resume
     if (!o.resume_path.empty()) {
@@ -556,7 +579,7 @@ void register_train_command(CLI::App& app) {
           {"--model", o.model_name}, {"--seed", std::to_string(o.seed)}, {"--batch", std::to_string(o.batch_size)},
           {"--accumulate", std::to_string(o.accumulate)},
           {"--clip-grad-norm", ferry::metadata_text(o.clip_grad_norm)}, {"--epochs", std::to_string(o.epochs)},
-          {"--max-steps", std::to_string(o.max_steps)},
+          {"--max-steps", std::to_string(o.max_steps)}, {"--optimizer", o.optimizer},
           {"--lr", ferry::metadata_text(o.lr)}, {"--momentum", ferry::metadata_text(o.momentum)},
           {"--weight-decay", ferry::metadata_text(o.weight_decay)}, {"--schedule", o.schedule},
           {"--warmup-steps", std::to_string(o.warmup_steps)}, {"--placement", a.placement},
