@@ -382,6 +382,23 @@ TEST(NNModule, ModuleListHoldsBlocksUnderPyTorchNames) {
     EXPECT_NE(std::string(e.what()).find("ModuleList has no forward: it holds 3 modules"), std::string::npos)
         << e.what();
   }
+  // Every module by its path, the root first; apply() reaches each, children before parents.
+  std::vector<std::string> paths;
+  for (const auto& [path, m] : model.named_modules()) paths.push_back(path + ":" + m->type_name());
+  EXPECT_EQ(paths, (std::vector<std::string>{":Model", "blocks:ModuleList", "blocks.0:Sequential", "blocks.0.0:Linear",
+                                             "blocks.0.1:ReLU", "blocks.0.2:Dropout", "blocks.1:Sequential",
+                                             "blocks.1.0:Linear", "blocks.1.1:ReLU", "blocks.1.2:Dropout",
+                                             "blocks.2:Sequential", "blocks.2.0:Linear", "blocks.2.1:ReLU",
+                                             "blocks.2.2:Dropout", "head:Linear"}));
+  std::vector<std::string> order;
+  model.apply([&](nn::Module& m) {
+    order.push_back(m.type_name());
+    if (auto* linear = dynamic_cast<nn::Linear*>(&m)) linear->bias.detach().fill_(0.25);  // a custom init
+  });
+  EXPECT_EQ(order.size(), paths.size());
+  EXPECT_EQ(order.front(), "Linear");
+  EXPECT_EQ(order.back(), "Model");
+  EXPECT_EQ(model.head->bias.cpu().to_vector<float>(), (std::vector<float>{0.25f, 0.25f}));
   // Pushed by value, the module comes back typed.
   nn::ModuleList list;
   const auto linear = list.push_back(nn::Linear(2, 3));
@@ -398,6 +415,11 @@ TEST(NNModule, ASharedLayerIsOneSetOfParameters) {
   std::vector<std::string> names;
   for (const auto& [name, t] : model.named_parameters()) names.push_back(name);
   EXPECT_EQ(names, (std::vector<std::string>{"0.weight", "0.bias"}));
+  ASSERT_EQ(model.named_modules().size(), 2u);  // the Sequential and its one Linear, under its first name
+  EXPECT_EQ(model.named_modules()[1].first, "0");
+  int applied = 0;
+  model.apply([&](nn::Module&) { ++applied; });
+  EXPECT_EQ(applied, 2);
   EXPECT_EQ(model.parameter_count(), 6);
   EXPECT_EQ(model.state_dict().size(), 4u);
   const float before = shared->weight.to_vector<float>()[0];

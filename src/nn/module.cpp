@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <set>
 #include <unordered_set>
+#include <utility>
 
 #include "../core/internal.h"
 #include "ferry/autograd.h"
@@ -87,6 +88,35 @@ std::vector<Tensor> Module::buffers(bool recurse) const {
   std::vector<Tensor> out;
   for (auto& [name, t] : named_buffers(recurse)) out.push_back(t);
   return out;
+}
+
+std::vector<std::pair<std::string, const Module*>> Module::named_modules() const {
+  std::vector<std::pair<std::string, const Module*>> out;
+  std::unordered_set<const Module*> seen;
+  const std::function<void(const Module&, const std::string&)> visit = [&](const Module& m, const std::string& path) {
+    if (!seen.insert(&m).second) return;
+    out.emplace_back(path, &m);
+    for (const auto& [name, child] : m.children_) visit(*child, path.empty() ? name : path + "." + name);
+  };
+  visit(*this, "");
+  return out;
+}
+
+std::vector<std::pair<std::string, Module*>> Module::named_modules() {
+  std::vector<std::pair<std::string, Module*>> out;
+  for (const auto& [path, m] : std::as_const(*this).named_modules()) out.emplace_back(path, const_cast<Module*>(m));
+  return out;
+}
+
+Module& Module::apply(const std::function<void(Module&)>& fn) {
+  std::unordered_set<const Module*> seen;  // a shared module once
+  const std::function<void(Module&)> visit = [&](Module& m) {
+    if (!seen.insert(&m).second) return;
+    for (const auto& [name, child] : m.children_) visit(*child);
+    fn(m);
+  };
+  visit(*this);
+  return *this;
 }
 
 std::int64_t Module::parameter_count() const {

@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -78,6 +79,14 @@ class Module {
   NamedTensors named_buffers(bool recurse = true) const;
   std::vector<Tensor> buffers(bool recurse = true) const;
   const std::vector<std::pair<std::string, std::shared_ptr<Module>>>& named_children() const { return children_; }
+  // Every module of the tree, depth first: this one under "", then each child under its dotted path
+  // ("blocks.0.attn"); a module registered twice is listed once, under its first path (PyTorch's named_modules).
+  // E.g. the parameters of every LayerNorm: `if (dynamic_cast<LayerNorm*>(m)) ...`.
+  std::vector<std::pair<std::string, Module*>> named_modules();
+  std::vector<std::pair<std::string, const Module*>> named_modules() const;
+  // fn(module) for every module of the tree (a shared one once), each child's subtree first, this one last
+  // (PyTorch's Module.apply: custom initialisation, say). Returns *this.
+  Module& apply(const std::function<void(Module&)>& fn);
   std::int64_t parameter_count() const;  // elements over all parameters
 
   // --- checkpoints --------------------------------------------------------------------------------
