@@ -82,6 +82,20 @@ template <typename T>
   }
 }
 
+// Calls body(std::integral_constant<BinaryOp, op>{}), as with_unary_op.
+template <typename Body>
+void with_binary_op(BinaryOp op, Body&& body) {
+  switch (op) {
+#define FERRY_BINARY_CASE(name) \
+  case BinaryOp::name: return body(std::integral_constant<BinaryOp, BinaryOp::name>{});
+    FERRY_BINARY_CASE(Add) FERRY_BINARY_CASE(Sub) FERRY_BINARY_CASE(Mul) FERRY_BINARY_CASE(Div)
+    FERRY_BINARY_CASE(Pow) FERRY_BINARY_CASE(Maximum) FERRY_BINARY_CASE(Minimum) FERRY_BINARY_CASE(Eq)
+    FERRY_BINARY_CASE(Ne) FERRY_BINARY_CASE(Lt) FERRY_BINARY_CASE(Le) FERRY_BINARY_CASE(Gt) FERRY_BINARY_CASE(Ge)
+    FERRY_BINARY_CASE(ReluBackward) FERRY_BINARY_CASE(ThresholdMask) FERRY_BINARY_CASE(AddRelu)
+#undef FERRY_BINARY_CASE
+  }
+}
+
 // Calls body(std::integral_constant<UnaryOp, op>{}): the op becomes a compile-time constant in the body.
 template <typename Body>
 void with_unary_op(UnaryOp op, Body&& body) {
@@ -97,7 +111,7 @@ void with_unary_op(UnaryOp op, Body&& body) {
 }
 
 template <typename T>
-auto apply_binary(BinaryOp op, T a, T b) {
+[[gnu::always_inline]] inline auto apply_binary(BinaryOp op, T a, T b) {
   using F = std::conditional_t<std::is_floating_point_v<T>, T, double>;
   if constexpr (std::is_same_v<T, bool>) {
     switch (op) {
@@ -160,7 +174,7 @@ Out cast_to(T v) {
 // op's result is one (add, sub, mul and pow wrapping as two's complement, max, min, the masks): exact beyond 2^53,
 // as on cuda; the rest (div) goes through double.
 template <typename O, typename T>
-O binary_value(BinaryOp op, T a, T b) {
+[[gnu::always_inline]] inline O binary_value(BinaryOp op, T a, T b) {
   if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool> && std::is_integral_v<O> &&
                 !std::is_same_v<O, bool>) {
     using U = std::make_unsigned_t<T>;
@@ -334,6 +348,14 @@ void HostKernels::binary(BinaryOp op, const KernelTensor& out, const KernelTenso
         O* o = at<O>(out, off[0]);
         const T* x = at<const T>(a, off[1]);
         const T* y = at<const T>(b, off[2]);
+        if constexpr (std::is_floating_point_v<T> && (std::is_same_v<O, T> || std::is_same_v<O, bool>)) {
+          if (st[0] == 1 && st[1] == 1 && st[2] == 1) {  // the op a constant in a tight loop (comparisons, pow, ...)
+            with_binary_op(op, [&](auto op_c) {
+              for (std::int64_t i = 0; i < n; ++i) o[i] = binary_value<O>(op_c, x[i], y[i]);
+            });
+            return;
+          }
+        }
         for (std::int64_t i = 0; i < n; ++i) o[i * st[0]] = binary_value<O>(op, x[i * st[1]], y[i * st[2]]);
       });
     });
@@ -363,6 +385,18 @@ void HostKernels::binary_scalar(BinaryOp op, const KernelTensor& out, const Kern
               for (std::int64_t i = 0; i < n; ++i) o[i] = x[i] + c;
               return;
             }
+          }
+        }
+        if constexpr (std::is_floating_point_v<T> && (std::is_same_v<O, T> || std::is_same_v<O, bool>)) {
+          if (st[0] == 1 && st[1] == 1) {  // the op a constant in a tight loop (division, comparisons, ...)
+            with_binary_op(op, [&](auto op_c) {
+              if (scalar_first) {
+                for (std::int64_t i = 0; i < n; ++i) o[i] = binary_value<O>(op_c, c, x[i]);
+              } else {
+                for (std::int64_t i = 0; i < n; ++i) o[i] = binary_value<O>(op_c, x[i], c);
+              }
+            });
+            return;
           }
         }
         if (scalar_first) {
