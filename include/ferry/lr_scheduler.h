@@ -8,13 +8,15 @@
 //   optim::CosineAnnealingLR schedule(sgd, /*t_max=*/epochs);
 //   for (epoch ...) { for (batch ...) { ...; sgd.step(); } schedule.step(); }
 //
-// Resuming: make the scheduler again on the restored optimizer and call step() last_epoch() times; the chainable
-// formulas then give the rate of the unbroken run bit for bit (each depends only on the sequence of steps).
+// Resuming: make the scheduler again on the restored optimizer and load_state_dict(the saved state_dict()), or call
+// step() last_epoch() times; either way the rates are the unbroken run's bit for bit.
 #pragma once
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "ferry/optim.h"
@@ -25,6 +27,10 @@ namespace ferry::optim {
 // parameter group's from its own (as PyTorch's base_lrs). Constructing one sets the rates for epoch 0 (PyTorch's
 // initial step), starting from the optimizer's initial_learning_rate(group). Refusals are InvalidArgument, named as
 // PyTorch's arguments.
+// A schedule's progress by name (PyTorch's scheduler state_dict): numbers, exact in double, for a checkpoint's
+// metadata (metadata_text, ferry/checkpoint.h) or any other store.
+using SchedulerState = std::map<std::string, double>;
+
 class LRScheduler {
  public:
   virtual ~LRScheduler() = default;
@@ -39,6 +45,13 @@ class LRScheduler {
   double base_lr() const { return base_lrs_.at(0); }         // the optimizer's initial learning rate (group 0's)
   const std::vector<double>& base_lrs() const { return base_lrs_; }
   Optimizer& optimizer() const { return optimizer_; }
+  // "last_epoch", "step_count", "base_lr.<group>", "last_lr.<group>" (SequentialLR: each schedule's under
+  // "scheduler.<i>."). The function of a LambdaLR is not kept: make it again with the same one.
+  virtual SchedulerState state_dict() const;
+  // Takes a state_dict() of a scheduler of the same kind on an optimizer with as many groups, and sets the
+  // optimizer's rates to its last ones (ferry's optimizer state holds no rates). Throws InvalidArgument naming a
+  // missing key or a group count that differs; nothing changes then.
+  virtual void load_state_dict(const SchedulerState& state);
 
  protected:
   explicit LRScheduler(Optimizer& optimizer);
@@ -139,6 +152,8 @@ class SequentialLR final : public LRScheduler {
   SequentialLR(Optimizer& optimizer, std::vector<std::shared_ptr<LRScheduler>> schedulers,
                std::vector<std::int64_t> milestones);
   void step() override;  // the scheduler of this epoch steps
+  SchedulerState state_dict() const override;
+  void load_state_dict(const SchedulerState& state) override;
 
  private:
   double chained_lr(double current, double) const override { return current; }  // unused: the schedulers step
@@ -169,6 +184,10 @@ class ReduceLROnPlateau {
   std::int64_t last_epoch() const { return last_epoch_; }
   std::int64_t bad_epochs() const { return bad_epochs_; }
   double best() const { return best_; }
+  // "last_epoch", "best", "bad_epochs", "cooldown_counter", "lr.<group>"; load_state_dict also sets the
+  // optimizer's rates (throws InvalidArgument as LRScheduler's).
+  SchedulerState state_dict() const;
+  void load_state_dict(const SchedulerState& state);
 
  private:
   bool is_better(double value) const;

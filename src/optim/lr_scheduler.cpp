@@ -47,6 +47,107 @@ void LRScheduler::restart_at_zero() {
   set_lrs(lrs);
 }
 
+// --- state_dict ---------------------------------------------------------------------------------------------
+
+namespace {
+double entry(const SchedulerState& state, const std::string& key, const char* who) {
+  const auto it = state.find(key);
+  FERRY_CHECK(it != state.end(), InvalidArgument, who, " load_state_dict: no \"", key, "\" in the state given");
+  return it->second;
+}
+
+// Every "<prefix>.<g>" entry of the state, g = 0, 1, ...: as many as the optimizer has groups.
+std::vector<double> per_group(const SchedulerState& state, const std::string& prefix, std::size_t groups,
+                              const char* who) {
+  std::vector<double> out;
+  for (std::size_t g = 0; g < groups; ++g) out.push_back(entry(state, prefix + "." + std::to_string(g), who));
+  FERRY_CHECK(state.count(prefix + "." + std::to_string(groups)) == 0, InvalidArgument, who,
+              " load_state_dict: the state has more than this optimizer's ", groups, " parameter groups");
+  return out;
+}
+
+// Throws as load_state_dict would, changing nothing: what every LRScheduler state holds.
+void check_common(const SchedulerState& state, std::size_t groups, const char* who) {
+  entry(state, "last_epoch", who);
+  entry(state, "step_count", who);
+  per_group(state, "base_lr", groups, who);
+  per_group(state, "last_lr", groups, who);
+}
+
+SchedulerState with_prefix(const SchedulerState& state, const std::string& prefix) {
+  SchedulerState out;
+  for (const auto& [key, value] : state)
+    if (key.rfind(prefix, 0) == 0) out.emplace(key.substr(prefix.size()), value);
+  return out;
+}
+}  // namespace
+
+SchedulerState LRScheduler::state_dict() const {
+  SchedulerState state{{"last_epoch", static_cast<double>(last_epoch_)},
+                       {"step_count", static_cast<double>(step_count_)}};
+  for (std::size_t g = 0; g < base_lrs_.size(); ++g) {
+    state["base_lr." + std::to_string(g)] = base_lrs_[g];
+    state["last_lr." + std::to_string(g)] = last_lrs_[g];
+  }
+  return state;
+}
+
+void LRScheduler::load_state_dict(const SchedulerState& state) {
+  const char* who = "LRScheduler";
+  const auto last_epoch = static_cast<std::int64_t>(entry(state, "last_epoch", who));
+  const auto step_count = static_cast<std::int64_t>(entry(state, "step_count", who));
+  std::vector<double> base = per_group(state, "base_lr", optimizer_.group_count(), who);
+  std::vector<double> last = per_group(state, "last_lr", optimizer_.group_count(), who);
+  last_epoch_ = last_epoch;
+  step_count_ = step_count;
+  base_lrs_ = std::move(base);
+  set_lrs(last);
+}
+
+SchedulerState SequentialLR::state_dict() const {
+  SchedulerState state = LRScheduler::state_dict();
+  for (std::size_t i = 0; i < schedulers_.size(); ++i) {
+    for (const auto& [key, value] : schedulers_[i]->state_dict())
+      state["scheduler." + std::to_string(i) + "." + key] = value;
+  }
+  return state;
+}
+
+void SequentialLR::load_state_dict(const SchedulerState& state) {
+  check_common(state, optimizer_.group_count(), "SequentialLR");
+  std::vector<SchedulerState> parts;  // every part checked before anything changes
+  for (std::size_t i = 0; i < schedulers_.size(); ++i) {
+    parts.push_back(with_prefix(state, "scheduler." + std::to_string(i) + "."));
+    check_common(parts.back(), optimizer_.group_count(), "SequentialLR");
+  }
+  for (std::size_t i = 0; i < schedulers_.size(); ++i) schedulers_[i]->load_state_dict(parts[i]);
+  LRScheduler::load_state_dict(state);  // last: the rates of this epoch
+}
+
+SchedulerState ReduceLROnPlateau::state_dict() const {
+  SchedulerState state{{"last_epoch", static_cast<double>(last_epoch_)},
+                       {"best", best_},
+                       {"bad_epochs", static_cast<double>(bad_epochs_)},
+                       {"cooldown_counter", static_cast<double>(cooldown_counter_)}};
+  for (std::size_t g = 0; g < optimizer_.group_count(); ++g)
+    state["lr." + std::to_string(g)] = optimizer_.group_learning_rate(g);
+  return state;
+}
+
+void ReduceLROnPlateau::load_state_dict(const SchedulerState& state) {
+  const char* who = "ReduceLROnPlateau";
+  const auto last_epoch = static_cast<std::int64_t>(entry(state, "last_epoch", who));
+  const double best = entry(state, "best", who);
+  const auto bad_epochs = static_cast<std::int64_t>(entry(state, "bad_epochs", who));
+  const auto cooldown_counter = static_cast<std::int64_t>(entry(state, "cooldown_counter", who));
+  const std::vector<double> lrs = per_group(state, "lr", optimizer_.group_count(), who);
+  last_epoch_ = last_epoch;
+  best_ = best;
+  bad_epochs_ = bad_epochs;
+  cooldown_counter_ = cooldown_counter;
+  for (std::size_t g = 0; g < lrs.size(); ++g) optimizer_.set_group_learning_rate(g, lrs[g]);
+}
+
 // --- StepLR, MultiStepLR, ExponentialLR -----------------------------------------------------------------
 
 StepLR::StepLR(Optimizer& optimizer, std::int64_t step_size, double gamma)
