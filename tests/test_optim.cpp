@@ -291,6 +291,67 @@ TEST(OptimSGD, FusedStepEqualsTheOpByOpStepBitForBit) {
 // norm returned and every clipped gradient, for norm types 2, inf, 3 and 1; a parameter without a gradient is
 // skipped. On every device (sim:0, and cuda:0 where there is one) it reads nothing back: the scale is applied on the
 // device whether or not it clips.
+// The fused Adam / AdamW step (one backend call per group and step count) equals the op-by-op one bit for bit:
+// parameters, moments and step counts, float32 and float64, on every device. Parameter 2's gradient starts late,
+// so its step count differs from the others' (a call of its own); two groups with their own lr and decay.
+TEST(OptimAdam, FusedStepEqualsTheOpByOpStepBitForBit) {
+  std::vector<Device> devices = {Device::parse("cpu")};
+  for (const Device& d : ferry::testing::accelerators()) devices.push_back(d);
+  struct Setting {
+    bool adamw;
+    optim::AdamOptions options;
+  };
+  const std::vector<Setting> settings = {
+      {false, {.lr = 0.01}},
+      {false, {.lr = 0.02, .beta1 = 0.8, .weight_decay = 1e-2, .amsgrad = true}},
+      {true, {.lr = 0.01, .weight_decay = 0.1}},
+      {true, {.lr = 0.03, .beta2 = 0.99, .eps = 1e-6, .weight_decay = 0.5, .amsgrad = true, .maximize = true}},
+  };
+  for (const Device& device : devices) {
+    for (const ferry::DType dtype : {ferry::DType::Float32, ferry::DType::Float64}) {
+      for (std::size_t k = 0; k < settings.size(); ++k) {
+        std::vector<Tensor> result[2];
+        for (const bool fused : {true, false}) {
+          ferry::manual_seed(93);
+          const ferry::TensorOptions like{.device = device, .dtype = dtype};
+          std::vector<Tensor> params = {ferry::randn({33, 17}, like), ferry::randn({70001}, like),
+                                        ferry::randn({5}, like), ferry::randn({0, 4}, like), ferry::randn({3}, like)};
+          optim::AdamOptions options = settings[k].options;
+          options.fused = fused;
+          std::vector<optim::ParamGroup> groups{{.params = {params[0], params[1], params[4]}},
+                                                {.params = {params[2], params[3]}, .lr = 0.005, .weight_decay = 0.0}};
+          std::unique_ptr<optim::Optimizer> adam;
+          if (settings[k].adamw) {
+            adam = std::make_unique<optim::AdamW>(
+                groups, optim::AdamWOptions{.lr = options.lr, .beta1 = options.beta1, .beta2 = options.beta2,
+                                            .eps = options.eps, .weight_decay = options.weight_decay,
+                                            .amsgrad = options.amsgrad, .maximize = options.maximize, .fused = fused});
+          } else {
+            adam = std::make_unique<optim::Adam>(groups, options);
+          }
+          for (int step = 0; step < 4; ++step) {
+            adam->set_group_learning_rate(0, options.lr * (1.0 - 0.2 * step));
+            for (std::size_t i = 0; i < params.size(); ++i) {
+              if (i == 4) continue;              // never has a gradient
+              if (i == 2 && step < 2) continue;  // its gradient (and moments) start at step 2
+              params[i].set_grad(ferry::add(ferry::mul(params[i], 0.3), ferry::randn(params[i].shape(), like)));
+            }
+            adam->step();
+          }
+          for (const Tensor& p : params) result[fused ? 0 : 1].push_back(p.cpu());
+          for (const auto& entry : adam->state_dict()) result[fused ? 0 : 1].push_back(entry.second.cpu());
+        }
+        ASSERT_EQ(result[0].size(), result[1].size());
+        for (std::size_t i = 0; i < result[0].size(); ++i) {
+          const auto a = ferry::testing::values(result[0][i]), b = ferry::testing::values(result[1][i]);
+          EXPECT_EQ(a, b) << "parameter or state " << i << " on " << device.str() << " " << ferry::dtype_name(dtype)
+                          << ", settings " << k;
+        }
+      }
+    }
+  }
+}
+
 TEST(ClipGrad, NormMatchesPyTorchAndReadsNothingBack) {
   namespace utils = ferry::nn::utils;
   struct Case {

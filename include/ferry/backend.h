@@ -253,6 +253,23 @@ class Backend {
   };
   virtual void sgd_step(const KernelTensor* params, const KernelTensor* grads, const KernelTensor* buffers,
                         std::size_t count, const SgdStep& step, const Stream& stream) = 0;
+  // One Adam or AdamW step over `count` parameters in one call, with torch.optim.Adam's single-tensor rule and
+  // its roundings, each operation rounded in the parameters' dtype as the op-by-op step (src/optim/adam.cpp):
+  // g = maximize ? -g : g; AdamW p = p * (1 - lr wd), Adam g = g + p * wd; m = m * b1 + g * (1 - b1);
+  // v = v * b2 + (g * g) * (1 - b2); amsgrad vmax = max(vmax, v); denom = sqrt(v or vmax) / bc2_sqrt + eps;
+  // p = p + (m / denom) * -step_size. Every tensor contiguous with its parameter's numel; max_exp_avg_sqs null
+  // without amsgrad. The scalars are the host's (the step count lives there), the same for all `count`.
+  struct AdamStep {
+    double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
+    double decay_factor = 1;  // AdamW: 1 - lr * weight_decay
+    double weight_decay = 0;  // Adam: the L2 term added to the gradient
+    double step_size = 0;     // lr / (1 - beta1^t)
+    double bias_correction2_sqrt = 1;  // sqrt(1 - beta2^t)
+    bool decoupled = false, amsgrad = false, maximize = false;
+  };
+  virtual void adam_step(const KernelTensor* params, const KernelTensor* grads, const KernelTensor* exp_avgs,
+                         const KernelTensor* exp_avg_sqs, const KernelTensor* max_exp_avg_sqs, std::size_t count,
+                         const AdamStep& step, const Stream& stream) = 0;
 
   // --- library layers (cuDNN on cuda) ------------------------------------------------------------
   // Convolution and BatchNorm as one vendor-library call each, where the device has such a library.

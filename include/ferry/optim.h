@@ -175,6 +175,10 @@ struct AdamOptions {
   double weight_decay = 0;  // Adam: added to the gradient; AdamW: decoupled (param *= 1 - lr * wd)
   bool amsgrad = false;
   bool maximize = false;
+  // One backend call per parameter group updates every parameter and its moments (one kernel launch on cuda,
+  // instead of about twelve per parameter), with the same roundings as the op-by-op step; false runs op by op.
+  // Parameters of several devices or dtypes, or non-contiguous ones, always go op by op.
+  bool fused = true;
 };
 
 // PyTorch's Adam: t += 1; g (+ wd * p); m = b1 m + (1 - b1) g; v = b2 v + (1 - b2) g^2;
@@ -197,6 +201,7 @@ class Adam : public Optimizer {
 
  private:
   void check_options();
+  bool step_fused();  // false (having changed nothing) when the parameters do not allow it
   bool decoupled_weight_decay_ = false;
 };
 
@@ -209,6 +214,7 @@ struct AdamWOptions {
   double weight_decay = 1e-2;  // decoupled: param *= 1 - lr * weight_decay before the Adam update
   bool amsgrad = false;
   bool maximize = false;
+  bool fused = true;  // as AdamOptions::fused
 };
 
 // AdamW: Adam with decoupled weight decay.
@@ -220,7 +226,7 @@ class AdamW : public Adam {
       : Adam(std::move(groups),
              AdamOptions{.lr = options.lr, .beta1 = options.beta1, .beta2 = options.beta2, .eps = options.eps,
                          .weight_decay = options.weight_decay, .amsgrad = options.amsgrad,
-                         .maximize = options.maximize},
+                         .maximize = options.maximize, .fused = options.fused},
              true) {}
 };
 

@@ -589,6 +589,13 @@ class CudaBackend final : public Backend {
     launch_sgd_step(params, grads, buffers, count, step, to_cuda(stream));
   }
 
+  void adam_step(const KernelTensor* params, const KernelTensor* grads, const KernelTensor* exp_avgs,
+                 const KernelTensor* exp_avg_sqs, const KernelTensor* max_exp_avg_sqs, std::size_t count,
+                 const AdamStep& step, const Stream& stream) override {
+    DeviceGuard guard(stream.device.index);
+    launch_adam_step(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, count, step, to_cuda(stream));
+  }
+
   // --- library layers: cuDNN (cudnn_layers.cpp) -----------------------------------------------------
   // The *_library queries never throw: a device that cannot be made current answers no.
   template <typename Query>

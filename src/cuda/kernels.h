@@ -110,4 +110,9 @@ void pinned_release_cached();  // give cached blocks back to the system (empty_c
 void launch_sgd_step(const KernelTensor* params, const KernelTensor* grads, const KernelTensor* buffers,
                      std::size_t count, const Backend::SgdStep& step, cudaStream_t stream);
 
+// --- adam.cu: one Adam / AdamW step over many parameters of one dtype (rule: src/optim/adam_rule.h) ---------
+void launch_adam_step(const KernelTensor* params, const KernelTensor* grads, const KernelTensor* exp_avgs,
+                      const KernelTensor* exp_avg_sqs, const KernelTensor* max_exp_avg_sqs, std::size_t count,
+                      const Backend::AdamStep& step, cudaStream_t stream);
+
 }  // namespace ferry::cuda

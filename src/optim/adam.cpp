@@ -1,10 +1,13 @@
 // adam.cpp — Adam and AdamW with PyTorch's exact rule (torch.optim.Adam / AdamW, single-tensor path):
 // bias corrections from a host-side step count, optional amsgrad, maximize. Tensor ops on the
 // parameter's device, no host syncs.
+#include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "../core/internal.h"
 #include "ferry/autograd.h"
+#include "ferry/backend.h"
 #include "ferry/ops.h"
 #include "ferry/optim.h"
 
@@ -37,11 +40,77 @@ void Adam::check_options() {
   FERRY_CHECK(options.weight_decay >= 0, InvalidArgument, "Adam: invalid weight_decay value: ", options.weight_decay);
 }
 
+bool Adam::step_fused() {
+  std::vector<std::size_t> order;  // parameters with a gradient
+  std::vector<Tensor> grads;
+  for (std::size_t i = 0; i < parameters_.size(); ++i) {
+    const Tensor& p = parameters_[i];
+    const Tensor grad = p.grad();
+    if (!grad.defined()) continue;
+    check_same_device("Adam.step", {&p, &grad});
+    if (!order.empty() && (p.device() != parameters_[order[0]].device() || p.dtype() != parameters_[order[0]].dtype()))
+      return false;
+    if (!p.is_contiguous() || grad.dtype() != p.dtype() || grad.shape() != p.shape()) return false;
+    for (const auto& [name, value] : state_[i].tensors)
+      if (!value.is_contiguous()) return false;
+    order.push_back(i);
+    grads.push_back(grad.contiguous());
+  }
+  if (order.empty()) return true;
+  const Device device = parameters_[order[0]].device();
+  // One call per (group, step count): the scalars of a call are one group's, at one step.
+  struct Call {
+    std::size_t group;
+    std::int64_t step;
+    std::vector<KernelTensor> p, g, m, v, vmax;
+  };
+  std::vector<Call> calls;
+  for (std::size_t j = 0; j < order.size(); ++j) {
+    const std::size_t i = order[j];
+    const std::int64_t step = ++state_[i].step;
+    Tensor p = parameters_[i];  // handles (a reference into the state list would not outlive its next entry)
+    Tensor m = state_tensor(i, "exp_avg");  // made in the op-by-op step's order
+    Tensor v = state_tensor(i, "exp_avg_sq");
+    Tensor vmax_handle = options.amsgrad ? state_tensor(i, "max_exp_avg_sq") : Tensor();
+    Tensor* vmax = options.amsgrad ? &vmax_handle : nullptr;
+    auto call = std::find_if(calls.begin(), calls.end(),
+                             [&](const Call& c) { return c.group == group_of(i) && c.step == step; });
+    if (call == calls.end()) call = calls.insert(calls.end(), Call{group_of(i), step, {}, {}, {}, {}, {}});
+    call->p.push_back(ferry::detail::kernel_view(p));
+    call->g.push_back(ferry::detail::kernel_view(grads[j]));
+    call->m.push_back(ferry::detail::kernel_view(m));
+    call->v.push_back(ferry::detail::kernel_view(v));
+    if (vmax) call->vmax.push_back(ferry::detail::kernel_view(*vmax));
+    for (Tensor* t : {&p, &m, &v, vmax})
+      if (t) t->impl()->bump_version();
+  }
+  for (const Call& c : calls) {
+    const double lr = group_learning_rate(c.group), weight_decay = group_weight_decay(c.group);
+    Backend::AdamStep step;
+    step.beta1 = options.beta1;
+    step.beta2 = options.beta2;
+    step.eps = options.eps;
+    step.decoupled = decoupled_weight_decay_;
+    if (weight_decay != 0) {
+      if (decoupled_weight_decay_) step.decay_factor = 1 - lr * weight_decay;
+      else step.weight_decay = weight_decay;
+    }
+    step.step_size = lr / (1 - std::pow(options.beta1, static_cast<double>(c.step)));
+    step.bias_correction2_sqrt = std::sqrt(1 - std::pow(options.beta2, static_cast<double>(c.step)));
+    step.amsgrad = options.amsgrad;
+    step.maximize = options.maximize;
+    backend(device).adam_step(c.p.data(), c.g.data(), c.m.data(), c.v.data(), c.vmax.empty() ? nullptr : c.vmax.data(),
+                              c.p.size(), step, ferry::detail::compute_stream(device));
+  }
+  return true;
+}
+
 void Adam::step() {
   // The step count and its bias corrections live on the host: a replay would repeat the captured ones.
   ferry::detail::check_not_capturing("Adam.step (its step count and bias corrections are host numbers)");
   autograd::NoGradGuard no_grad;
   check_step_devices("Adam.step");
+  if (options.fused && step_fused()) return;
   const double beta1 = options.beta1, beta2 = options.beta2;
   for (std::size_t i = 0; i < parameters_.size(); ++i) {
     Tensor p = parameters_[i];

@@ -247,6 +247,21 @@ class SimBackend final : public cpu::HostKernels {
       HostKernels::sgd_step(p.data(), g.data(), b.empty() ? nullptr : b.data(), count, step, stream);
     });
   }
+  void adam_step(const KernelTensor* params, const KernelTensor* grads, const KernelTensor* exp_avgs,
+                 const KernelTensor* exp_avg_sqs, const KernelTensor* max_exp_avg_sqs, std::size_t count,
+                 const AdamStep& step, const Stream& stream) override {
+    if (!recording(stream.device.index)) {
+      return HostKernels::adam_step(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, count, step, stream);
+    }
+    const auto copy = [count](const KernelTensor* views) {
+      return views ? std::vector<KernelTensor>(views, views + count) : std::vector<KernelTensor>{};
+    };
+    run_or_record(stream, [=, this, p = copy(params), g = copy(grads), m = copy(exp_avgs), v = copy(exp_avg_sqs),
+                           vmax = copy(max_exp_avg_sqs)] {
+      HostKernels::adam_step(p.data(), g.data(), m.data(), v.data(), vmax.empty() ? nullptr : vmax.data(), count,
+                             step, stream);
+    });
+  }
   void cross_entropy(const KernelTensor& loss_rows, const KernelTensor& grad, const KernelTensor& logits,
                      const KernelTensor& target, double grad_scale, const Stream& stream) override {
     run_or_record(stream, [=, this] { HostKernels::cross_entropy(loss_rows, grad, logits, target, grad_scale, stream); });

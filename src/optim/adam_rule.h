@@ -1,0 +1,82 @@
+// adam_rule.h — torch.optim.Adam's (and AdamW's) update of one element, shared by the cpu loop (src/cpu/adam.cpp)
+// and the cuda kernel (src/cuda/adam.cu) so that the fused step equals the op-by-op one (src/optim/adam.cpp) bit
+// for bit: the same operations in the same order, each rounded to T (the cpu file is built with
+// -ffp-contract=off; the kernel uses the _rn intrinsics, whose sqrt and division are correctly rounded as the
+// op-by-op kernels' are).
+#pragma once
+
+#include <cmath>
+
+#include "../core/host_device.h"
+#include "sgd_rule.h"
+
+namespace ferry::optim::detail {
+
+// The step's numbers in the parameters' dtype, cast once, as the op-by-op step casts each scalar it passes.
+template <typename T>
+struct AdamScalars {
+  T beta1, one_minus_beta1, beta2, one_minus_beta2, eps, decay_factor, weight_decay, neg_step_size,
+      bias_correction2_sqrt;
+  bool decoupled, decay, amsgrad, maximize;
+};
+
+template <typename T>
+FERRY_HOST_DEVICE inline T rounded_div(T a, T b) {
+#if defined(__CUDA_ARCH__)
+  if constexpr (sizeof(T) == 4) return __fdiv_rn(a, b);
+  else return __ddiv_rn(a, b);
+#else
+  return a / b;
+#endif
+}
+
+template <typename T>
+FERRY_HOST_DEVICE inline T rounded_sqrt(T a) {
+#if defined(__CUDA_ARCH__)
+  if constexpr (sizeof(T) == 4) return __fsqrt_rn(a);
+  else return __dsqrt_rn(a);
+#else
+  return std::sqrt(a);
+#endif
+}
+
+// p, g, m, v and (amsgrad) vmax of one element; p, m, v and vmax are updated.
+template <typename T>
+FERRY_HOST_DEVICE inline void adam_element(T& p, T g, T& m, T& v, T* vmax, const AdamScalars<T>& s) {
+  if (s.maximize) g = -g;                                                   // neg(grad)
+  if (s.decay) {
+    if (s.decoupled) p = rounded_mul(p, s.decay_factor);                     // p.mul_(1 - lr wd)
+    else g = rounded_add(g, rounded_mul(p, s.weight_decay));                 // add(grad, p, wd)
+  }
+  m = rounded_add(rounded_mul(m, s.beta1), rounded_mul(g, s.one_minus_beta1));  // m.mul_(b1).add_(g, 1 - b1)
+  v = rounded_add(rounded_mul(v, s.beta2), rounded_mul(rounded_mul(g, g), s.one_minus_beta2));
+  T second = v;
+  if (s.amsgrad) {  // maximum(vmax, v): NaN in vmax stays
+    const T held = *vmax;
+    *vmax = (held != held || held > v) ? held : v;
+    second = *vmax;
+  }
+  const T denom = rounded_add(rounded_div(rounded_sqrt(second), s.bias_correction2_sqrt), s.eps);
+  p = rounded_add(p, rounded_mul(rounded_div(m, denom), s.neg_step_size));  // p.add_(m / denom, -step_size)
+}
+
+template <typename T, typename Step>
+AdamScalars<T> adam_scalars(const Step& step) {
+  AdamScalars<T> s;
+  s.beta1 = static_cast<T>(step.beta1);
+  s.one_minus_beta1 = static_cast<T>(1 - step.beta1);
+  s.beta2 = static_cast<T>(step.beta2);
+  s.one_minus_beta2 = static_cast<T>(1 - step.beta2);
+  s.eps = static_cast<T>(step.eps);
+  s.decay_factor = static_cast<T>(step.decay_factor);
+  s.weight_decay = static_cast<T>(step.weight_decay);
+  s.neg_step_size = static_cast<T>(-step.step_size);
+  s.bias_correction2_sqrt = static_cast<T>(step.bias_correction2_sqrt);
+  s.decoupled = step.decoupled;
+  s.decay = step.decoupled ? step.decay_factor != 1 : step.weight_decay != 0;
+  s.amsgrad = step.amsgrad;
+  s.maximize = step.maximize;
+  return s;
+}
+
+}  // namespace ferry::optim::detail
