@@ -86,6 +86,10 @@ class Optimizer {
   // says which).
   Tensor& state_tensor(std::size_t i, const std::string& name, bool* created = nullptr);
   bool has_state(std::size_t i, const std::string& name) const;
+  // For a fused step: the parameters with a gradient (`order`) and their gradients (contiguous) when one backend
+  // call can take them all (one device and dtype; every parameter and state tensor contiguous; each gradient of its
+  // parameter's dtype and shape). False otherwise, having changed nothing but the two lists.
+  bool fusable(const char* op, std::vector<std::size_t>& order, std::vector<Tensor>& grads) const;
   // Before a step changes anything: every parameter with a gradient has its gradient and its state on its own
   // device, else DeviceMismatch naming both (and to_parameter_devices() when the state was left behind). So a
   // step that throws has updated nothing.

@@ -43,19 +43,7 @@ void Adam::check_options() {
 bool Adam::step_fused() {
   std::vector<std::size_t> order;  // parameters with a gradient
   std::vector<Tensor> grads;
-  for (std::size_t i = 0; i < parameters_.size(); ++i) {
-    const Tensor& p = parameters_[i];
-    const Tensor grad = p.grad();
-    if (!grad.defined()) continue;
-    check_same_device("Adam.step", {&p, &grad});
-    if (!order.empty() && (p.device() != parameters_[order[0]].device() || p.dtype() != parameters_[order[0]].dtype()))
-      return false;
-    if (!p.is_contiguous() || grad.dtype() != p.dtype() || grad.shape() != p.shape()) return false;
-    for (const auto& [name, value] : state_[i].tensors)
-      if (!value.is_contiguous()) return false;
-    order.push_back(i);
-    grads.push_back(grad.contiguous());
-  }
+  if (!fusable("Adam.step", order, grads)) return false;
   if (order.empty()) return true;
   const Device device = parameters_[order[0]].device();
   // One call per (group, step count): the scalars of a call are one group's, at one step.

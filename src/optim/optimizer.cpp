@@ -127,6 +127,24 @@ void Optimizer::check_step_devices(const char* op) const {
   }
 }
 
+bool Optimizer::fusable(const char* op, std::vector<std::size_t>& order, std::vector<Tensor>& grads) const {
+  for (std::size_t i = 0; i < parameters_.size(); ++i) {
+    const Tensor& p = parameters_[i];
+    const Tensor grad = p.grad();
+    if (!grad.defined()) continue;
+    check_same_device(op, {&p, &grad});
+    if (!order.empty() && (p.device() != parameters_[order[0]].device() || p.dtype() != parameters_[order[0]].dtype()))
+      return false;
+    if (!is_floating(p.dtype()) || !p.is_contiguous() || grad.dtype() != p.dtype() || grad.shape() != p.shape())
+      return false;
+    for (const auto& [name, value] : state_[i].tensors)
+      if (!value.is_contiguous()) return false;
+    order.push_back(i);
+    grads.push_back(grad.contiguous());
+  }
+  return true;
+}
+
 bool Optimizer::has_state(std::size_t i, const std::string& name) const {
   for (const auto& entry : state_[i].tensors)
     if (entry.first == name) return true;

@@ -65,19 +65,7 @@ const double* SGD::device_lr(Device device) {
 bool SGD::step_fused() {
   std::vector<std::size_t> order;  // parameters with a gradient
   std::vector<Tensor> grads;
-  for (std::size_t i = 0; i < parameters_.size(); ++i) {
-    const Tensor& p = parameters_[i];
-    const Tensor grad = p.grad();
-    if (!grad.defined()) continue;
-    check_same_device("SGD.step", {&p, &grad});
-    if (!order.empty() && (p.device() != parameters_[order[0]].device() || p.dtype() != parameters_[order[0]].dtype()))
-      return false;
-    if (!is_floating(p.dtype()) || !p.is_contiguous() || grad.dtype() != p.dtype() ||
-        grad.shape() != p.shape())
-      return false;
-    order.push_back(i);
-    grads.push_back(grad.contiguous());
-  }
+  if (!fusable("SGD.step", order, grads)) return false;
   if (order.empty()) return true;
   const Device device = parameters_[order[0]].device();
   // A buffer made inside a capture would be the graph's memory, and "buf = d" would be replayed every step.
