@@ -3,6 +3,7 @@
 // update rule (sgd.cpp, adam.cpp).
 #include <algorithm>
 #include <string>
+#include <unordered_map>
 #include <utility>
 
 #include "../core/internal.h"
@@ -38,16 +39,16 @@ Optimizer::Optimizer(std::vector<ParamGroup> groups) {
       parameters_.push_back(std::move(p));
     }
   }
+  std::unordered_map<const TensorImpl*, std::size_t> first_seen;  // a tensor twice would be updated twice
   for (std::size_t i = 0; i < parameters_.size(); ++i) {
     FERRY_CHECK(parameters_[i].defined(), InvalidArgument, "optimizer: parameter ", i, " is undefined");
     FERRY_CHECK(parameters_[i].is_leaf(), InvalidArgument, "optimizer: can't optimize a non-leaf Tensor (parameter ", i, ")");
     FERRY_CHECK(is_floating(parameters_[i].dtype()), InvalidArgument, "optimizer: parameter ", i,
                 " is not floating point (", dtype_name(parameters_[i].dtype()), ")");
-    for (std::size_t j = 0; j < i; ++j) {  // PyTorch: "some parameters appear in more than one parameter group"
-      FERRY_CHECK(!parameters_[i].is_same(parameters_[j]), InvalidArgument, "optimizer: parameters ", j, " and ", i,
-                  " are the same tensor (in groups ", group_of_[j], " and ", group_of_[i],
-                  "); each parameter belongs to one group, once");
-    }
+    const auto [it, fresh] = first_seen.emplace(parameters_[i].impl(), i);
+    FERRY_CHECK(fresh, InvalidArgument, "optimizer: parameters ", it->second, " and ", i,  // PyTorch refuses it too
+                " are the same tensor (in groups ", group_of_[it->second], " and ", group_of_[i],
+                "); each parameter belongs to one group, once");
   }
   state_.resize(parameters_.size());
 }
