@@ -77,9 +77,12 @@ Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& 
   if (autograd::needs_grad({&x, &weight, &bias})) {
     const bool want_x = x.requires_grad(), want_w = weight.defined() && weight.requires_grad(),
                want_b = bias.defined() && bias.requires_grad();
+    // Without weight and bias the output is x-hat itself: the node keeps a detached alias (no cycle through the
+    // output's own history) and checks the output's version, as a saved output.
+    const bool affine = weight.defined() || bias.defined();
     autograd::record("layer_norm", {x, weight, bias}, out,
-        [w = weight.defined() ? weight.detach() : Tensor(), normalized, rstd, dims, leading, want_x, want_w,
-         want_b](const Tensor& g) {
+        [w = weight.defined() ? weight.detach() : Tensor(), normalized = normalized.detach(), rstd, dims, leading,
+         want_x, want_w, want_b](const Tensor& g) {
           // dx = rstd (dx^ - mean(dx^) - x^ mean(dx^ x^)), dx^ = g w; dw = sum(g x^), db = sum(g) over the rest
           Tensor gx, gw, gb;
           if (want_x) {
@@ -89,7 +92,8 @@ Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& 
           if (want_w) gw = leading.empty() ? mul(g, normalized) : sum(mul(g, normalized), leading);
           if (want_b) gb = leading.empty() ? g : sum(g, leading);
           return std::vector<Tensor>{gx, gw, gb};
-        }, autograd::Saved::Inputs, /*inputs_read=*/2);  // weight; x's own values are not read, x-hat is kept
+        }, affine ? autograd::Saved::Inputs : autograd::Saved::InputsAndOutput,
+        /*inputs_read=*/2);  // weight; x's own values are not read, x-hat is kept
   }
   return out;
 }
