@@ -485,10 +485,8 @@ void register_train_command(CLI::App& app) {
     check_writable(o.metrics_path, "--metrics");
     check_writable(a.plot_path, "--plot");
     check_writable(a.trace_path, "--trace");
-    if (o.optimizer == "adamw") {  // AdamW's usual values where the command line leaves them out
-      FERRY_CHECK(cmd->count("--momentum") == 0, InvalidArgument,
-                  "--momentum is SGD's; AdamW's moments use beta1 0.9 and beta2 0.999 (leave --momentum out)");
-      if (cmd->count("--lr") == 0) o.lr = 1e-3;
+    if (o.optimizer == "adamw") {  // AdamW's usual values where the command line leaves them out (a --resume's
+      if (cmd->count("--lr") == 0) o.lr = 1e-3;  // checkpoint then gives its own, below)
       if (cmd->count("--weight-decay") == 0) o.weight_decay = 1e-2;
     }
     std::vector<std::string> notes;  // printed before the run's first line
@@ -498,6 +496,8 @@ void register_train_command(CLI::App& app) {
       notes = take_run_settings(*cmd, a, contents);
       resume_step = contents.progress.global_step;
     }
+    FERRY_CHECK(o.optimizer != "adamw" || cmd->count("--momentum") == 0, InvalidArgument,
+                "--momentum is SGD's; AdamW's moments use beta1 0.9 and beta2 0.999 (leave --momentum out)");
     o.placement = ferry::parse_placement(a.placement);
     ferry::check_train_options(o);  // before the data is read: a bad --lr costs nothing
     FERRY_CHECK(!a.ddp || o.graphs != "on", InvalidArgument,
