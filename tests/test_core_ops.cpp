@@ -67,6 +67,19 @@ std::vector<OpCase> op_cases() {
       {"tanh", one({10}), [](V x) { return tanh(x[0]); }},
       {"erf", one({10}), [](V x) { return erf(x[0]); }},
       {"square", one({10}), [](V x) { return square(x[0]); }},
+      {"sin_cos", one({10}), [](V x) { return cat({sin(mul(x[0], 3.0)), cos(mul(x[0], 3.0))}); }},
+      {"log1p_expm1", positive({10}), [](V x) { return cat({log1p(x[0]), expm1(neg(x[0])), expm1(mul(x[0], 1e-4))}); }},
+      {"rounding", one({4, 12}), [](V x) {
+         const Tensor y = mul(x[0], 3.0);
+         const Tensor ties = from_vector<float>({-2.5, -0.5, 0.5, 1.5, 2.5}, {.device = y.device()});
+         return cat({floor(y).flatten(), ceil(y).flatten(), round(y).flatten(), trunc(y).flatten(), round(ties)});
+       }, 0},
+      {"rounding_int64", [](Device d) { return std::vector<Tensor>{from_vector<std::int64_t>({(1LL << 53) + 1, -7, 0}, {.device = d})}; },
+       [](V x) { return cat({floor(x[0]), ceil(x[0]), round(x[0]), trunc(x[0])}); }, 0},
+      {"tril_triu", one({2, 4, 5}), [](V x) {
+         return cat({tril(x[0]).flatten(), triu(x[0]).flatten(), tril(x[0], -1).flatten(), triu(x[0], 2).flatten(),
+                     tril(x[0].transpose(1, 2), 1).flatten()});
+       }, 0},
       {"eq", two({10}, {10}), [](V x) { return eq(x[0], x[0]); }},
       {"lt", two({10}, {10}), [](V x) { return lt(x[0], x[1]); }},
       {"ge_scalar", one({10}), [](V x) { return ge(x[0], 0.0); }},
@@ -176,6 +189,71 @@ TEST(CoreOpsParity, EveryOpOnEveryDeviceMatchesCpu) {
       EXPECT_EQ(got.device(), device) << c.name;
       EXPECT_TRUE(all_close(got.cpu(), expected, c.rtol, c.rtol)) << c.name << " on " << device.str();
     }
+  }
+}
+
+// sin, cos, log1p, expm1 and the rounding ops with torch 1.13's values (printed with torch.set_printoptions(
+// precision=10) for these inputs), their dtypes and refusals.
+TEST(CoreOps, TrigonometryLog1pExpm1AndRoundingFollowPyTorch) {
+  const Tensor ties = from_vector<double>({-2.5, -1.5, -0.5, 0.5, 1.5, 2.5, 2.6, -0.4, -1.7});
+  EXPECT_EQ(round(ties).to_vector<double>(), (std::vector<double>{-2, -2, -0.0, 0, 2, 2, 3, -0.0, -2}));
+  EXPECT_TRUE(std::signbit(round(ties).to_vector<double>()[2]));  // -0.5 rounds to -0, as torch
+  EXPECT_EQ(floor(ties).to_vector<double>(), (std::vector<double>{-3, -2, -1, 0, 1, 2, 2, -1, -2}));
+  EXPECT_EQ(ceil(ties).to_vector<double>(), (std::vector<double>{-2, -1, -0.0, 1, 2, 3, 3, -0.0, -1}));
+  EXPECT_EQ(trunc(ties).to_vector<double>(), (std::vector<double>{-2, -1, -0.0, 0, 1, 2, 2, -0.0, -1}));
+  const Tensor big = from_vector<std::int64_t>({(1LL << 53) + 1, -3});  // beyond double's integers: unchanged
+  EXPECT_EQ(floor(big).dtype(), DType::Int64);
+  EXPECT_EQ(round(big).to_vector<std::int64_t>(), (std::vector<std::int64_t>{(1LL << 53) + 1, -3}));
+  EXPECT_THROW(floor(from_vector<bool>({true})), InvalidArgument);  // torch: "not implemented for 'Bool'"
+
+  // Where log(1 + x) and exp(x) - 1 in float32 give 0, log1p and expm1 keep every digit.
+  const Tensor tiny = from_vector<float>({1e-10f, -1e-7f});
+  EXPECT_EQ(log(add(tiny, 1.0)).to_vector<float>()[0], 0.0f);
+  EXPECT_NEAR(log1p(tiny).to_vector<float>()[0], 1e-10f, 1e-16);
+  EXPECT_NEAR(log1p(tiny).to_vector<float>()[1], -1.00000005e-7f, 1e-13);
+  EXPECT_NEAR(expm1(tiny).to_vector<float>()[0], 1e-10f, 1e-16);
+  EXPECT_NEAR(expm1(tiny).to_vector<float>()[1], -9.9999995e-8f, 1e-13);
+  EXPECT_EQ(log1p(from_vector<double>({-1})).item<double>(), -std::numeric_limits<double>::infinity());
+
+  const Tensor angles = from_vector<std::int64_t>({0, 1, 2, 3});  // integers give float32, as torch
+  EXPECT_EQ(sin(angles).dtype(), DType::Float32);
+  const std::vector<float> s = sin(angles).to_vector<float>(), c = cos(angles).to_vector<float>();
+  const std::vector<float> torch_sin = {0.0f, 0.8414709568f, 0.9092974067f, 0.1411200017f};
+  const std::vector<float> torch_cos = {1.0f, 0.5403023362f, -0.4161468446f, -0.9899924994f};
+  for (std::size_t i = 0; i < s.size(); ++i) {
+    EXPECT_NEAR(s[i], torch_sin[i], 1e-7) << i;
+    EXPECT_NEAR(c[i], torch_cos[i], 1e-7) << i;
+  }
+
+  // A step function's gradient: zero, as torch's.
+  Tensor x = from_vector<double>({0.3, 1.7, -2.2}).requires_grad_();
+  sum(add(add(floor(x), ceil(x)), add(round(x), trunc(x)))).backward();
+  EXPECT_EQ(x.grad().to_vector<double>(), (std::vector<double>{0, 0, 0}));
+}
+
+// tril and triu on matrices, batches, rectangles and both signs of diagonal, as torch.tril / torch.triu.
+TEST(CoreOps, TrilAndTriuKeepTheirTriangle) {
+  const Tensor m = add(arange(12, {.dtype = DType::Float32}), 1.0).reshape({3, 4});  // 1..12
+  EXPECT_EQ(tril(m).to_vector<float>(), (std::vector<float>{1, 0, 0, 0, 5, 6, 0, 0, 9, 10, 11, 0}));
+  EXPECT_EQ(triu(m).to_vector<float>(), (std::vector<float>{1, 2, 3, 4, 0, 6, 7, 8, 0, 0, 11, 12}));
+  EXPECT_EQ(tril(m, 1).to_vector<float>(), (std::vector<float>{1, 2, 0, 0, 5, 6, 7, 0, 9, 10, 11, 12}));
+  EXPECT_EQ(triu(m, -1).to_vector<float>(), (std::vector<float>{1, 2, 3, 4, 5, 6, 7, 8, 0, 10, 11, 12}));
+  EXPECT_EQ(tril(m, -5).to_vector<float>(), std::vector<float>(12, 0.0f));
+  EXPECT_EQ(triu(m, -5).to_vector<float>(), m.to_vector<float>());
+  // the causal mask of attention: true above the diagonal (the keys a query may not see)
+  EXPECT_EQ(triu(ones({3, 3}, {.dtype = DType::Bool}), 1).to_vector<bool>(),
+            (std::vector<bool>{false, true, true, false, false, true, false, false, false}));
+  const Tensor batch = stack({m, mul(m, -1.0)});
+  EXPECT_EQ(tril(batch).select(0, 1).to_vector<float>(), mul(tril(m), -1.0).to_vector<float>());
+  EXPECT_EQ(triu(arange(6).reshape({2, 3})).dtype(), DType::Int64);
+  // a NaN outside the triangle becomes 0, as torch's
+  const Tensor with_nan = from_vector<float>({1, std::numeric_limits<float>::quiet_NaN(), 3, 4}, {2, 2});
+  EXPECT_EQ(tril(with_nan).to_vector<float>(), (std::vector<float>{1, 0, 3, 4}));
+  try {
+    tril(arange(3));
+    FAIL() << "tril of a vector";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("at least 2 dims"), std::string::npos) << e.what();
   }
 }
 

@@ -533,6 +533,10 @@ TEST(NNGradcheck, GeluSiluLeakyReluLayerNormAndEmbedding) {
                    "silu");
   check_everywhere([](const std::vector<Tensor>& a) { return F::leaky_relu(a[0], 0.1); },
                    {random_argument({3, 5}, 74, 2)}, "leaky_relu");
+  check_everywhere([](const std::vector<Tensor>& a) { return F::softplus(a[0]); }, {random_argument({3, 5}, 79, 2)},
+                   "softplus");
+  check_everywhere([](const std::vector<Tensor>& a) { return F::softplus(a[0], 2, 1.5); },
+                   {random_argument({3, 5}, 80, 2)}, "softplus beta 2 threshold 1.5");
   check_everywhere([](const std::vector<Tensor>& a) { return F::layer_norm(a[0], {2, 4}, a[1], a[2]); },
                    {random_argument({3, 2, 4}, 75), random_argument({2, 4}, 76), random_argument({2, 4}, 77)},
                    "layer_norm");

@@ -451,6 +451,24 @@ TEST(NNModule, SoftmaxEdgesFollowPyTorch) {
   EXPECT_EQ(nn::LogSoftmax(-1).extra_repr(), "dim=-1");
 }
 
+// Softplus: the linear branch past the threshold (no overflow, gradient 1, not NaN), and its checks.
+TEST(NNModule, SoftplusStaysFiniteAndChecksBeta) {
+  Tensor x = ferry::from_vector<float>({-100, 0, 1000}).requires_grad_();
+  nn::Softplus layer;
+  const Tensor y = layer(x);
+  const std::vector<float> v = y.to_vector<float>();
+  EXPECT_NEAR(v[0], 3.783505853677006e-44F, 1.5e-45F);  // torch's value: e^-100 rounded to a float32 subnormal
+  EXPECT_FLOAT_EQ(v[1], std::log(2.0F));
+  EXPECT_EQ(v[2], 1000.0F);
+  ferry::sum(y).backward();
+  EXPECT_EQ(x.grad().to_vector<float>()[2], 1.0F);
+  EXPECT_NEAR(x.grad().to_vector<float>()[1], 0.5F, 1e-7F);
+  EXPECT_EQ(nn::Softplus(2, 1.5).extra_repr(), "beta=2, threshold=1.5");
+  EXPECT_THROW(nn::Softplus(0), ferry::InvalidArgument);
+  EXPECT_THROW(nn::functional::softplus(x, -1), ferry::InvalidArgument);
+  EXPECT_THROW(nn::functional::softplus(ferry::arange(3)), ferry::DTypeMismatch);
+}
+
 // cross_entropy's and nll_loss's options: every row ignored gives NaN for the mean (PyTorch's 0/0) and 0 for the
 // sum; bad options are refused with the numbers; a negative target without ignore_index says how to skip it.
 TEST(NNModule, ClassLossOptionsCheckTheirInputs) {

@@ -57,6 +57,7 @@ std::shared_ptr<nn::Module> make_layer(const std::string& name, const Fixture& f
   if (name == "sigmoid") return std::make_shared<nn::Sigmoid>();
   if (name == "tanh") return std::make_shared<nn::Tanh>();
   if (name == "leaky_relu") return std::make_shared<nn::LeakyReLU>(f.number("slope"));
+  if (name == "softplus") return std::make_shared<nn::Softplus>(f.number("beta"), f.number("threshold"));
   if (name.rfind("layernorm", 0) == 0) {
     ferry::Shape shape;
     std::stringstream dims(f.text("shape"));
@@ -130,7 +131,7 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, NNParityLayer,
                                            "batchnorm2d_eval", "batchnorm1d_train_2d", "batchnorm1d_train_3d",
                                            "batchnorm1d_cumulative", "relu", "maxpool2d_k2", "maxpool2d_k3s2p1",
                                            "avgpool2d_k2", "avgpool2d_k3s2p1", "flatten", "gelu", "gelu_tanh",
-                                           "silu", "sigmoid", "tanh", "leaky_relu", "layernorm_last",
+                                           "silu", "sigmoid", "tanh", "leaky_relu", "softplus", "layernorm_last",
                                            "layernorm_last2", "layernorm_noaffine"));
 
 // Embedding against torch 1.13: the looked-up rows, and the weight's gradient, where repeated indices add up and

@@ -326,6 +326,7 @@ def main():
     layer_case("sigmoid", nn.Sigmoid(), (5, 7), {})
     layer_case("tanh", nn.Tanh(), (5, 7), {})
     layer_case("leaky_relu", nn.LeakyReLU(0.2), (5, 7), {"slope": 0.2})
+    layer_case("softplus", nn.Softplus(beta=2.0, threshold=1.5), (5, 7), {"beta": 2.0, "threshold": 1.5})
     layer_case("layernorm_last", nn.LayerNorm(6), (4, 3, 6), {"shape": "6", "eps": 1e-5, "affine": 1},
                setup=randomise_layernorm)
     layer_case("layernorm_last2", nn.LayerNorm((3, 6)), (4, 3, 6), {"shape": "3,6", "eps": 1e-5, "affine": 1},

@@ -75,6 +75,9 @@ enum class UnaryOp : std::uint8_t {
   Copy,  // out = in, with dtype conversion when the dtypes differ
   Neg, Exp, Log, Sqrt, Rsqrt, Abs, Sign, Relu, Sigmoid, Tanh, Square, Reciprocal, LogicalNot,
   Erf,  // the error function (GELU)
+  Sin, Cos,
+  Log1p, Expm1,               // log(1 + x), e^x - 1: exact near 0, where log(1 + x) and exp(x) - 1 lose digits
+  Floor, Ceil, Round, Trunc,  // Round: to nearest, ties to even (PyTorch's round); integers pass unchanged
 };
 enum class BinaryOp : std::uint8_t {
   Add, Sub, Mul, Div, Pow, Maximum, Minimum,

@@ -48,6 +48,19 @@ Tensor sigmoid(const Tensor& a);
 Tensor tanh(const Tensor& a);
 Tensor erf(const Tensor& a);  // the error function, 2/sqrt(pi) * integral of exp(-t^2) from 0 to a
 Tensor square(const Tensor& a);
+Tensor sin(const Tensor& a);  // radians
+Tensor cos(const Tensor& a);
+Tensor log1p(const Tensor& a);  // log(1 + a), accurate for small a (log(1 + 1e-10) in float32 is 0; log1p is 1e-10)
+Tensor expm1(const Tensor& a);  // e^a - 1, accurate for small a
+// Rounding to a whole number, in a's dtype (integers pass unchanged, exactly; bool is refused, as PyTorch). round
+// takes ties to the even neighbour (round(0.5) = 0, round(1.5) = 2, round(-2.5) = -2), as torch.round and
+// NumPy. Their gradient is zero everywhere, as PyTorch's.
+Tensor floor(const Tensor& a);
+Tensor ceil(const Tensor& a);
+Tensor round(const Tensor& a);
+Tensor trunc(const Tensor& a);  // toward zero
+// The ops above that take a floating input (exp, log, sqrt, rsqrt, sigmoid, tanh, erf, sin, cos, log1p, expm1) give
+// float32 for an integer or bool one, as PyTorch.
 
 // comparisons -> bool
 Tensor eq(const Tensor& a, const Tensor& b);
@@ -159,6 +172,12 @@ std::vector<Tensor> split(const Tensor& a, std::int64_t split_size, int dim = 0)
 // a tiled repeats[i] times along dim i (repeats may have more dims than a: leading ones are added). A copy.
 Tensor repeat(const Tensor& a, const Shape& repeats);
 Tensor flip(const Tensor& a, const std::vector<int>& dims);  // reversed along each of dims. A copy, as PyTorch's
+// The lower (upper) triangle of each matrix in the last two dims (a: >= 2 dims), the rest zero: tril keeps
+// a[.., i, j] where j - i <= diagonal, triu where j - i >= diagonal (diagonal 0: the main diagonal, > 0 above
+// it, < 0 below). A copy; the gradient flows to the kept elements. Attention's causal mask is
+// triu(ones(L, L, bool), 1).
+Tensor tril(const Tensor& a, std::int64_t diagonal = 0);
+Tensor triu(const Tensor& a, std::int64_t diagonal = 0);
 // (n) int64 class indices -> (n, num_classes) int64 rows of 0 and 1 (any leading shape: a new last dim).
 // num_classes -1 means max(labels) + 1 (a host sync on accelerators). On cpu, a label outside [0, num_classes) is
 // an InvalidArgument; on an accelerator checking would cost a sync, so such a label gives a row of zeros.

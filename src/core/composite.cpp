@@ -200,6 +200,24 @@ Tensor flip(const Tensor& a, const std::vector<int>& dims) {
   return out.is_same(a) ? a.clone() : out;
 }
 
+namespace {
+// a with the elements outside the kept triangle set to zero: keep [i, j] where j - i <= diagonal (lower) or
+// >= diagonal (upper). The mask (rows, cols) is built from two aranges on a's device and broadcast over the batch.
+Tensor triangle(const Tensor& a, std::int64_t diagonal, bool lower, const char* op) {
+  FERRY_CHECK(a.dim() >= 2, InvalidArgument, op, ": the input needs at least 2 dims (a matrix or a batch of "
+              "them), got ", a.dim(), " dims, shape ", shape_str(a.shape()));
+  const std::int64_t rows = a.size(-2), cols = a.size(-1);
+  const Tensor i = arange(0, static_cast<double>(rows), 1, {.device = a.device(), .dtype = DType::Int64}).unsqueeze(1);
+  const Tensor j = arange(0, static_cast<double>(cols), 1, {.device = a.device(), .dtype = DType::Int64});
+  const Tensor offset = sub(j, i);  // (rows, cols): j - i
+  const Tensor drop = lower ? gt(offset, static_cast<double>(diagonal)) : lt(offset, static_cast<double>(diagonal));
+  return masked_fill(a, drop, 0.0);
+}
+}  // namespace
+
+Tensor tril(const Tensor& a, std::int64_t diagonal) { return triangle(a, diagonal, true, "tril"); }
+Tensor triu(const Tensor& a, std::int64_t diagonal) { return triangle(a, diagonal, false, "triu"); }
+
 Tensor one_hot(const Tensor& labels, std::int64_t num_classes) {
   FERRY_CHECK(labels.dtype() == DType::Int64, DTypeMismatch, "one_hot is only applicable to index tensor of type "
               "int64, got ", dtype_name(labels.dtype()));

@@ -407,6 +407,50 @@ Tensor erf(const Tensor& a) {
   }
   return out;
 }
+Tensor sin(const Tensor& a) {
+  Tensor out = unary_forward(UnaryOp::Sin, a, true);
+  if (needs_grad({&a}))
+    record("sin", {a}, out, [a = a.detach()](const Tensor& g) { return Grads{mul(g, cos(a))}; },
+        autograd::Saved::Inputs);
+  return out;
+}
+Tensor cos(const Tensor& a) {
+  Tensor out = unary_forward(UnaryOp::Cos, a, true);
+  if (needs_grad({&a}))
+    record("cos", {a}, out, [a = a.detach()](const Tensor& g) { return Grads{neg(mul(g, sin(a)))}; },
+        autograd::Saved::Inputs);
+  return out;
+}
+Tensor log1p(const Tensor& a) {
+  Tensor out = unary_forward(UnaryOp::Log1p, a, true);
+  if (needs_grad({&a}))
+    record("log1p", {a}, out, [a = a.detach()](const Tensor& g) { return Grads{div(g, add(a, 1.0))}; },
+        autograd::Saved::Inputs);
+  return out;
+}
+Tensor expm1(const Tensor& a) {
+  Tensor out = unary_forward(UnaryOp::Expm1, a, true);
+  if (needs_grad({&a}))  // d/da (e^a - 1) = e^a = out + 1
+    record("expm1", {a}, out, [o = out.detach()](const Tensor& g) { return Grads{mul(g, add(o, 1.0))}; },
+        autograd::Saved::Output);
+  return out;
+}
+
+namespace {
+// floor, ceil, round, trunc: a step function, whose gradient is zero wherever it exists (PyTorch's choice too).
+Tensor rounding(UnaryOp op, const char* name, const Tensor& a) {
+  FERRY_CHECK(a.dtype() != DType::Bool, InvalidArgument, name, ": not implemented for bool tensors; convert first "
+              "(x.to(DType::Float32))");
+  Tensor out = unary_forward(op, a, false);
+  if (needs_grad({&a})) record(name, {a}, out, [](const Tensor& g) { return Grads{zeros_like(g)}; });
+  return out;
+}
+}  // namespace
+Tensor floor(const Tensor& a) { return rounding(UnaryOp::Floor, "floor", a); }
+Tensor ceil(const Tensor& a) { return rounding(UnaryOp::Ceil, "ceil", a); }
+Tensor round(const Tensor& a) { return rounding(UnaryOp::Round, "round", a); }
+Tensor trunc(const Tensor& a) { return rounding(UnaryOp::Trunc, "trunc", a); }
+
 Tensor square(const Tensor& a) {
   Tensor out = unary_forward(UnaryOp::Square, a, false);
   if (needs_grad({&a}))

@@ -50,6 +50,7 @@ template <typename T>
         case UnaryOp::Sign: return static_cast<T>((x > 0) - (x < 0));
         case UnaryOp::Relu: return x < 0 ? T(0) : x;
         case UnaryOp::Square: return static_cast<T>(static_cast<U>(x) * static_cast<U>(x));
+        case UnaryOp::Floor: case UnaryOp::Ceil: case UnaryOp::Round: case UnaryOp::Trunc: return x;  // exact
         default: break;
       }
     }
@@ -77,6 +78,14 @@ template <typename T>
       case UnaryOp::Erf:
         if constexpr (std::is_same_v<T, float>) return erf_f32(x);
         else return static_cast<T>(std::erf(v));
+      case UnaryOp::Sin: return static_cast<T>(std::sin(v));
+      case UnaryOp::Cos: return static_cast<T>(std::cos(v));
+      case UnaryOp::Log1p: return static_cast<T>(std::log1p(v));
+      case UnaryOp::Expm1: return static_cast<T>(std::expm1(v));
+      case UnaryOp::Floor: return static_cast<T>(std::floor(v));
+      case UnaryOp::Ceil: return static_cast<T>(std::ceil(v));
+      case UnaryOp::Round: return static_cast<T>(std::rint(v));  // the default rounding mode: ties to even
+      case UnaryOp::Trunc: return static_cast<T>(std::trunc(v));
     }
     return x;
   }
@@ -105,7 +114,9 @@ void with_unary_op(UnaryOp op, Body&& body) {
     FERRY_UNARY_CASE(Copy) FERRY_UNARY_CASE(Neg) FERRY_UNARY_CASE(Exp) FERRY_UNARY_CASE(Log)
     FERRY_UNARY_CASE(Sqrt) FERRY_UNARY_CASE(Rsqrt) FERRY_UNARY_CASE(Abs) FERRY_UNARY_CASE(Sign)
     FERRY_UNARY_CASE(Relu) FERRY_UNARY_CASE(Sigmoid) FERRY_UNARY_CASE(Tanh) FERRY_UNARY_CASE(Square)
-    FERRY_UNARY_CASE(Reciprocal) FERRY_UNARY_CASE(LogicalNot) FERRY_UNARY_CASE(Erf)
+    FERRY_UNARY_CASE(Reciprocal) FERRY_UNARY_CASE(LogicalNot) FERRY_UNARY_CASE(Erf) FERRY_UNARY_CASE(Sin)
+    FERRY_UNARY_CASE(Cos) FERRY_UNARY_CASE(Log1p) FERRY_UNARY_CASE(Expm1) FERRY_UNARY_CASE(Floor)
+    FERRY_UNARY_CASE(Ceil) FERRY_UNARY_CASE(Round) FERRY_UNARY_CASE(Trunc)
 #undef FERRY_UNARY_CASE
   }
 }

@@ -17,7 +17,8 @@ namespace {
 // the float64 op, convert back, which is the cpu's arithmetic, so integer kernels stay small.
 bool is_transcendental(UnaryOp op) {
   return op == UnaryOp::Exp || op == UnaryOp::Log || op == UnaryOp::Sqrt || op == UnaryOp::Rsqrt ||
-         op == UnaryOp::Sigmoid || op == UnaryOp::Tanh || op == UnaryOp::Reciprocal || op == UnaryOp::Erf;
+         op == UnaryOp::Sigmoid || op == UnaryOp::Tanh || op == UnaryOp::Reciprocal || op == UnaryOp::Erf ||
+         op == UnaryOp::Sin || op == UnaryOp::Cos || op == UnaryOp::Log1p || op == UnaryOp::Expm1;
 }
 
 // The cpu's apply_unary: integers exact in their own type (two's complement wrap: -INT64_MIN is INT64_MIN, and
@@ -37,7 +38,7 @@ __device__ __forceinline__ T unary_value(UnaryOp op, T x) {
       case UnaryOp::Relu: return negative ? T(0) : x;
       case UnaryOp::Square: return static_cast<T>(static_cast<U>(x) * static_cast<U>(x));
       case UnaryOp::LogicalNot: return static_cast<T>(x == 0);
-      default: return x;  // Copy; transcendental ops never get here (see is_transcendental)
+      default: return x;  // Copy, Floor, Ceil, Round, Trunc; transcendental ops never get here (is_transcendental)
     }
   } else {
     using F = std::conditional_t<std::is_floating_point_v<T>, T, double>;
@@ -58,6 +59,14 @@ __device__ __forceinline__ T unary_value(UnaryOp op, T x) {
       case UnaryOp::Reciprocal: return cast_to<T>(F(1) / v);
       case UnaryOp::LogicalNot: return static_cast<T>(v == 0);
       case UnaryOp::Erf: return cast_to<T>(erf(v));
+      case UnaryOp::Sin: return cast_to<T>(sin(v));
+      case UnaryOp::Cos: return cast_to<T>(cos(v));
+      case UnaryOp::Log1p: return cast_to<T>(log1p(v));
+      case UnaryOp::Expm1: return cast_to<T>(expm1(v));
+      case UnaryOp::Floor: return cast_to<T>(floor(v));
+      case UnaryOp::Ceil: return cast_to<T>(ceil(v));
+      case UnaryOp::Round: return cast_to<T>(rint(v));  // ties to even, as the cpu's std::rint
+      case UnaryOp::Trunc: return cast_to<T>(trunc(v));
     }
     return x;
   }
@@ -95,6 +104,14 @@ void run_unary(UnaryOp op, const KernelTensor& out, const KernelTensor& in, cuda
       FERRY_UNARY_CASE(Reciprocal)
       FERRY_UNARY_CASE(LogicalNot)
       FERRY_UNARY_CASE(Erf)
+      FERRY_UNARY_CASE(Sin)
+      FERRY_UNARY_CASE(Cos)
+      FERRY_UNARY_CASE(Log1p)
+      FERRY_UNARY_CASE(Expm1)
+      FERRY_UNARY_CASE(Floor)
+      FERRY_UNARY_CASE(Ceil)
+      FERRY_UNARY_CASE(Round)
+      FERRY_UNARY_CASE(Trunc)
 #undef FERRY_UNARY_CASE
     }
     throw InternalError("cuda unary: an op without a float32 kernel");

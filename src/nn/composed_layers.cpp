@@ -1,7 +1,7 @@
 // composed_layers.cpp — the layers built from tensor ops (ferry/ops.h) rather than kernels of their own: gelu,
-// silu, leaky_relu, layer_norm and embedding. Each runs on any device. Autograd differentiates most through their
-// ops; gelu and layer_norm are one node each with a closed-form backward of fewer passes. Every gradient is
-// checked against finite differences and PyTorch's fixtures.
+// silu, leaky_relu, softplus, layer_norm and embedding. Each runs on any device. Autograd differentiates most
+// through their ops; gelu and layer_norm are one node each with a closed-form backward of fewer passes. Every
+// gradient is checked against finite differences and PyTorch's fixtures.
 #include <cmath>
 
 #include "checks.h"
@@ -40,6 +40,16 @@ Tensor gelu(const Tensor& x, const std::string& approximate) {
 Tensor silu(const Tensor& x) {
   check_floating("silu", x);
   return mul(x, sigmoid(x));
+}
+
+Tensor softplus(const Tensor& x, double beta, double threshold) {
+  check_floating("softplus", x);
+  FERRY_CHECK(beta > 0 && std::isfinite(beta), InvalidArgument, "softplus: beta must be a positive number, got ", beta);
+  const Tensor bx = mul(x, beta);
+  // The smooth branch sees beta x clamped to the threshold, so its e^(beta x) stays finite where the linear branch
+  // is taken (an inf there would make the unchosen branch's gradient 0 * inf = NaN).
+  const Tensor smooth = div(log1p(exp(clamp(bx, std::nullopt, threshold))), beta);
+  return where(gt(bx, threshold), x, smooth);
 }
 
 Tensor leaky_relu(const Tensor& x, double negative_slope) {

@@ -1,6 +1,8 @@
-// layers.cpp — the small layers without parameters (ReLU, GELU, SiLU, Sigmoid, Tanh, LeakyReLU, Softmax,
+// layers.cpp — the small layers without parameters (ReLU, GELU, SiLU, Sigmoid, Tanh, LeakyReLU, Softplus, Softmax,
 // LogSoftmax, Flatten, Dropout, MaxPool2d, AvgPool2d), Sequential and ModuleList. Not here: anything with weights (linear.cpp,
 // conv.cpp, batchnorm.cpp, layernorm_embedding.cpp, attention.cpp).
+#include <cmath>
+
 #include "ferry/nn/activation.h"
 #include "ferry/nn/functional.h"
 #include "ferry/nn/module_list.h"
@@ -27,6 +29,11 @@ Tensor Sigmoid::forward(const Tensor& input) { return ferry::sigmoid(input); }
 Tensor Tanh::forward(const Tensor& input) { return ferry::tanh(input); }
 Tensor LeakyReLU::forward(const Tensor& input) { return functional::leaky_relu(input, negative_slope); }
 std::string LeakyReLU::extra_repr() const { return ferry::detail::concat("negative_slope=", negative_slope); }
+Softplus::Softplus(double beta, double threshold) : beta(beta), threshold(threshold) {
+  FERRY_CHECK(beta > 0 && std::isfinite(beta), InvalidArgument, "Softplus: beta must be a positive number, got ", beta);
+}
+Tensor Softplus::forward(const Tensor& input) { return functional::softplus(input, beta, threshold); }
+std::string Softplus::extra_repr() const { return ferry::detail::concat("beta=", beta, ", threshold=", threshold); }
 Tensor Module::forward_relu(const Tensor& input) { return functional::relu(forward(input)); }
 Tensor Module::forward_relu_max_pool(const Tensor& input) { return functional::max_pool2d(forward_relu(input), 2, 2); }
 

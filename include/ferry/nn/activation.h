@@ -54,6 +54,17 @@ class LeakyReLU : public Module {  // x where x > 0, else negative_slope x
   double negative_slope;
 };
 
+class Softplus : public Module {  // log(1 + e^(beta x)) / beta; x where beta x > threshold
+ public:
+  explicit Softplus(double beta = 1, double threshold = 20);
+  Tensor forward(const Tensor& input) override;
+  std::string type_name() const override { return "Softplus"; }
+  std::string extra_repr() const override;
+
+  double beta;
+  double threshold;
+};
+
 // softmax(input, dim) and log_softmax(input, dim) (ferry/ops.h) as layers, e.g. a classifier's last layer when
 // it should give probabilities. For training, prefer logits and cross_entropy (one fused kernel).
 class Softmax : public Module {

@@ -75,9 +75,11 @@ Tensor dropout(const Tensor& input, double p = 0.5, bool training = true);
 // ops), with PyTorch's formulas:
 //   gelu: x/2 (1 + erf(x / sqrt 2)); approximate = "tanh": x/2 (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
 //   silu: x sigmoid(x);  leaky_relu: x where x > 0, else negative_slope x;  sigmoid, tanh: the tensor ops
+//   softplus: log(1 + e^(beta x)) / beta, a smooth relu; x itself where beta x > threshold (no overflow)
 Tensor gelu(const Tensor& input, const std::string& approximate = "none");
 Tensor silu(const Tensor& input);
 Tensor leaky_relu(const Tensor& input, double negative_slope = 0.01);
+Tensor softplus(const Tensor& input, double beta = 1, double threshold = 20);
 
 // (x - mean) / sqrt(var + eps) * weight + bias over the last normalized_shape.size() dims of x, which must be
 // normalized_shape (the mean and the biased variance of each row over those dims, as PyTorch's layer_norm).
