@@ -98,6 +98,15 @@ std::vector<OpCase> op_cases() {
       {"max_dim", one({5, 6}), [](V x) { return max(x[0], 1).first; }},
       {"min_dim_indices", one({5, 6}), [](V x) { return min(x[0], 0).second; }},
       {"argmax", one({5, 6}), [](V x) { return argmax(x[0], 1); }},
+      {"amax_amin", one({3, 4, 5}), [](V x) {
+         return cat({amax(x[0], {0, 2}).flatten(), amin(x[0], {1}, true).flatten(), amax(x[0]).reshape({1}),
+                     amin(x[0], {-1, 0}).flatten()});
+       }, 0},
+      {"index_add", two({5, 3}, {4, 3}), [](V x) {
+         const Tensor index = from_vector<std::int64_t>({4, 0, 4, 2}, {.device = x[0].device()});
+         return cat({index_add(x[0], 0, index, x[1], 0.5).flatten(),
+                     index_add(x[0].t(), 1, index, x[1].t()).flatten()});
+       }},
       {"argmin_keepdim", one({5, 6}), [](V x) { return argmin(x[0], 0, true); }},
       {"matmul", two({5, 7}, {7, 3}), [](V x) { return matmul(x[0], x[1]); }, 1e-4},
       {"matmul_transposed", two({7, 5}, {3, 7}), [](V x) { return matmul(x[0].t(), x[1].t()); }, 1e-4},
@@ -229,6 +238,39 @@ TEST(CoreOps, TrigonometryLog1pExpm1AndRoundingFollowPyTorch) {
   Tensor x = from_vector<double>({0.3, 1.7, -2.2}).requires_grad_();
   sum(add(add(floor(x), ceil(x)), add(round(x), trunc(x)))).backward();
   EXPECT_EQ(x.grad().to_vector<double>(), (std::vector<double>{0, 0, 0}));
+}
+
+// amax / amin (ties share the gradient, as torch's) and index_add (repeated indices add up), with their refusals.
+TEST(CoreOps, AmaxAminAndIndexAddFollowPyTorch) {
+  const Tensor m = from_vector<double>({1, 3, 3, -2, 5, 0}, {2, 3});
+  EXPECT_EQ(amax(m, {1}).to_vector<double>(), (std::vector<double>{3, 5}));
+  EXPECT_EQ(amin(m, {0}, true).shape(), (Shape{1, 3}));
+  EXPECT_EQ(amin(m, {0}, true).to_vector<double>(), (std::vector<double>{-2, 3, 0}));
+  EXPECT_EQ(amax(m).item<double>(), 5);
+  EXPECT_EQ(amax(arange(6).reshape({2, 3}), {0, 1}).dtype(), DType::Int64);
+  Tensor x = m.clone().requires_grad_();
+  sum(amax(x, {1})).backward();  // row 0: 3 twice, each gets half
+  EXPECT_EQ(x.grad().to_vector<double>(), (std::vector<double>{0, 0.5, 0.5, 0, 1, 0}));
+  EXPECT_THROW(amax(empty({2, 0}), {1}), InvalidArgument);
+  EXPECT_EQ(amax(empty({2, 0}), {0}).shape(), (Shape{0}));  // nothing to reduce into: an empty result
+  EXPECT_THROW(amin(m, {1, 1}), InvalidArgument);
+
+  const Tensor self = zeros({3, 2}, {.dtype = DType::Float64});
+  const Tensor source = from_vector<double>({1, 2, 3, 4, 5, 6}, {3, 2});
+  const Tensor index = from_vector<std::int64_t>({2, 0, 2});
+  EXPECT_EQ(index_add(self, 0, index, source).to_vector<double>(), (std::vector<double>{3, 4, 0, 0, 6, 8}));
+  EXPECT_EQ(index_add(self, 0, index, source, -1).to_vector<double>(), (std::vector<double>{-3, -4, 0, 0, -6, -8}));
+  EXPECT_EQ(self.to_vector<double>(), std::vector<double>(6, 0.0));  // self is left as it was
+  EXPECT_EQ(index_add(arange(4).reshape({2, 2}), 1, from_vector<std::int64_t>({1, 1}), arange(4).reshape({2, 2}))
+                .to_vector<std::int64_t>(),
+            (std::vector<std::int64_t>{0, 2, 2, 8}));
+  EXPECT_THROW(index_add(self, 0, index, source.narrow(0, 0, 2)), ShapeMismatch);  // 3 indices, 2 slices
+  EXPECT_THROW(index_add(self, 0, index.reshape({3, 1}), source), InvalidArgument);
+  EXPECT_THROW(index_add(arange(3), 0, from_vector<std::int64_t>({0}), arange(1), 0.5), InvalidArgument);
+  Tensor s = self.clone().requires_grad_(), src = source.clone().requires_grad_();
+  sum(mul(index_add(s, 0, index, src, 2), from_vector<double>({1, 2, 3, 4, 5, 6}, {3, 2}))).backward();
+  EXPECT_EQ(s.grad().to_vector<double>(), (std::vector<double>{1, 2, 3, 4, 5, 6}));
+  EXPECT_EQ(src.grad().to_vector<double>(), (std::vector<double>{10, 12, 2, 4, 10, 12}));
 }
 
 // tril and triu on matrices, batches, rectangles and both signs of diagonal, as torch.tril / torch.triu.

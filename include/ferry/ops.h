@@ -91,6 +91,10 @@ std::pair<Tensor, Tensor> max(const Tensor& a, int dim, bool keepdim = false);  
 std::pair<Tensor, Tensor> min(const Tensor& a, int dim, bool keepdim = false);
 Tensor argmax(const Tensor& a, int dim, bool keepdim = false);
 Tensor argmin(const Tensor& a, int dim, bool keepdim = false);
+// The largest (smallest) value over several dims (all when empty), without indices: torch.amax / torch.amin. Equal
+// elements share the gradient evenly (max(a, dim) gives it all to the one its index names).
+Tensor amax(const Tensor& a, const std::vector<int>& dims = {}, bool keepdim = false);
+Tensor amin(const Tensor& a, const std::vector<int>& dims = {}, bool keepdim = false);
 
 // --- softmax family (composed of max, sub, exp, sum and log on the input's device; autograd differentiates the
 // composition). Floating inputs only (DTypeMismatch otherwise). Each subtracts the slice's maximum first, so large
@@ -118,6 +122,11 @@ Tensor gather(const Tensor& a, int dim, const Tensor& index);
 // indices add up). index no larger than src in any dim, nor than self in the dims other than dim; src's dtype
 // is self's. Under deterministic_algorithms() the sums are added in the cpu's order on every device.
 Tensor scatter_add(const Tensor& self, int dim, const Tensor& index, const Tensor& src);
+// torch.index_add: a copy of self with alpha * source's slices added at the positions `index` names along dim:
+// out.select(dim, index[i]) += alpha * source.select(dim, i) (repeated indices add up). index: 1-d int64 (or int32)
+// of source.size(dim) entries in [0, self.size(dim)); source has self's shape elsewhere and self's dtype. Composed
+// of scatter_add, whose determinism it shares; differentiable in self and source.
+Tensor index_add(const Tensor& self, int dim, const Tensor& index, const Tensor& source, double alpha = 1);
 // torch.cumsum: running sums along dim, out[.., j, ..] = a[.., 0, ..] + ... + a[.., j, ..]. Summed in order in
 // double (integers: int64); integer and bool inputs give int64, as PyTorch's.
 Tensor cumsum(const Tensor& a, int dim);

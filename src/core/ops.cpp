@@ -705,7 +705,35 @@ std::pair<Tensor, Tensor> extremum_dim(ReduceOp value_op, ReduceOp index_op, con
   }
   return {values, indices};
 }
+
+// amax / amin: the extremum over several dims; the gradient is shared evenly by the elements equal to it.
+Tensor extremum_dims(ReduceOp op, const Tensor& a, const std::vector<int>& dims, bool keepdim, const char* name) {
+  ReducePlan plan = plan_reduce(a, dims, name);
+  FERRY_CHECK(plan.reduce > 0, InvalidArgument, name, "(): expected a non-empty reduction, but the input ",
+              shape_str(a.shape()), " has no elements along the reduced dims (a max of nothing is undefined)");
+  Tensor out = reduce_forward(op, plan, a.dtype(), keepdim);
+  if (needs_grad({&a})) {
+    std::vector<int> reduced;  // the reduced dims, normalized (plan_reduce has checked them)
+    for (int d = 0; d < a.dim(); ++d) {
+      const bool listed =
+          std::any_of(dims.begin(), dims.end(), [&](int e) { return normalize_dim(e, a.dim(), name) == d; });
+      if (dims.empty() || listed) reduced.push_back(d);
+    }
+    record(name, {a}, out, [a = a.detach(), o = out.detach(), kd = plan.keepdim_shape, reduced](const Tensor& g) {
+      Tensor mask = eq(a, o.reshape(kd)).to(g.dtype());  // ties share the gradient evenly, as torch's amax
+      return Grads{mul(div(mask, sum(mask, reduced, true)), g.reshape(kd))};
+    }, autograd::Saved::InputsAndOutput);
+  }
+  return out;
+}
 }  // namespace
+
+Tensor amax(const Tensor& a, const std::vector<int>& dims, bool keepdim) {
+  return extremum_dims(ReduceOp::Max, a, dims, keepdim, "amax");
+}
+Tensor amin(const Tensor& a, const std::vector<int>& dims, bool keepdim) {
+  return extremum_dims(ReduceOp::Min, a, dims, keepdim, "amin");
+}
 
 Tensor max(const Tensor& a) { return extremum_all(ReduceOp::Max, a, "max"); }
 Tensor min(const Tensor& a) { return extremum_all(ReduceOp::Min, a, "min"); }
