@@ -1,5 +1,6 @@
-// test_optim.cpp — SGD, Adam and AdamW against PyTorch fixtures step by step (tools/make_fixtures.py), on
-// cpu and sim:0; state on the parameter's device; state_dict save and exact restore; zero_grad.
+// test_optim.cpp — SGD, Adam, AdamW, RMSprop and Adagrad against PyTorch fixtures step by step
+// (tools/make_fixtures.py), on cpu and sim:0; state on the parameter's device; state_dict save and exact restore;
+// zero_grad.
 // Not here: the training parity of a whole model (test_nn_parity.cpp).
 #include <gtest/gtest.h>
 
@@ -35,6 +36,19 @@ std::unique_ptr<optim::Optimizer> make_optimizer(const Fixture& f, std::vector<T
         params, optim::SGDOptions{.lr = f.number("lr"), .momentum = number("momentum", 0), .dampening = number("dampening", 0),
                                   .weight_decay = number("weight_decay", 0), .nesterov = flag("nesterov"),
                                   .maximize = flag("maximize")});
+  }
+  if (kind == "rmsprop") {
+    return std::make_unique<optim::RMSprop>(
+        params, optim::RMSpropOptions{.lr = f.number("lr"), .alpha = number("alpha", 0.99), .eps = number("eps", 1e-8),
+                                      .weight_decay = number("weight_decay", 0), .momentum = number("momentum", 0),
+                                      .centered = flag("centered"), .maximize = flag("maximize")});
+  }
+  if (kind == "adagrad") {
+    return std::make_unique<optim::Adagrad>(
+        params, optim::AdagradOptions{.lr = f.number("lr"), .lr_decay = number("lr_decay", 0),
+                                      .weight_decay = number("weight_decay", 0),
+                                      .initial_accumulator_value = number("initial_accumulator_value", 0),
+                                      .eps = number("eps", 1e-10), .maximize = flag("maximize")});
   }
   optim::AdamOptions options{.lr = f.number("lr"), .beta1 = number("beta1", 0.9), .beta2 = number("beta2", 0.999),
                              .eps = number("eps", 1e-8), .weight_decay = number("weight_decay", 0),
@@ -90,7 +104,9 @@ TEST_P(OptimParity, EveryStepMatchesPyTorchOnCpuAndSim) {
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, OptimParity,
                          ::testing::Values("sgd_plain", "sgd_momentum_dampening_wd", "sgd_nesterov_wd", "sgd_maximize",
-                                           "adam", "adam_wd_amsgrad", "adamw"));
+                                           "adam", "adam_wd_amsgrad", "adamw", "rmsprop",
+                                           "rmsprop_centered_momentum_wd", "rmsprop_maximize", "adagrad",
+                                           "adagrad_decay_init_wd"));
 
 namespace {
 // A small model and a fixed batch; returns the parameters after `steps` steps of `optimizer`.
@@ -147,6 +163,57 @@ TEST(OptimState, SaveAndRestoreContinuesExactly) {
     EXPECT_EQ(a.weight.to_vector<float>(), b.weight.to_vector<float>()) << (adam ? "adam" : "sgd");
     EXPECT_EQ(a.bias.to_vector<float>(), b.bias.to_vector<float>()) << (adam ? "adam" : "sgd");
   }
+}
+
+// RMSprop (centered, with momentum: every state tensor) and Adagrad (with lr_decay, which reads the step count):
+// a restored run continues bit for bit on another device; bad options are refused with PyTorch's messages.
+TEST(OptimState, RMSpropAndAdagradSaveRestoreAndRefusals) {
+  for (const bool rmsprop : {true, false}) {
+    ferry::manual_seed(3);
+    ferry::nn::Linear a(5, 3);
+    ferry::nn::Linear b(5, 3);
+    b.load_state_dict(a.state_dict());
+    auto make = [&](ferry::nn::Linear& model) -> std::unique_ptr<optim::Optimizer> {
+      if (rmsprop) {
+        return std::make_unique<optim::RMSprop>(
+            model.parameters(), optim::RMSpropOptions{.lr = 0.01, .momentum = 0.5, .centered = true});
+      }
+      return std::make_unique<optim::Adagrad>(
+          model.parameters(), optim::AdagradOptions{.lr = 0.1, .lr_decay = 0.1, .initial_accumulator_value = 0.5});
+    };
+    auto oa = make(a), ob = make(b);
+    run_steps(a, *oa, 3, ferry::kCPU);
+    ferry::nn::NamedTensors model_state, optimizer_state;
+    for (const auto& [name, t] : a.state_dict()) model_state.emplace_back(name, t.clone());
+    std::vector<std::string> names;
+    for (const auto& [name, t] : oa->state_dict()) {
+      optimizer_state.emplace_back(name, t.clone());
+      if (name.rfind("state.0.", 0) == 0) names.push_back(name.substr(8));
+    }
+    if (rmsprop) {
+      EXPECT_EQ(names, (std::vector<std::string>{"step", "square_avg", "grad_avg", "momentum_buffer"}));
+    } else {
+      EXPECT_EQ(names, (std::vector<std::string>{"step", "sum"}));
+    }
+    EXPECT_EQ(oa->state_dict()[0].second.item<double>(), 3.0);  // the step count, as PyTorch's
+    b.to(sim0());
+    b.load_state_dict(model_state);
+    ob->load_state_dict(optimizer_state);
+    run_steps(a, *oa, 2, ferry::kCPU);
+    run_steps(b, *ob, 2, sim0());
+    EXPECT_EQ(a.weight.to_vector<float>(), b.weight.to_vector<float>()) << (rmsprop ? "rmsprop" : "adagrad");
+    EXPECT_EQ(a.bias.to_vector<float>(), b.bias.to_vector<float>()) << (rmsprop ? "rmsprop" : "adagrad");
+  }
+  const Tensor p = ferry::zeros({2}).requires_grad_(true);
+  EXPECT_THROW(optim::RMSprop({p}, {.lr = -1}), ferry::InvalidArgument);
+  EXPECT_THROW(optim::RMSprop({p}, {.alpha = -0.1}), ferry::InvalidArgument);
+  EXPECT_THROW(optim::RMSprop({p}, {.momentum = -0.5}), ferry::InvalidArgument);
+  EXPECT_THROW(optim::Adagrad({p}, {.lr_decay = -1}), ferry::InvalidArgument);
+  EXPECT_THROW(optim::Adagrad({p}, {.initial_accumulator_value = -1}), ferry::InvalidArgument);
+  optim::RMSprop grouped({{.params = {p}, .lr = 0.5}}, {.lr = 0.01});
+  EXPECT_EQ(grouped.learning_rate(), 0.5);
+  grouped.set_learning_rate(0.25);
+  EXPECT_EQ(grouped.group_learning_rate(0), 0.25);
 }
 
 TEST(OptimState, LoadRejectsUnknownNamesAndShapes) {

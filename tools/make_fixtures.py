@@ -383,6 +383,17 @@ def main():
                                        weight_decay=0.1, amsgrad=True))
     optim_case("adamw", adam(torch.optim.AdamW, "adamw", lr=0.01, weight_decay=0.1))
 
+    def plain(cls, kind, **kw):
+        return lambda params: (cls(params, **kw), dict(kw, kind=kind))
+
+    optim_case("rmsprop", plain(torch.optim.RMSprop, "rmsprop", lr=0.01))
+    optim_case("rmsprop_centered_momentum_wd", plain(torch.optim.RMSprop, "rmsprop", lr=0.01, alpha=0.9, eps=1e-6,
+                                                     weight_decay=0.05, momentum=0.8, centered=True))
+    optim_case("rmsprop_maximize", plain(torch.optim.RMSprop, "rmsprop", lr=0.02, momentum=0.5, maximize=True))
+    optim_case("adagrad", plain(torch.optim.Adagrad, "adagrad", lr=0.1))
+    optim_case("adagrad_decay_init_wd", plain(torch.optim.Adagrad, "adagrad", lr=0.1, lr_decay=0.05,
+                                              weight_decay=0.01, initial_accumulator_value=0.2, eps=1e-8))
+
     total = sum(os.path.getsize(os.path.join(OUT, f)) for f in os.listdir(OUT))
     print(f"wrote {len(os.listdir(OUT))} fixtures to {os.path.normpath(OUT)} ({total / 1e6:.2f} MB), torch {torch.__version__}")
 

@@ -1,5 +1,5 @@
 // ferry/optim.h — optimizers with PyTorch's exact update rules: SGD (momentum, dampening, nesterov, weight
-// decay), Adam and AdamW (optionally amsgrad). State lives on each parameter's device; updates are in-place
+// decay), Adam and AdamW (optionally amsgrad), RMSprop and Adagrad. State lives on each parameter's device; updates are in-place
 // tensor ops under NoGradGuard (no host loops, no host syncs). Not here: learning-rate schedules
 // (ferry/lr_scheduler.h).
 #pragma once
@@ -44,7 +44,8 @@ class Optimizer {
   void zero_grad(bool set_to_none = true);
 
   // The state as named tensors "state.<i>.<name>" (i = the parameter's index in the list given to the
-  // constructor; names as PyTorch's: momentum_buffer, exp_avg, exp_avg_sq, max_exp_avg_sq, step).
+  // constructor; names as PyTorch's: momentum_buffer, exp_avg, exp_avg_sq, max_exp_avg_sq, square_avg, grad_avg,
+  // sum, step).
   // Values alias the live state (no copy). Parameters without state yet have no entries.
   NamedTensors state_dict() const;
   // Copies each entry into the state (made where missing), on the parameter's device. Throws
@@ -232,6 +233,68 @@ class AdamW : public Adam {
                          .weight_decay = options.weight_decay, .amsgrad = options.amsgrad,
                          .maximize = options.maximize, .fused = options.fused},
              true) {}
+};
+
+struct RMSpropOptions {
+  double lr = 1e-2;
+  double alpha = 0.99;  // the smoothing constant of the squared-gradient average
+  double eps = 1e-8;
+  double weight_decay = 0;
+  double momentum = 0;
+  bool centered = false;  // divide by the gradient's estimated variance (subtract the squared mean gradient)
+  bool maximize = false;
+};
+
+// PyTorch's RMSprop: g (+ wd * p); v = alpha v + (1 - alpha) g^2; centered: a = alpha a + (1 - alpha) g and
+// denom = sqrt(v - a^2) + eps, else sqrt(v) + eps; momentum: buf = momentum buf + g / denom, p -= lr buf;
+// else p -= lr g / denom. Op by op (about eight launches per parameter on cuda).
+class RMSprop : public Optimizer {
+ public:
+  RMSprop(std::vector<Tensor> parameters, const RMSpropOptions& options = {});
+  RMSprop(std::vector<ParamGroup> groups, const RMSpropOptions& options = {});
+  void step() override;
+  void set_learning_rate(double lr) override;
+
+  RMSpropOptions options;
+
+ protected:
+  std::vector<std::string> state_names() const override { return {"square_avg", "momentum_buffer", "grad_avg"}; }
+  bool counts_steps() const override { return true; }
+  double default_learning_rate() const override { return options.lr; }
+  double default_weight_decay() const override { return options.weight_decay; }
+
+ private:
+  void check_options();
+};
+
+struct AdagradOptions {
+  double lr = 1e-2;
+  double lr_decay = 0;  // step t uses lr / (1 + (t - 1) lr_decay)
+  double weight_decay = 0;
+  double initial_accumulator_value = 0;  // the sum of squares starts here
+  double eps = 1e-10;
+  bool maximize = false;
+};
+
+// PyTorch's Adagrad: t += 1; g (+ wd * p); sum += g^2; p -= lr / (1 + (t - 1) lr_decay) * g / (sqrt(sum) + eps).
+// The sum is made at the first step (PyTorch makes it in the constructor; the values are the same).
+class Adagrad : public Optimizer {
+ public:
+  Adagrad(std::vector<Tensor> parameters, const AdagradOptions& options = {});
+  Adagrad(std::vector<ParamGroup> groups, const AdagradOptions& options = {});
+  void step() override;
+  void set_learning_rate(double lr) override;
+
+  AdagradOptions options;
+
+ protected:
+  std::vector<std::string> state_names() const override { return {"sum"}; }
+  bool counts_steps() const override { return true; }
+  double default_learning_rate() const override { return options.lr; }
+  double default_weight_decay() const override { return options.weight_decay; }
+
+ private:
+  void check_options();
 };
 
 }  // namespace ferry::optim
