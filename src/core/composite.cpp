@@ -200,28 +200,6 @@ Tensor flip(const Tensor& a, const std::vector<int>& dims) {
   return out.is_same(a) ? a.clone() : out;
 }
 
-Tensor index_add(const Tensor& self, int dim, const Tensor& index, const Tensor& source, double alpha) {
-  check_same_device("index_add", {&self, &index, &source});
-  FERRY_CHECK(self.dim() >= 1, InvalidArgument, "index_add(): self must have at least one dim, got a 0-d tensor");
-  const int d = normalize_dim(dim, self.dim(), "index_add");
-  FERRY_CHECK(is_floating(self.dtype()) || alpha == std::trunc(alpha), InvalidArgument, "index_add(): alpha ", alpha,
-              " is not a whole number and self is ", dtype_name(self.dtype()), ": it would be truncated");
-  FERRY_CHECK(index.dim() <= 1 && (index.dtype() == DType::Int64 || index.dtype() == DType::Int32), InvalidArgument,
-              "index_add(): index must be a 1-d int64 (or int32) tensor, got ", dtype_name(index.dtype()), " of shape ",
-              shape_str(index.shape()));
-  FERRY_CHECK(source.dim() == self.dim(), ShapeMismatch, "index_add(): source ", shape_str(source.shape()),
-              " and self ", shape_str(self.shape()), " must have the same number of dims");
-  Shape want = self.shape();
-  want[d] = index.numel();
-  FERRY_CHECK(source.shape() == want, ShapeMismatch, "index_add(): source ", shape_str(source.shape()),
-              " must be self's shape ", shape_str(self.shape()), " with ", index.numel(), " (the number of indices) "
-              "in dim ", d, ": ", shape_str(want));
-  Shape along(self.dim(), 1);
-  along[d] = index.numel();
-  const Tensor idx = index.to(DType::Int64).reshape(along).expand(source.shape()).contiguous();
-  return scatter_add(self, d, idx, alpha == 1 ? source : mul(source, alpha));
-}
-
 namespace {
 // a with the elements outside the kept triangle set to zero: keep [i, j] where j - i <= diagonal (lower) or
 // >= diagonal (upper). The mask (rows, cols) is built from two aranges on a's device and broadcast over the batch.
