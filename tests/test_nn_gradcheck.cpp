@@ -535,6 +535,10 @@ TEST(NNGradcheck, GeluSiluLeakyReluLayerNormAndEmbedding) {
                    {random_argument({3, 5}, 74, 2)}, "leaky_relu");
   check_everywhere([](const std::vector<Tensor>& a) { return F::softplus(a[0]); }, {random_argument({3, 5}, 79, 2)},
                    "softplus");
+  check_everywhere([](const std::vector<Tensor>& a) { return F::adaptive_avg_pool2d(a[0], {3, 2}); },
+                   {random_argument({2, 2, 5, 7}, 81)}, "adaptive_avg_pool2d, overlapping windows");
+  check_everywhere([](const std::vector<Tensor>& a) { return F::adaptive_avg_pool2d(a[0], 1); },
+                   {random_argument({2, 4, 3}, 82)}, "adaptive_avg_pool2d, global, 3-d input");
   check_everywhere([](const std::vector<Tensor>& a) { return F::softplus(a[0], 2, 1.5); },
                    {random_argument({3, 5}, 80, 2)}, "softplus beta 2 threshold 1.5");
   check_everywhere([](const std::vector<Tensor>& a) { return F::layer_norm(a[0], {2, 4}, a[1], a[2]); },

@@ -451,6 +451,26 @@ TEST(NNModule, SoftmaxEdgesFollowPyTorch) {
   EXPECT_EQ(nn::LogSoftmax(-1).extra_repr(), "dim=-1");
 }
 
+// AdaptiveAvgPool2d's three paths give torch's values on a small input; Identity hands its input back.
+TEST(NNModule, AdaptiveAvgPoolAndIdentity) {
+  const Tensor x = ferry::add(ferry::arange(12, {.dtype = ferry::DType::Float32}), 1.0).reshape({1, 1, 3, 4});
+  // torch.nn.AdaptiveAvgPool2d((2, 3))(x): rows {0,1},{1,2}; columns {0,1},{1,2},{2,3}
+  EXPECT_EQ(nn::AdaptiveAvgPool2d({2, 3})(x).to_vector<float>(),
+            (std::vector<float>{3.5F, 4.5F, 5.5F, 7.5F, 8.5F, 9.5F}));
+  EXPECT_EQ(nn::AdaptiveAvgPool2d(1)(x).to_vector<float>(), (std::vector<float>{6.5F}));
+  EXPECT_EQ(nn::AdaptiveAvgPool2d({3, 2})(x).to_vector<float>(),
+            (std::vector<float>{1.5F, 3.5F, 5.5F, 7.5F, 9.5F, 11.5F}));
+  EXPECT_EQ(nn::AdaptiveAvgPool2d({2, 3})(x.select(0, 0)).shape(), (ferry::Shape{1, 2, 3}));
+  EXPECT_EQ(nn::AdaptiveAvgPool2d({2, 3}).str(), "AdaptiveAvgPool2d(output_size=(2, 3))");
+  EXPECT_EQ(nn::AdaptiveAvgPool2d(1).str(), "AdaptiveAvgPool2d(output_size=1)");
+  EXPECT_THROW(nn::AdaptiveAvgPool2d(0)(x), ferry::InvalidArgument);
+  EXPECT_THROW(nn::AdaptiveAvgPool2d(1)(x.flatten()), ferry::ShapeMismatch);
+  EXPECT_THROW(nn::AdaptiveAvgPool2d(1)(ferry::arange(4).reshape({1, 1, 2, 2})), ferry::DTypeMismatch);
+  nn::Identity identity;
+  EXPECT_EQ(identity(x).storage(), x.storage());
+  EXPECT_EQ(identity.str(), "Identity()");
+}
+
 // Softplus: the linear branch past the threshold (no overflow, gradient 1, not NaN), and its checks.
 TEST(NNModule, SoftplusStaysFiniteAndChecksBeta) {
   Tensor x = ferry::from_vector<float>({-100, 0, 1000}).requires_grad_();

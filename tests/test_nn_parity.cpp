@@ -67,6 +67,9 @@ std::shared_ptr<nn::Module> make_layer(const std::string& name, const Fixture& f
   if (name == "flatten") return std::make_shared<nn::Flatten>();
   if (name.rfind("maxpool2d", 0) == 0) return std::make_shared<nn::MaxPool2d>(n("k"), n("s"), n("p"));
   if (name.rfind("avgpool2d", 0) == 0) return std::make_shared<nn::AvgPool2d>(n("k"), n("s"), n("p"));
+  if (name.rfind("adaptive_avgpool2d", 0) == 0) {
+    return std::make_shared<nn::AdaptiveAvgPool2d>(nn::Size2{n("oh"), n("ow")});
+  }
   throw std::runtime_error("no layer for fixture " + name);
 }
 
@@ -130,7 +133,9 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, NNParityLayer,
                                            "conv2d_nobias_s2_d2", "conv2d_pointwise", "batchnorm2d_train",
                                            "batchnorm2d_eval", "batchnorm1d_train_2d", "batchnorm1d_train_3d",
                                            "batchnorm1d_cumulative", "relu", "maxpool2d_k2", "maxpool2d_k3s2p1",
-                                           "avgpool2d_k2", "avgpool2d_k3s2p1", "flatten", "gelu", "gelu_tanh",
+                                           "avgpool2d_k2", "avgpool2d_k3s2p1", "adaptive_avgpool2d_5x3",
+                                           "adaptive_avgpool2d_1", "adaptive_avgpool2d_2x4", "flatten", "gelu",
+                                           "gelu_tanh",
                                            "silu", "sigmoid", "tanh", "leaky_relu", "softplus", "layernorm_last",
                                            "layernorm_last2", "layernorm_noaffine"));
 

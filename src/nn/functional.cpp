@@ -690,6 +690,39 @@ Tensor avg_pool2d(const Tensor& input, Size2 kernel_size, Size2 stride, Size2 pa
   return out;
 }
 
+namespace {
+// (n_out, n_in) of dtype on device: row i holds 1 / (end - start) on columns [start, end), start = floor(i n_in /
+// n_out), end = ceil((i + 1) n_in / n_out) (float64 quotients of integers below 2^24: exact where whole).
+Tensor averaging_matrix(std::int64_t n_in, std::int64_t n_out, Device device, DType dtype) {
+  const Tensor i = arange(0, static_cast<double>(n_out), 1, {.device = device, .dtype = DType::Float64}).unsqueeze(1);
+  const Tensor h = arange(0, static_cast<double>(n_in), 1, {.device = device, .dtype = DType::Float64}).unsqueeze(0);
+  const Tensor start = floor(div(mul(i, static_cast<double>(n_in)), static_cast<double>(n_out)));
+  const Tensor end = ceil(div(mul(add(i, 1.0), static_cast<double>(n_in)), static_cast<double>(n_out)));
+  const Tensor inside = logical_and(ge(h, start), lt(h, end)).to(DType::Float64);
+  return div(inside, sub(end, start)).to(dtype);
+}
+}  // namespace
+
+Tensor adaptive_avg_pool2d(const Tensor& input, Size2 output_size) {
+  FERRY_CHECK(input.dim() == 3 || input.dim() == 4, ShapeMismatch, "adaptive_avg_pool2d: expected a 3-d (C, H, W) "
+              "or 4-d (N, C, H, W) input, got ", shape_str(input.shape()));
+  FERRY_CHECK(is_floating(input.dtype()), DTypeMismatch, "adaptive_avg_pool2d: expected a float32 or float64 input, "
+              "got ", dtype_name(input.dtype()));
+  FERRY_CHECK(output_size.h >= 1 && output_size.w >= 1, InvalidArgument, "adaptive_avg_pool2d: output_size must be "
+              "positive, got (", output_size.h, ", ", output_size.w, ")");
+  const std::int64_t height = input.size(-2), width = input.size(-1);
+  FERRY_CHECK(height > 0 && width > 0, ShapeMismatch, "adaptive_avg_pool2d: the input ", shape_str(input.shape()),
+              " has no rows or columns to average");
+  if (input.dim() == 3) return adaptive_avg_pool2d(input.unsqueeze(0), output_size).squeeze(0);
+  if (output_size.h == 1 && output_size.w == 1) return mean(input, {2, 3}, true);  // global pooling
+  if (height % output_size.h == 0 && width % output_size.w == 0) {
+    return avg_pool2d(input, Size2(height / output_size.h, width / output_size.w));  // equal, disjoint windows
+  }
+  const Tensor rows = averaging_matrix(height, output_size.h, input.device(), input.dtype());  // (oh, H)
+  const Tensor cols = averaging_matrix(width, output_size.w, input.device(), input.dtype());   // (ow, W)
+  return matmul(matmul(rows, input), cols.t());  // (oh, H) @ (N, C, H, W) @ (W, ow)
+}
+
 // --- activations --------------------------------------------------------------------------------
 
 Tensor relu(const Tensor& input) { return ferry::relu(input); }

@@ -1,6 +1,6 @@
-// layers.cpp — the small layers without parameters (ReLU, GELU, SiLU, Sigmoid, Tanh, LeakyReLU, Softplus, Softmax,
-// LogSoftmax, Flatten, Dropout, MaxPool2d, AvgPool2d), Sequential and ModuleList. Not here: anything with weights (linear.cpp,
-// conv.cpp, batchnorm.cpp, layernorm_embedding.cpp, attention.cpp).
+// layers.cpp — the small layers without parameters (ReLU, GELU, SiLU, Sigmoid, Tanh, LeakyReLU, Softplus,
+// Softmax, LogSoftmax, Flatten, Dropout, MaxPool2d, AvgPool2d, AdaptiveAvgPool2d), Sequential and ModuleList. Not
+// here: anything with weights (linear.cpp, conv.cpp, batchnorm.cpp, layernorm_embedding.cpp, attention.cpp).
 #include <cmath>
 
 #include "ferry/nn/activation.h"
@@ -61,6 +61,9 @@ Tensor AvgPool2d::forward(const Tensor& input) { return functional::avg_pool2d(i
 std::string AvgPool2d::extra_repr() const {
   return "kernel_size=" + size_str(kernel_size) + ", stride=" + size_str(stride) + ", padding=" + size_str(padding);
 }
+
+Tensor AdaptiveAvgPool2d::forward(const Tensor& input) { return functional::adaptive_avg_pool2d(input, output_size); }
+std::string AdaptiveAvgPool2d::extra_repr() const { return "output_size=" + size_str(output_size); }
 
 void Sequential::push_back(std::shared_ptr<Module> module) {
   register_module(std::to_string(size()), std::move(module));

@@ -87,6 +87,13 @@ class LogSoftmax : public Module {
   int dim;
 };
 
+// The input itself: a placeholder where a model's structure wants a layer (a skipped block, a removed head).
+class Identity : public Module {
+ public:
+  Tensor forward(const Tensor& input) override { return input; }
+  std::string type_name() const override { return "Identity"; }
+};
+
 // Flattens dims [start_dim, end_dim] into one: (N, C, H, W) -> (N, C*H*W) by default. A view when the
 // input is contiguous.
 class Flatten : public Module {

@@ -61,6 +61,11 @@ Tensor batch_norm_relu_max_pool2d(const Tensor& input, const Tensor& running_mea
 // pads with -inf (padding never wins); average pooling counts the padding (PyTorch's defaults).
 Tensor max_pool2d(const Tensor& input, Size2 kernel_size, Size2 stride = 0, Size2 padding = 0);
 Tensor avg_pool2d(const Tensor& input, Size2 kernel_size, Size2 stride = 0, Size2 padding = 0);
+// torch's adaptive_avg_pool2d: input (N, C, H, W) or (C, H, W) -> output_size (oh, ow) in the last two dims; output
+// [i, j] averages rows floor(i H / oh) .. ceil((i + 1) H / oh) - 1 and the same for columns (windows may overlap
+// when oh does not divide H). Global pooling (1, 1) is a mean, sizes that divide are avg_pool2d, the rest two
+// matmuls with averaging matrices built on the input's device; autograd differentiates each.
+Tensor adaptive_avg_pool2d(const Tensor& input, Size2 output_size);
 
 Tensor relu(const Tensor& input);
 // softmax, log_softmax and logsumexp are tensor ops (ferry/ops.h); here too, as in torch::nn::functional.

@@ -1,5 +1,5 @@
-// ferry/nn/pooling.h — MaxPool2d and AvgPool2d (NCHW), PyTorch's defaults (stride = kernel size, average
-// counts the padding). Not here: the maths (functional::max_pool2d / avg_pool2d in ferry/nn/functional.h).
+// ferry/nn/pooling.h — MaxPool2d, AvgPool2d and AdaptiveAvgPool2d (NCHW), PyTorch's defaults (stride = kernel
+// size, average counts the padding). Not here: the maths (functional::max_pool2d / avg_pool2d in ferry/nn/functional.h).
 #pragma once
 
 #include "ferry/nn/functional.h"
@@ -27,6 +27,18 @@ class AvgPool2d : public Module {
   std::string extra_repr() const override;
 
   Size2 kernel_size, stride, padding;
+};
+
+// Averages down to output_size whatever the input's height and width (ResNet's global pooling before the
+// classifier: AdaptiveAvgPool2d(1)).
+class AdaptiveAvgPool2d : public Module {
+ public:
+  explicit AdaptiveAvgPool2d(Size2 output_size) : output_size(output_size) {}
+  Tensor forward(const Tensor& input) override;  // (N, C, H, W) -> (N, C, oh, ow); (C, H, W) -> (C, oh, ow)
+  std::string type_name() const override { return "AdaptiveAvgPool2d"; }
+  std::string extra_repr() const override;
+
+  Size2 output_size;
 };
 
 }  // namespace ferry::nn
