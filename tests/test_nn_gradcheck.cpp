@@ -546,6 +546,9 @@ TEST(NNGradcheck, GeluSiluLeakyReluLayerNormAndEmbedding) {
                    "layer_norm");
   check_everywhere([](const std::vector<Tensor>& a) { return F::layer_norm(a[0], {5}, Tensor(), Tensor(), 1e-3); },
                    {random_argument({4, 5}, 78)}, "layer_norm without affine");
+  check_everywhere([](const std::vector<Tensor>& a) { return F::group_norm(a[0], 2, a[1], a[2]); },
+                   {random_argument({2, 4, 3}, 83), random_argument({4}, 84), random_argument({4}, 85)},
+                   "group_norm");
   check_everywhere(
       [](const std::vector<Tensor>& a) {
         const Tensor indices = ferry::from_vector<std::int64_t>({1, 3, 1, 0, 4, 3}, {2, 3}).to(a[0].device());

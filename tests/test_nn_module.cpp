@@ -12,6 +12,7 @@
 #include "ferry/nn/batchnorm.h"
 #include "ferry/nn/conv.h"
 #include "ferry/nn/functional.h"
+#include "ferry/nn/groupnorm.h"
 #include "ferry/nn/init.h"
 #include "ferry/nn/linear.h"
 #include "ferry/nn/loss.h"
@@ -469,6 +470,25 @@ TEST(NNModule, AdaptiveAvgPoolAndIdentity) {
   nn::Identity identity;
   EXPECT_EQ(identity(x).storage(), x.storage());
   EXPECT_EQ(identity.str(), "Identity()");
+}
+
+// GroupNorm: its repr, batch-size independence (a sample alone normalizes as in a batch), and its checks.
+TEST(NNModule, GroupNormIsPerSampleAndChecksItsShapes) {
+  nn::GroupNorm norm(2, 4);
+  EXPECT_EQ(norm.str(), "GroupNorm(2, 4, eps=1e-05, affine=True)");
+  EXPECT_EQ(nn::GroupNorm(1, 3, 1e-3, false).str(), "GroupNorm(1, 3, eps=0.001, affine=False)");
+  EXPECT_EQ(norm.named_parameters().size(), 2u);
+  ferry::manual_seed(5);
+  const Tensor x = ferry::randn({3, 4, 5});
+  const std::vector<float> batch = norm(x).select(0, 1).to_vector<float>();
+  const std::vector<float> alone = norm(x.narrow(0, 1, 1)).select(0, 0).to_vector<float>();
+  EXPECT_EQ(batch, alone);
+  const Tensor group = norm(x).narrow(1, 0, 2).select(0, 0);  // the first group of sample 0: mean 0, variance 1
+  EXPECT_NEAR(ferry::mean(group).item<float>(), 0.0F, 1e-6F);
+  EXPECT_NEAR(ferry::var(group, {}, false).item<float>(), 1.0F, 1e-4F);
+  EXPECT_THROW(nn::GroupNorm(3, 4), ferry::InvalidArgument);
+  EXPECT_THROW(norm(ferry::randn({2, 6, 3})), ferry::ShapeMismatch);
+  EXPECT_THROW(nn::functional::group_norm(ferry::randn({2, 6}), 4), ferry::InvalidArgument);
 }
 
 // Softplus: the linear branch past the threshold (no overflow, gradient 1, not NaN), and its checks.

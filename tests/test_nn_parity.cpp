@@ -17,6 +17,7 @@
 #include "ferry/nn/batchnorm.h"
 #include "ferry/nn/conv.h"
 #include "ferry/nn/embedding.h"
+#include "ferry/nn/groupnorm.h"
 #include "ferry/nn/layernorm.h"
 #include "ferry/nn/linear.h"
 #include "ferry/nn/loss.h"
@@ -63,6 +64,9 @@ std::shared_ptr<nn::Module> make_layer(const std::string& name, const Fixture& f
     std::stringstream dims(f.text("shape"));
     for (std::string d; std::getline(dims, d, ',');) shape.push_back(std::stoll(d));
     return std::make_shared<nn::LayerNorm>(shape, f.number("eps"), n("affine") == 1);
+  }
+  if (name.rfind("groupnorm", 0) == 0) {
+    return std::make_shared<nn::GroupNorm>(n("groups"), n("channels"), f.number("eps"), n("affine") == 1);
   }
   if (name == "flatten") return std::make_shared<nn::Flatten>();
   if (name.rfind("maxpool2d", 0) == 0) return std::make_shared<nn::MaxPool2d>(n("k"), n("s"), n("p"));
@@ -137,7 +141,8 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, NNParityLayer,
                                            "adaptive_avgpool2d_1", "adaptive_avgpool2d_2x4", "flatten", "gelu",
                                            "gelu_tanh",
                                            "silu", "sigmoid", "tanh", "leaky_relu", "softplus", "layernorm_last",
-                                           "layernorm_last2", "layernorm_noaffine"));
+                                           "layernorm_last2", "layernorm_noaffine", "groupnorm_2of6",
+                                           "groupnorm_3of3_noaffine_1d"));
 
 // Embedding against torch 1.13: the looked-up rows, and the weight's gradient, where repeated indices add up and
 // the padding row (padding_idx -2 of 8) gets none; on cpu, sim:0 (bit for bit the cpu's) and cuda:0 where present.

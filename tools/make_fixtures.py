@@ -336,6 +336,10 @@ def main():
                setup=randomise_layernorm)
     layer_case("layernorm_noaffine", nn.LayerNorm(5, eps=1e-3, elementwise_affine=False), (7, 5),
                {"shape": "5", "eps": 1e-3, "affine": 0})
+    layer_case("groupnorm_2of6", nn.GroupNorm(2, 6), (3, 6, 4, 5), {"groups": 2, "channels": 6, "eps": 1e-5,
+                                                                    "affine": 1}, setup=randomise_layernorm)
+    layer_case("groupnorm_3of3_noaffine_1d", nn.GroupNorm(3, 3, eps=1e-3, affine=False), (4, 3, 7),
+               {"groups": 3, "channels": 3, "eps": 1e-3, "affine": 0})
     embedding_case("embedding", 10, 4, (3, 5))
     embedding_case("embedding_padding", 8, 3, (2, 6), padding_idx=-2)
     attention_case("mha_self_causal", True, 8, 2, 2, 5, 5, self_attention=True, causal=True)

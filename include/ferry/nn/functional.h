@@ -91,6 +91,10 @@ Tensor softplus(const Tensor& input, double beta = 1, double threshold = 20);
 // weight and bias: normalized_shape, or undefined (no affine). Composed from tensor ops, on any device.
 Tensor layer_norm(const Tensor& input, const Shape& normalized_shape, const Tensor& weight = Tensor(),
                   const Tensor& bias = Tensor(), double eps = 1e-5);
+// torch's group_norm: input (N, C, *) with its C channels in num_groups groups; each (sample, group) normalized over
+// its channels and positions together (biased variance), then * weight[c] + bias[c] (each (C) or undefined).
+Tensor group_norm(const Tensor& input, std::int64_t num_groups, const Tensor& weight = Tensor(),
+                  const Tensor& bias = Tensor(), double eps = 1e-5);
 
 // Attention: softmax(query key^T * scale + mask) value over the last two dims, batched over the others (they
 // broadcast): query (..., L, E), key (..., S, E), value (..., S, Ev) -> (..., L, Ev). attn_mask broadcasts to
