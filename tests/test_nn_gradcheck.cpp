@@ -146,6 +146,10 @@ TEST(NNGradcheck, Linear) {
 
 TEST(NNGradcheck, Conv2d) {
   check_everywhere(
+      [](const std::vector<Tensor>& a) { return F::conv2d(a[0], a[1], a[2], 1, 1, 1, 2); },
+      {random_argument({2, 4, 4, 3}, 17), random_argument({6, 2, 3, 3}, 18), random_argument({6}, 19)},
+      "conv2d groups 2");
+  check_everywhere(
       [](const std::vector<Tensor>& a) { return F::conv2d(a[0], a[1], a[2], 1, 1); },
       {random_argument({2, 3, 5, 4}, 11), random_argument({4, 3, 3, 3}, 12), random_argument({4}, 13)},
       "conv2d 3x3 pad 1");

@@ -293,7 +293,14 @@ TEST(NNModule, LayersCheckTheirInputs) {
   nn::Conv2d conv(3, 4, 3);
   EXPECT_THROW(conv(ferry::ones({2, 5, 8, 8})), ferry::ShapeMismatch);
   EXPECT_THROW(conv(ferry::ones({2, 3, 2, 2})), ferry::ShapeMismatch);
-  EXPECT_THROW(nn::Conv2d(3, 4, 3, {.groups = 2}), ferry::NotSupported);
+  EXPECT_THROW(nn::Conv2d(3, 4, 3, {.groups = 2}), ferry::InvalidArgument);  // 3 channels in 2 groups
+  EXPECT_THROW(nn::Conv2d(4, 3, 3, {.groups = 2}), ferry::InvalidArgument);
+  nn::Conv2d depthwise(4, 8, 3, {.padding = 1, .groups = 4});
+  EXPECT_EQ(depthwise.weight.shape(), (ferry::Shape{8, 1, 3, 3}));
+  EXPECT_EQ(depthwise.extra_repr(), "4, 8, kernel_size=(3, 3), stride=(1, 1), padding=(1, 1), groups=4");
+  EXPECT_EQ(depthwise(ferry::ones({2, 4, 5, 5})).shape(), (ferry::Shape{2, 8, 5, 5}));
+  EXPECT_THROW(nn::functional::conv2d(ferry::ones({1, 4, 5, 5}), depthwise.weight, Tensor(), 1, 0, 1, 2),
+               ferry::ShapeMismatch);  // groups=2 wants weight (8, 2, 3, 3)
   nn::BatchNorm2d bn(3);
   EXPECT_THROW(bn(ferry::ones({2, 3, 4})), ferry::ShapeMismatch);
   EXPECT_THROW(bn(ferry::ones({1, 3, 1, 1})), ferry::InvalidArgument);  // one value per channel in training

@@ -43,7 +43,9 @@ std::shared_ptr<nn::Module> make_layer(const std::string& name, const Fixture& f
   if (name.rfind("conv2d", 0) == 0) {
     return std::make_shared<nn::Conv2d>(n("in"), n("out"), nn::Size2{n("kh"), n("kw")},
                                         nn::Conv2dOptions{.stride = {n("sh"), n("sw")}, .padding = {n("ph"), n("pw")},
-                                                          .dilation = {n("dh"), n("dw")}, .bias = n("bias") == 1});
+                                                          .dilation = {n("dh"), n("dw")},
+                                                          .groups = std::stoll(f.text("groups", "1")),
+                                                          .bias = n("bias") == 1});
   }
   if (name.rfind("batchnorm", 0) == 0) {
     nn::BatchNormOptions options;
@@ -134,7 +136,8 @@ TEST_P(NNParityLayer, MatchesPyTorchOnCpuAndSim) {
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, NNParityLayer,
                          ::testing::Values("linear", "linear_3d_nobias", "conv2d_pad1", "conv2d_strided_dilated",
-                                           "conv2d_nobias_s2_d2", "conv2d_pointwise", "batchnorm2d_train",
+                                           "conv2d_nobias_s2_d2", "conv2d_pointwise", "conv2d_groups2",
+                                           "conv2d_depthwise", "batchnorm2d_train",
                                            "batchnorm2d_eval", "batchnorm1d_train_2d", "batchnorm1d_train_3d",
                                            "batchnorm1d_cumulative", "relu", "maxpool2d_k2", "maxpool2d_k3s2p1",
                                            "avgpool2d_k2", "avgpool2d_k3s2p1", "adaptive_avgpool2d_5x3",

@@ -304,6 +304,12 @@ def main():
                {"in": 2, "out": 3, "kh": 3, "kw": 3, "sh": 2, "sw": 2, "ph": 2, "pw": 2, "dh": 2, "dw": 2, "bias": 0})
     layer_case("conv2d_pointwise", nn.Conv2d(6, 4, 1), (3, 6, 5, 4),
                {"in": 6, "out": 4, "kh": 1, "kw": 1, "sh": 1, "sw": 1, "ph": 0, "pw": 0, "dh": 1, "dw": 1, "bias": 1})
+    layer_case("conv2d_groups2", nn.Conv2d(4, 6, 3, padding=1, groups=2), (2, 4, 6, 6),
+               {"in": 4, "out": 6, "kh": 3, "kw": 3, "sh": 1, "sw": 1, "ph": 1, "pw": 1, "dh": 1, "dw": 1, "bias": 1,
+                "groups": 2})
+    layer_case("conv2d_depthwise", nn.Conv2d(3, 3, 3, stride=2, groups=3, bias=False), (2, 3, 7, 7),
+               {"in": 3, "out": 3, "kh": 3, "kw": 3, "sh": 2, "sw": 2, "ph": 0, "pw": 0, "dh": 1, "dw": 1, "bias": 0,
+                "groups": 3})
     layer_case("batchnorm2d_train", nn.BatchNorm2d(3), (4, 3, 5, 5), {"features": 3, "dims": 2, "momentum": 0.1},
                setup=randomise_affine, steps=2)
     layer_case("batchnorm2d_eval", nn.BatchNorm2d(3), (4, 3, 5, 5), {"features": 3, "dims": 2, "momentum": 0.1},

@@ -15,22 +15,27 @@ std::string pair_str(Size2 s) { return ferry::detail::concat("(", s.h, ", ", s.w
 Conv2d::Conv2d(std::int64_t in_channels, std::int64_t out_channels, Size2 kernel_size, const Conv2dOptions& conv,
                const TensorOptions& tensor_options)
     : in_channels(in_channels), out_channels(out_channels), kernel_size(kernel_size), options(conv) {
-  FERRY_CHECK(options.groups == 1, NotSupported, "Conv2d: groups=", options.groups, " is not supported (only groups=1)");
   FERRY_CHECK(in_channels > 0 && out_channels > 0 && kernel_size.h > 0 && kernel_size.w > 0, InvalidArgument,
               "Conv2d: expected positive channels and kernel size, got in_channels=", in_channels,
               ", out_channels=", out_channels, ", kernel_size=", pair_str(kernel_size));
+  FERRY_CHECK(options.groups >= 1, InvalidArgument, "Conv2d: groups must be a positive integer, got ", options.groups);
+  FERRY_CHECK(in_channels % options.groups == 0, InvalidArgument, "Conv2d: in_channels (", in_channels,
+              ") must be divisible by groups (", options.groups, ")");
+  FERRY_CHECK(out_channels % options.groups == 0, InvalidArgument, "Conv2d: out_channels (", out_channels,
+              ") must be divisible by groups (", options.groups, ")");
+  const std::int64_t in_per_group = in_channels / options.groups;
   const TensorOptions like{.device = tensor_options.device, .dtype = tensor_options.dtype};
-  weight = register_parameter("weight", empty({out_channels, in_channels, kernel_size.h, kernel_size.w}, like));
+  weight = register_parameter("weight", empty({out_channels, in_per_group, kernel_size.h, kernel_size.w}, like));
   init::kaiming_uniform_(weight, std::sqrt(5.0));
   if (options.bias) {
     bias = register_parameter("bias", empty({out_channels}, like));
-    const double fan_in = static_cast<double>(in_channels * kernel_size.h * kernel_size.w);
+    const double fan_in = static_cast<double>(in_per_group * kernel_size.h * kernel_size.w);
     init::uniform_(bias, -1.0 / std::sqrt(fan_in), 1.0 / std::sqrt(fan_in));
   }
 }
 
 Tensor Conv2d::forward(const Tensor& input) {
-  return functional::conv2d(input, weight, bias, options.stride, options.padding, options.dilation);
+  return functional::conv2d(input, weight, bias, options.stride, options.padding, options.dilation, options.groups);
 }
 
 std::string Conv2d::extra_repr() const {
@@ -38,6 +43,7 @@ std::string Conv2d::extra_repr() const {
                                     ", stride=", pair_str(options.stride));
   if (options.padding != Size2(0)) text += ", padding=" + pair_str(options.padding);
   if (options.dilation != Size2(1)) text += ", dilation=" + pair_str(options.dilation);
+  if (options.groups != 1) text += ferry::detail::concat(", groups=", options.groups);
   if (!options.bias) text += ", bias=False";
   return text;
 }

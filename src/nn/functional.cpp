@@ -221,14 +221,33 @@ void chunk_columns(const Tensor& columns, const Tensor& x, const Backend::Conv2d
 }  // namespace
 
 Tensor conv2d(const Tensor& input_in, const Tensor& weight, const Tensor& bias, Size2 stride, Size2 padding,
-              Size2 dilation) {
+              Size2 dilation, std::int64_t groups) {
   check_same_device("conv2d", {&input_in, &weight, &bias});
   check_floating("conv2d", input_in, "input");
   check_same_dtype("conv2d", input_in, {{&weight, "weight"}, {&bias, "bias"}});
   FERRY_CHECK(input_in.dim() == 3 || input_in.dim() == 4, ShapeMismatch,
               "conv2d: expected a 3-d (C, H, W) or 4-d (N, C, H, W) input, got shape ", shape_str(input_in.shape()));
-  if (input_in.dim() == 3) return conv2d(input_in.unsqueeze(0), weight, bias, stride, padding, dilation).squeeze(0);
+  if (input_in.dim() == 3) {
+    return conv2d(input_in.unsqueeze(0), weight, bias, stride, padding, dilation, groups).squeeze(0);
+  }
   const Tensor& input = input_in;
+  if (groups != 1) {
+    FERRY_CHECK(groups >= 1 && weight.dim() == 4 && input.size(1) % groups == 0 && weight.size(0) % groups == 0,
+                InvalidArgument, "conv2d: groups=", groups, " must be positive and divide the input's ", input.size(1),
+                " channels and the weight's ", weight.dim() == 4 ? weight.size(0) : 0, " output channels");
+    const std::int64_t in_per_group = input.size(1) / groups, out_per_group = weight.size(0) / groups;
+    FERRY_CHECK(weight.size(1) == in_per_group, ShapeMismatch, "conv2d: expected weight (", weight.size(0), ", ",
+                in_per_group, ", kh, kw) for ", input.size(1), " input channels in ", groups, " groups, got ",
+                shape_str(weight.shape()));
+    std::vector<Tensor> outputs;
+    for (std::int64_t g = 0; g < groups; ++g) {
+      outputs.push_back(conv2d(input.narrow(1, g * in_per_group, in_per_group),
+                               weight.narrow(0, g * out_per_group, out_per_group),
+                               bias.defined() ? bias.narrow(0, g * out_per_group, out_per_group) : Tensor(), stride,
+                               padding, dilation, 1));
+    }
+    return cat(outputs, 1);
+  }
   FERRY_CHECK(weight.dim() == 4, ShapeMismatch, "conv2d: expected weight (out_channels, in_channels, kh, kw), got shape ",
               shape_str(weight.shape()));
   FERRY_CHECK(weight.size(1) == input.size(1), ShapeMismatch, "conv2d: expected input ", shape_str(input.shape()),

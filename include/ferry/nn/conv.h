@@ -1,4 +1,4 @@
-// ferry/nn/conv.h — Conv2d (NCHW; stride, padding, dilation; groups = 1), PyTorch's layout and
+// ferry/nn/conv.h — Conv2d (NCHW; stride, padding, dilation, groups), PyTorch's layout and
 // initialisation. Not here: the maths (functional::conv2d: im2col + GEMM, in ferry/nn/functional.h).
 #pragma once
 
@@ -11,14 +11,14 @@ struct Conv2dOptions {
   Size2 stride = 1;
   Size2 padding = 0;
   Size2 dilation = 1;
-  std::int64_t groups = 1;  // only 1 is supported
+  std::int64_t groups = 1;  // > 1: grouped (in and out channels divisible by it); = in_channels: depthwise
   bool bias = true;
 };
 
 class Conv2d : public Module {
  public:
-  // weight (out, in, kh, kw) ~ kaiming_uniform(a = sqrt(5)); bias (out) ~ U(-1/sqrt(fan_in), 1/sqrt(fan_in))
-  // with fan_in = in * kh * kw. Drawn from ferry's generator on options.device.
+  // weight (out, in / groups, kh, kw) ~ kaiming_uniform(a = sqrt(5)); bias (out) ~ U(-1/sqrt(fan_in),
+  // 1/sqrt(fan_in)) with fan_in = in / groups * kh * kw. Drawn from ferry's generator on options.device.
   Conv2d(std::int64_t in_channels, std::int64_t out_channels, Size2 kernel_size, const Conv2dOptions& conv = {},
          const TensorOptions& options = {});
 
@@ -29,7 +29,7 @@ class Conv2d : public Module {
   std::int64_t in_channels, out_channels;
   Size2 kernel_size;
   Conv2dOptions options;
-  Tensor weight;  // (out, in, kh, kw)
+  Tensor weight;  // (out, in / groups, kh, kw)
   Tensor bias;    // (out), undefined when options.bias = false
 };
 

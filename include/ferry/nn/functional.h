@@ -34,11 +34,13 @@ enum class Activation : std::uint8_t { None, ReLU };
 Tensor linear(const Tensor& input, const Tensor& weight, const Tensor& bias = Tensor(),
               Activation activation = Activation::None);
 
-// input (N, C, H, W), weight (O, C, kh, kw), bias (O) or undefined -> (N, O, oh, ow). im2col + GEMM in
+// input (N, C, H, W), weight (O, C / groups, kh, kw), bias (O) or undefined -> (N, O, oh, ow). im2col + GEMM in
 // chunks of samples (the columns of a chunk are built by one im2col call and multiplied by one batched
-// GEMM); backward recomputes the columns instead of keeping them.
+// GEMM); backward recomputes the columns instead of keeping them. groups > 1 (C and O divisible by it): output
+// channels [g O/G, (g+1) O/G) see only input channels [g C/G, (g+1) C/G) (groups = C: depthwise), computed as one
+// convolution per group, joined by cat.
 Tensor conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias = Tensor(), Size2 stride = 1,
-              Size2 padding = 0, Size2 dilation = 1);
+              Size2 padding = 0, Size2 dilation = 1, std::int64_t groups = 1);
 
 // input (N, C, *). training: normalise with the batch's statistics and, when running_mean/var are
 // defined, update them in place: running = (1 - momentum) * running + momentum * batch, with the
