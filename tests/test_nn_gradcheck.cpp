@@ -146,6 +146,12 @@ TEST(NNGradcheck, Linear) {
 
 TEST(NNGradcheck, Conv2d) {
   check_everywhere(
+      [](const std::vector<Tensor>& a) { return F::conv1d(a[0], a[1], a[2], 2, 1, 2, 2); },
+      {random_argument({2, 4, 9}, 20), random_argument({6, 2, 3}, 21), random_argument({6}, 22)},
+      "conv1d stride 2 pad 1 dilation 2 groups 2");
+  check_everywhere([](const std::vector<Tensor>& a) { return F::upsample_nearest2d(a[0], {2, 3}); },
+                   {random_argument({1, 2, 3, 2}, 23)}, "upsample_nearest2d");
+  check_everywhere(
       [](const std::vector<Tensor>& a) { return F::conv2d(a[0], a[1], a[2], 1, 1, 1, 2); },
       {random_argument({2, 4, 4, 3}, 17), random_argument({6, 2, 3, 3}, 18), random_argument({6}, 19)},
       "conv2d groups 2");

@@ -479,6 +479,30 @@ TEST(NNModule, AdaptiveAvgPoolAndIdentity) {
   EXPECT_EQ(identity.str(), "Identity()");
 }
 
+// Conv1d and Upsample: PyTorch's reprs (torch 1.13), shapes, and their refusals.
+TEST(NNModule, Conv1dAndUpsampleFollowPyTorch) {
+  nn::Conv1d conv(4, 6, 3, {.padding = 1, .groups = 2});
+  EXPECT_EQ(conv.str(), "Conv1d(4, 6, kernel_size=(3,), stride=(1,), padding=(1,), groups=2)");
+  EXPECT_EQ(nn::Conv1d(2, 3, 5, {.bias = false}).str(), "Conv1d(2, 3, kernel_size=(5,), stride=(1,), bias=False)");
+  EXPECT_EQ(conv.weight.shape(), (ferry::Shape{6, 2, 3}));
+  EXPECT_EQ(conv.named_parameters().size(), 2u);
+  EXPECT_EQ(conv(ferry::ones({2, 4, 9})).shape(), (ferry::Shape{2, 6, 9}));
+  EXPECT_EQ(conv(ferry::ones({4, 9})).shape(), (ferry::Shape{6, 9}));  // unbatched, as torch
+  EXPECT_THROW(conv(ferry::ones({2, 3, 9})), ferry::ShapeMismatch);
+  EXPECT_THROW(nn::Conv1d(3, 6, 3, {.groups = 2}), ferry::InvalidArgument);
+
+  nn::Upsample up({2, 3});
+  EXPECT_EQ(up.str(), "Upsample(scale_factor=(2.0, 3.0), mode=nearest)");
+  EXPECT_EQ(nn::Upsample(2).str(), "Upsample(scale_factor=2.0, mode=nearest)");
+  const Tensor x = ferry::from_vector<float>({1, 2, 3, 4}, {1, 1, 2, 2});
+  EXPECT_EQ(nn::Upsample(2)(x).to_vector<float>(),
+            (std::vector<float>{1, 1, 2, 2, 1, 1, 2, 2, 3, 3, 4, 4, 3, 3, 4, 4}));
+  EXPECT_EQ(up(x).shape(), (ferry::Shape{1, 1, 4, 6}));
+  EXPECT_THROW(nn::Upsample(2, "bilinear"), ferry::NotSupported);
+  EXPECT_THROW(nn::Upsample(0), ferry::InvalidArgument);
+  EXPECT_THROW(up(x.select(0, 0)), ferry::ShapeMismatch);
+}
+
 // GroupNorm: its repr, batch-size independence (a sample alone normalizes as in a batch), and its checks.
 TEST(NNModule, GroupNormIsPerSampleAndChecksItsShapes) {
   nn::GroupNorm norm(2, 4);

@@ -47,6 +47,12 @@ std::shared_ptr<nn::Module> make_layer(const std::string& name, const Fixture& f
                                                           .groups = std::stoll(f.text("groups", "1")),
                                                           .bias = n("bias") == 1});
   }
+  if (name.rfind("conv1d", 0) == 0) {
+    return std::make_shared<nn::Conv1d>(n("in"), n("out"), n("k"),
+                                        nn::Conv1dOptions{.stride = n("s"), .padding = n("p"), .dilation = n("d"),
+                                                          .groups = n("groups"), .bias = n("bias") == 1});
+  }
+  if (name.rfind("upsample", 0) == 0) return std::make_shared<nn::Upsample>(nn::Size2{n("sh"), n("sw")});
   if (name.rfind("batchnorm", 0) == 0) {
     nn::BatchNormOptions options;
     if (f.text("momentum") == "None") options.momentum = std::nullopt;
@@ -137,7 +143,8 @@ TEST_P(NNParityLayer, MatchesPyTorchOnCpuAndSim) {
 INSTANTIATE_TEST_SUITE_P(Fixtures, NNParityLayer,
                          ::testing::Values("linear", "linear_3d_nobias", "conv2d_pad1", "conv2d_strided_dilated",
                                            "conv2d_nobias_s2_d2", "conv2d_pointwise", "conv2d_groups2",
-                                           "conv2d_depthwise", "batchnorm2d_train",
+                                           "conv2d_depthwise", "conv1d_groups2", "upsample_nearest_2x3",
+                                           "batchnorm2d_train",
                                            "batchnorm2d_eval", "batchnorm1d_train_2d", "batchnorm1d_train_3d",
                                            "batchnorm1d_cumulative", "relu", "maxpool2d_k2", "maxpool2d_k3s2p1",
                                            "avgpool2d_k2", "avgpool2d_k3s2p1", "adaptive_avgpool2d_5x3",

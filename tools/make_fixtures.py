@@ -310,6 +310,8 @@ def main():
     layer_case("conv2d_depthwise", nn.Conv2d(3, 3, 3, stride=2, groups=3, bias=False), (2, 3, 7, 7),
                {"in": 3, "out": 3, "kh": 3, "kw": 3, "sh": 2, "sw": 2, "ph": 0, "pw": 0, "dh": 1, "dw": 1, "bias": 0,
                 "groups": 3})
+    layer_case("conv1d_groups2", nn.Conv1d(4, 6, 3, stride=2, padding=1, dilation=2, groups=2), (3, 4, 11),
+               {"in": 4, "out": 6, "k": 3, "s": 2, "p": 1, "d": 2, "groups": 2, "bias": 1})
     layer_case("batchnorm2d_train", nn.BatchNorm2d(3), (4, 3, 5, 5), {"features": 3, "dims": 2, "momentum": 0.1},
                setup=randomise_affine, steps=2)
     layer_case("batchnorm2d_eval", nn.BatchNorm2d(3), (4, 3, 5, 5), {"features": 3, "dims": 2, "momentum": 0.1},
@@ -328,6 +330,8 @@ def main():
     layer_case("adaptive_avgpool2d_5x3", nn.AdaptiveAvgPool2d((5, 3)), (2, 3, 9, 7), {"oh": 5, "ow": 3})
     layer_case("adaptive_avgpool2d_1", nn.AdaptiveAvgPool2d(1), (2, 3, 5, 6), {"oh": 1, "ow": 1})
     layer_case("adaptive_avgpool2d_2x4", nn.AdaptiveAvgPool2d((2, 4)), (2, 3, 8, 8), {"oh": 2, "ow": 4})
+    layer_case("upsample_nearest_2x3", nn.Upsample(scale_factor=(2, 3), mode="nearest"), (2, 3, 4, 5),
+               {"sh": 2, "sw": 3})
     layer_case("flatten", nn.Flatten(), (2, 3, 4, 5), {})
     layer_case("gelu", nn.GELU(), (5, 7), {"approximate": "none"})
     layer_case("gelu_tanh", nn.GELU(approximate="tanh"), (5, 7), {"approximate": "tanh"})

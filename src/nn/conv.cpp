@@ -1,4 +1,5 @@
-// conv.cpp — the Conv2d layer: PyTorch's parameters and initialisation around functional::conv2d.
+// conv.cpp — the Conv2d and Conv1d layers: PyTorch's parameters and initialisation around functional::conv2d
+// and functional::conv1d.
 #include "ferry/nn/conv.h"
 
 #include <cmath>
@@ -43,6 +44,33 @@ std::string Conv2d::extra_repr() const {
                                     ", stride=", pair_str(options.stride));
   if (options.padding != Size2(0)) text += ", padding=" + pair_str(options.padding);
   if (options.dilation != Size2(1)) text += ", dilation=" + pair_str(options.dilation);
+  if (options.groups != 1) text += ferry::detail::concat(", groups=", options.groups);
+  if (!options.bias) text += ", bias=False";
+  return text;
+}
+
+Conv1d::Conv1d(std::int64_t in_channels, std::int64_t out_channels, std::int64_t kernel_size, const Conv1dOptions& conv,
+               const TensorOptions& tensor_options)
+    : in_channels(in_channels), out_channels(out_channels), kernel_size(kernel_size), options(conv) {
+  // The 2-d layer checks the sizes and draws the parameters as PyTorch does for this shape; keep them 3-d.
+  Conv2d plane(in_channels, out_channels, Size2(1, kernel_size),
+               {.stride = Size2(1, conv.stride), .padding = Size2(0, conv.padding), .dilation = Size2(1, conv.dilation),
+                .groups = conv.groups, .bias = conv.bias},
+               tensor_options);
+  weight = register_parameter("weight", plane.weight.detach().squeeze(2).clone());
+  if (conv.bias) bias = register_parameter("bias", plane.bias.detach().clone());
+}
+
+Tensor Conv1d::forward(const Tensor& input) {
+  return functional::conv1d(input, weight, bias, options.stride, options.padding, options.dilation, options.groups);
+}
+
+std::string Conv1d::extra_repr() const {
+  auto one = [](std::int64_t v) { return ferry::detail::concat("(", v, ",)"); };  // Python's 1-tuple
+  std::string text = ferry::detail::concat(in_channels, ", ", out_channels, ", kernel_size=", one(kernel_size),
+                                           ", stride=", one(options.stride));
+  if (options.padding != 0) text += ", padding=" + one(options.padding);
+  if (options.dilation != 1) text += ", dilation=" + one(options.dilation);
   if (options.groups != 1) text += ferry::detail::concat(", groups=", options.groups);
   if (!options.bias) text += ", bias=False";
   return text;

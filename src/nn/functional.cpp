@@ -232,13 +232,14 @@ Tensor conv2d(const Tensor& input_in, const Tensor& weight, const Tensor& bias, 
   }
   const Tensor& input = input_in;
   if (groups != 1) {
-    FERRY_CHECK(groups >= 1 && weight.dim() == 4 && input.size(1) % groups == 0 && weight.size(0) % groups == 0,
-                InvalidArgument, "conv2d: groups=", groups, " must be positive and divide the input's ", input.size(1),
-                " channels and the weight's ", weight.dim() == 4 ? weight.size(0) : 0, " output channels");
-    const std::int64_t in_per_group = input.size(1) / groups, out_per_group = weight.size(0) / groups;
-    FERRY_CHECK(weight.size(1) == in_per_group, ShapeMismatch, "conv2d: expected weight (", weight.size(0), ", ",
-                in_per_group, ", kh, kw) for ", input.size(1), " input channels in ", groups, " groups, got ",
-                shape_str(weight.shape()));
+    FERRY_CHECK(weight.dim() == 4, ShapeMismatch, "conv2d: expected weight (out_channels, in_channels / groups, kh, "
+                "kw), got shape ", shape_str(weight.shape()));
+    FERRY_CHECK(groups >= 1 && weight.size(0) % groups == 0, InvalidArgument, "conv2d: groups=", groups,
+                " must be positive and divide the weight's ", weight.size(0), " output channels");
+    const std::int64_t in_per_group = weight.size(1), out_per_group = weight.size(0) / groups;
+    FERRY_CHECK(input.size(1) == in_per_group * groups, ShapeMismatch, "conv2d: expected input ",
+                shape_str(input.shape()), " to have ", in_per_group * groups, " channels (weight ",
+                shape_str(weight.shape()), ", groups=", groups, "), but got ", input.size(1), " channels instead");
     std::vector<Tensor> outputs;
     for (std::int64_t g = 0; g < groups; ++g) {
       outputs.push_back(conv2d(input.narrow(1, g * in_per_group, in_per_group),
@@ -709,6 +710,17 @@ Tensor avg_pool2d(const Tensor& input, Size2 kernel_size, Size2 stride, Size2 pa
   return out;
 }
 
+Tensor upsample_nearest2d(const Tensor& input, Size2 scale_factor) {
+  FERRY_CHECK(input.dim() == 4, ShapeMismatch, "upsample_nearest2d: expected a 4-d (N, C, H, W) input, got ",
+              shape_str(input.shape()));
+  FERRY_CHECK(scale_factor.h >= 1 && scale_factor.w >= 1, InvalidArgument, "upsample_nearest2d: scale factors must be "
+              "whole numbers >= 1, got (", scale_factor.h, ", ", scale_factor.w, ")");
+  const std::int64_t n = input.size(0), c = input.size(1), h = input.size(2), w = input.size(3);
+  return input.reshape({n, c, h, 1, w, 1})
+      .expand({n, c, h, scale_factor.h, w, scale_factor.w})
+      .reshape({n, c, h * scale_factor.h, w * scale_factor.w});
+}
+
 namespace {
 // (n_out, n_in) of dtype on device: row i holds 1 / (end - start) on columns [start, end), start = floor(i n_in /
 // n_out), end = ceil((i + 1) n_in / n_out) (float64 quotients of integers below 2^24: exact where whole).
@@ -740,6 +752,18 @@ Tensor adaptive_avg_pool2d(const Tensor& input, Size2 output_size) {
   const Tensor rows = averaging_matrix(height, output_size.h, input.device(), input.dtype());  // (oh, H)
   const Tensor cols = averaging_matrix(width, output_size.w, input.device(), input.dtype());   // (ow, W)
   return matmul(matmul(rows, input), cols.t());  // (oh, H) @ (N, C, H, W) @ (W, ow)
+}
+
+Tensor conv1d(const Tensor& input, const Tensor& weight, const Tensor& bias, std::int64_t stride, std::int64_t padding,
+              std::int64_t dilation, std::int64_t groups) {
+  FERRY_CHECK(input.dim() == 2 || input.dim() == 3, ShapeMismatch,
+              "conv1d: expected a 2-d (C, L) or 3-d (N, C, L) input, got shape ", shape_str(input.shape()));
+  FERRY_CHECK(weight.dim() == 3, ShapeMismatch, "conv1d: expected weight (out_channels, in_channels / groups, k), "
+              "got shape ", shape_str(weight.shape()));
+  const int height = input.dim() - 1;  // the new dim of size 1, before L
+  return conv2d(input.unsqueeze(height), weight.unsqueeze(2), bias, Size2(1, stride), Size2(0, padding),
+                Size2(1, dilation), groups)
+      .squeeze(height);
 }
 
 // --- activations --------------------------------------------------------------------------------

@@ -1,6 +1,7 @@
 // layers.cpp — the small layers without parameters (ReLU, GELU, SiLU, Sigmoid, Tanh, LeakyReLU, Softplus,
-// Softmax, LogSoftmax, Flatten, Dropout, MaxPool2d, AvgPool2d, AdaptiveAvgPool2d), Sequential and ModuleList. Not
-// here: anything with weights (linear.cpp, conv.cpp, batchnorm.cpp, layernorm_embedding.cpp, attention.cpp).
+// Softmax, LogSoftmax, Flatten, Dropout, MaxPool2d, AvgPool2d, AdaptiveAvgPool2d, Upsample), Sequential and
+// ModuleList. Not here: anything with weights (linear.cpp, conv.cpp, batchnorm.cpp, layernorm_embedding.cpp,
+// attention.cpp).
 #include <cmath>
 
 #include "ferry/nn/activation.h"
@@ -64,6 +65,20 @@ std::string AvgPool2d::extra_repr() const {
 
 Tensor AdaptiveAvgPool2d::forward(const Tensor& input) { return functional::adaptive_avg_pool2d(input, output_size); }
 std::string AdaptiveAvgPool2d::extra_repr() const { return "output_size=" + size_str(output_size); }
+
+Upsample::Upsample(Size2 scale_factor, std::string mode) : scale_factor(scale_factor), mode(std::move(mode)) {
+  FERRY_CHECK(this->mode == "nearest", NotSupported, "Upsample: mode '", ferry::detail::printable(this->mode),
+              "' is not supported (only 'nearest')");
+  FERRY_CHECK(scale_factor.h >= 1 && scale_factor.w >= 1, InvalidArgument, "Upsample: scale factors must be whole "
+              "numbers >= 1, got (", scale_factor.h, ", ", scale_factor.w, ")");
+}
+Tensor Upsample::forward(const Tensor& input) { return functional::upsample_nearest2d(input, scale_factor); }
+std::string Upsample::extra_repr() const {
+  const std::string factor = scale_factor.h == scale_factor.w
+                                 ? ferry::detail::concat(scale_factor.h, ".0")
+                                 : ferry::detail::concat("(", scale_factor.h, ".0, ", scale_factor.w, ".0)");
+  return "scale_factor=" + factor + ", mode=" + mode;  // as torch 1.13 prints it
+}
 
 void Sequential::push_back(std::shared_ptr<Module> module) {
   register_module(std::to_string(size()), std::move(module));

@@ -1,4 +1,4 @@
-// ferry/nn/conv.h — Conv2d (NCHW; stride, padding, dilation, groups), PyTorch's layout and
+// ferry/nn/conv.h — Conv2d (NCHW) and Conv1d (NCL) with stride, padding, dilation and groups, PyTorch's layout and
 // initialisation. Not here: the maths (functional::conv2d: im2col + GEMM, in ferry/nn/functional.h).
 #pragma once
 
@@ -30,6 +30,31 @@ class Conv2d : public Module {
   Size2 kernel_size;
   Conv2dOptions options;
   Tensor weight;  // (out, in / groups, kh, kw)
+  Tensor bias;    // (out), undefined when options.bias = false
+};
+
+struct Conv1dOptions {
+  std::int64_t stride = 1;
+  std::int64_t padding = 0;
+  std::int64_t dilation = 1;
+  std::int64_t groups = 1;
+  bool bias = true;
+};
+
+// Over sequences (audio, text features): functional::conv1d, which is conv2d on a height of 1.
+class Conv1d : public Module {
+ public:
+  // weight (out, in / groups, k) and bias (out) initialised as Conv2d's (fan_in = in / groups * k).
+  Conv1d(std::int64_t in_channels, std::int64_t out_channels, std::int64_t kernel_size, const Conv1dOptions& conv = {},
+         const TensorOptions& options = {});
+
+  Tensor forward(const Tensor& input) override;  // (N, in, L) -> (N, out, ol)
+  std::string type_name() const override { return "Conv1d"; }
+  std::string extra_repr() const override;
+
+  std::int64_t in_channels, out_channels, kernel_size;
+  Conv1dOptions options;
+  Tensor weight;  // (out, in / groups, k)
   Tensor bias;    // (out), undefined when options.bias = false
 };
 

@@ -41,6 +41,9 @@ Tensor linear(const Tensor& input, const Tensor& weight, const Tensor& bias = Te
 // convolution per group, joined by cat.
 Tensor conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias = Tensor(), Size2 stride = 1,
               Size2 padding = 0, Size2 dilation = 1, std::int64_t groups = 1);
+// input (N, C, L) or (C, L), weight (O, C / groups, k), bias (O) -> (N, O, ol): conv2d on a height of 1.
+Tensor conv1d(const Tensor& input, const Tensor& weight, const Tensor& bias = Tensor(), std::int64_t stride = 1,
+              std::int64_t padding = 0, std::int64_t dilation = 1, std::int64_t groups = 1);
 
 // input (N, C, *). training: normalise with the batch's statistics and, when running_mean/var are
 // defined, update them in place: running = (1 - momentum) * running + momentum * batch, with the
@@ -68,6 +71,10 @@ Tensor avg_pool2d(const Tensor& input, Size2 kernel_size, Size2 stride = 0, Size
 // when oh does not divide H). Global pooling (1, 1) is a mean, sizes that divide are avg_pool2d, the rest two
 // matmuls with averaging matrices built on the input's device; autograd differentiates each.
 Tensor adaptive_avg_pool2d(const Tensor& input, Size2 output_size);
+// Nearest-neighbour upsampling by whole factors: input (N, C, H, W) -> (N, C, H sh, W sw), each value repeated in an
+// sh x sw block (torch's interpolate(mode="nearest") with integer scale factors). A broadcast view copied once; the
+// gradient of each input element is the sum over its block.
+Tensor upsample_nearest2d(const Tensor& input, Size2 scale_factor);
 
 Tensor relu(const Tensor& input);
 // softmax, log_softmax and logsumexp are tensor ops (ferry/ops.h); here too, as in torch::nn::functional.

@@ -1,6 +1,8 @@
-// ferry/nn/pooling.h — MaxPool2d, AvgPool2d and AdaptiveAvgPool2d (NCHW), PyTorch's defaults (stride = kernel
-// size, average counts the padding). Not here: the maths (functional::max_pool2d / avg_pool2d in ferry/nn/functional.h).
+// ferry/nn/pooling.h — the spatial resampling layers (NCHW): MaxPool2d, AvgPool2d and AdaptiveAvgPool2d down,
+// Upsample (nearest) up; PyTorch's defaults (stride = kernel size, average counts the padding). Not here: the maths (functional::max_pool2d / avg_pool2d in ferry/nn/functional.h).
 #pragma once
+
+#include <string>
 
 #include "ferry/nn/functional.h"
 #include "ferry/nn/module.h"
@@ -39,6 +41,19 @@ class AdaptiveAvgPool2d : public Module {
   std::string extra_repr() const override;
 
   Size2 output_size;
+};
+
+// Nearest-neighbour upsampling by whole factors (a U-Net's or GAN generator's way up): torch's
+// nn.Upsample(scale_factor=s, mode="nearest"). Other modes are NotSupported.
+class Upsample : public Module {
+ public:
+  explicit Upsample(Size2 scale_factor, std::string mode = "nearest");
+  Tensor forward(const Tensor& input) override;  // (N, C, H, W) -> (N, C, H sh, W sw)
+  std::string type_name() const override { return "Upsample"; }
+  std::string extra_repr() const override;  // "scale_factor=2.0, mode=nearest"
+
+  Size2 scale_factor;
+  std::string mode;
 };
 
 }  // namespace ferry::nn
