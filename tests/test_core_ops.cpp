@@ -74,7 +74,8 @@ std::vector<OpCase> op_cases() {
          const Tensor ties = from_vector<float>({-2.5, -0.5, 0.5, 1.5, 2.5}, {.device = y.device()});
          return cat({floor(y).flatten(), ceil(y).flatten(), round(y).flatten(), trunc(y).flatten(), round(ties)});
        }, 0},
-      {"rounding_int64", [](Device d) { return std::vector<Tensor>{from_vector<std::int64_t>({(1LL << 53) + 1, -7, 0}, {.device = d})}; },
+      {"rounding_int64",
+       [](Device d) { return std::vector<Tensor>{from_vector<std::int64_t>({(1LL << 53) + 1, -7, 0}, {.device = d})}; },
        [](V x) { return cat({floor(x[0]), ceil(x[0]), round(x[0]), trunc(x[0])}); }, 0},
       {"tril_triu", one({2, 4, 5}), [](V x) {
          return cat({tril(x[0]).flatten(), triu(x[0]).flatten(), tril(x[0], -1).flatten(), triu(x[0], 2).flatten(),

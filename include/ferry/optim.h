@@ -1,7 +1,7 @@
 // ferry/optim.h — optimizers with PyTorch's exact update rules: SGD (momentum, dampening, nesterov, weight
-// decay), Adam and AdamW (optionally amsgrad), RMSprop and Adagrad. State lives on each parameter's device; updates are in-place
-// tensor ops under NoGradGuard (no host loops, no host syncs). Not here: learning-rate schedules
-// (ferry/lr_scheduler.h).
+// decay), Adam and AdamW (optionally amsgrad), RMSprop and Adagrad. State lives on each parameter's device;
+// updates are in-place tensor ops under NoGradGuard (no host loops, no host syncs). Not here: learning-rate
+// schedules (ferry/lr_scheduler.h).
 #pragma once
 
 #include <cstdint>

@@ -1,7 +1,7 @@
 // gather.cpp — indexing element by element along one dim and running sums: gather (torch.gather), scatter_add
-// (torch.scatter_add), index_add (composed of scatter_add), cumsum (torch.cumsum), with their backwards. The kernels (ferry/backend.h) take
-// contiguous (outer, n, inner) blocks; PyTorch's shape rules (the index may be smaller than the tensors in
-// every dim but `dim`) and the views that cut the tensors down to those blocks are here.
+// (torch.scatter_add), index_add (composed of scatter_add), cumsum (torch.cumsum), with their backwards. The
+// kernels (ferry/backend.h) take contiguous (outer, n, inner) blocks; PyTorch's shape rules (the index may be
+// smaller than the tensors in every dim but `dim`) and the views that cut the tensors down to those blocks are here.
 #include <cmath>
 #include <utility>
 

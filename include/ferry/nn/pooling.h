@@ -1,5 +1,6 @@
 // ferry/nn/pooling.h — the spatial resampling layers (NCHW): MaxPool2d, AvgPool2d and AdaptiveAvgPool2d down,
-// Upsample (nearest) up; PyTorch's defaults (stride = kernel size, average counts the padding). Not here: the maths (functional::max_pool2d / avg_pool2d in ferry/nn/functional.h).
+// Upsample (nearest) up; PyTorch's defaults (stride = kernel size, average counts the padding). Not here: the
+// maths (functional::max_pool2d, avg_pool2d, adaptive_avg_pool2d, upsample_nearest2d in ferry/nn/functional.h).
 #pragma once
 
 #include <string>
