@@ -250,7 +250,8 @@ struct RMSpropOptions {
 // else p -= lr g / denom. Op by op (about eight launches per parameter on cuda).
 class RMSprop : public Optimizer {
  public:
-  RMSprop(std::vector<Tensor> parameters, const RMSpropOptions& options = {});
+  RMSprop(std::vector<Tensor> parameters, const RMSpropOptions& options = {})
+      : RMSprop(std::vector<ParamGroup>{ParamGroup{.params = std::move(parameters)}}, options) {}
   RMSprop(std::vector<ParamGroup> groups, const RMSpropOptions& options = {});
   void step() override;
   void set_learning_rate(double lr) override;
@@ -280,7 +281,8 @@ struct AdagradOptions {
 // The sum is made at the first step (PyTorch makes it in the constructor; the values are the same).
 class Adagrad : public Optimizer {
  public:
-  Adagrad(std::vector<Tensor> parameters, const AdagradOptions& options = {});
+  Adagrad(std::vector<Tensor> parameters, const AdagradOptions& options = {})
+      : Adagrad(std::vector<ParamGroup>{ParamGroup{.params = std::move(parameters)}}, options) {}
   Adagrad(std::vector<ParamGroup> groups, const AdagradOptions& options = {});
   void step() override;
   void set_learning_rate(double lr) override;

@@ -8,11 +8,6 @@
 
 namespace ferry::optim {
 
-Adagrad::Adagrad(std::vector<Tensor> parameters, const AdagradOptions& adagrad)
-    : Optimizer(std::move(parameters)), options(adagrad) {
-  check_options();
-}
-
 Adagrad::Adagrad(std::vector<ParamGroup> groups, const AdagradOptions& adagrad)
     : Optimizer(std::move(groups)), options(adagrad) {
   check_options();

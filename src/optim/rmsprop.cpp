@@ -8,11 +8,6 @@
 
 namespace ferry::optim {
 
-RMSprop::RMSprop(std::vector<Tensor> parameters, const RMSpropOptions& rmsprop)
-    : Optimizer(std::move(parameters)), options(rmsprop) {
-  check_options();
-}
-
 RMSprop::RMSprop(std::vector<ParamGroup> groups, const RMSpropOptions& rmsprop)
     : Optimizer(std::move(groups)), options(rmsprop) {
   check_options();
