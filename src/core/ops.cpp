@@ -713,12 +713,9 @@ Tensor extremum_dims(ReduceOp op, const Tensor& a, const std::vector<int>& dims,
               shape_str(a.shape()), " has no elements along the reduced dims (a max of nothing is undefined)");
   Tensor out = reduce_forward(op, plan, a.dtype(), keepdim);
   if (needs_grad({&a})) {
-    std::vector<int> reduced;  // the reduced dims, normalized (plan_reduce has checked them)
-    for (int d = 0; d < a.dim(); ++d) {
-      const bool listed =
-          std::any_of(dims.begin(), dims.end(), [&](int e) { return normalize_dim(e, a.dim(), name) == d; });
-      if (dims.empty() || listed) reduced.push_back(d);
-    }
+    std::vector<int> reduced(dims);  // normalized (plan_reduce has checked them); none listed: every dim
+    for (int& d : reduced) d = normalize_dim(d, a.dim(), name);
+    if (dims.empty()) for (int d = 0; d < a.dim(); ++d) reduced.push_back(d);
     record(name, {a}, out, [a = a.detach(), o = out.detach(), kd = plan.keepdim_shape, reduced](const Tensor& g) {
       Tensor mask = eq(a, o.reshape(kd)).to(g.dtype());  // ties share the gradient evenly, as torch's amax
       return Grads{mul(div(mask, sum(mask, reduced, true)), g.reshape(kd))};

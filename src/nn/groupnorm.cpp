@@ -33,7 +33,6 @@ Tensor group_norm(const Tensor& input, std::int64_t num_groups, const Tensor& we
   // (N, G, C/G * positions): each row one (sample, group), normalized by layer_norm without affine
   const Tensor rows = input.reshape({n, num_groups, per_group});
   Tensor out = layer_norm(rows, {per_group}, Tensor(), Tensor(), eps).reshape(input.shape());
-  if (!weight.defined() && !bias.defined()) return out;
   Shape channel_shape(static_cast<std::size_t>(input.dim()), 1);  // (1, C, 1, ...)
   channel_shape[1] = channels;
   if (weight.defined()) out = mul(out, weight.reshape(channel_shape));
