@@ -734,6 +734,43 @@ TEST_F(CudaBackend, CudnnConvolutionMatchesTheComposedLayer) {
 #endif
 }
 
+// conv_transpose2d runs its three directions on conv2d's cuDNN calls (forward = backward data, input gradient =
+// forward, weight gradient = backward filter with the roles swapped): the same as composed, and as the cpu.
+TEST_F(CudaBackend, CudnnTransposedConvolutionMatchesTheComposedLayer) {
+  struct Case { std::int64_t n, c, h, w, o, kh, kw; nn::Size2 stride, padding, output_padding, dilation; };
+  const std::vector<Case> cases = {
+      {8, 32, 7, 7, 16, 4, 4, 2, 1, 0, 1},              // a decoder's 2x upsampling
+      {4, 6, 5, 9, 3, 3, 2, {2, 1}, {1, 0}, {1, 0}, 1},  // odd sizes, strides, output padding
+      {3, 4, 6, 5, 5, 3, 3, 1, 1, 1, 2},                 // output padding past the stride (dilation 2)
+      {6, 12, 7, 7, 10, 1, 1, 1, 0, 0, 1},               // pointwise
+  };
+  manual_seed(43);
+  for (const Case& c : cases) {
+    const Tensor x = randn({c.n, c.c, c.h, c.w}), w = randn({c.c, c.o, c.kh, c.kw}), b = randn({c.o});
+    auto pass = [&](const Tensor& probe, Device device) {
+      Tensor xd = x.to(device).detach().requires_grad_(), wd = w.to(device).detach().requires_grad_();
+      Tensor bd = b.to(device).detach().requires_grad_();
+      const Tensor out =
+          nn::functional::conv_transpose2d(xd, wd, bd, c.stride, c.padding, c.output_padding, 1, c.dilation);
+      if (probe.defined()) sum(mul(out, probe.to(device))).backward();
+      return std::vector<Tensor>{out.detach().cpu(), probe.defined() ? xd.grad().cpu() : Tensor(),
+                                 probe.defined() ? wd.grad().cpu() : Tensor(), probe.defined() ? bd.grad().cpu() : Tensor()};
+    };
+    const Tensor probe = randn(pass(Tensor(), kCPU)[0].shape());
+    const std::vector<Tensor> on_cpu = pass(probe, kCPU);
+    const std::vector<Tensor> library = pass(probe, kCuda);
+    nn::functional::set_library_layers(false);
+    const std::vector<Tensor> composed = pass(probe, kCuda);
+    nn::functional::set_library_layers(true);
+    const char* names[] = {"out", "grad input", "grad weight", "grad bias"};
+    for (int i = 0; i < 4; ++i) {
+      EXPECT_TRUE(all_close(library[i], composed[i], 1e-4, 1e-4)) << names[i] << " of " << shape_str(x.shape());
+      EXPECT_TRUE(all_close(library[i], on_cpu[i], 1e-4, 1e-4)) << names[i] << " of " << shape_str(x.shape())
+                                                                << ": cuda against cpu";
+    }
+  }
+}
+
 // ferry/determinism.h: with deterministic algorithms a convolution's three directions repeat bit for bit
 // (cuDNN's heuristics instead of its timed search, and only algorithms without atomics), and index_select's
 // backward sums in the cpu's order, so it is the cpu's gradient bit for bit. The emulated cuDNN sums its

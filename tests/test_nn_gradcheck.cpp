@@ -149,6 +149,27 @@ TEST(NNGradcheck, Conv2d) {
       [](const std::vector<Tensor>& a) { return F::conv1d(a[0], a[1], a[2], 2, 1, 2, 2); },
       {random_argument({2, 4, 9}, 20), random_argument({6, 2, 3}, 21), random_argument({6}, 22)},
       "conv1d stride 2 pad 1 dilation 2 groups 2");
+  check_everywhere(
+      [](const std::vector<Tensor>& a) { return F::conv_transpose2d(a[0], a[1], a[2], 2, 1, 1); },
+      {random_argument({2, 3, 3, 4}, 24), random_argument({3, 2, 3, 3}, 25), random_argument({2}, 26)},
+      "conv_transpose2d stride 2 padding 1 output_padding 1");
+  check_everywhere(
+      [](const std::vector<Tensor>& a) {
+        return F::conv_transpose2d(a[0], a[1], Tensor(), {2, 1}, {0, 1}, {1, 0}, 2, {1, 2});
+      },
+      {random_argument({1, 4, 3, 3}, 27), random_argument({4, 1, 2, 3}, 28)},
+      "conv_transpose2d groups 2, no bias, stride (2,1) padding (0,1) output_padding (1,0) dilation (1,2)");
+  check_everywhere(
+      [](const std::vector<Tensor>& a) { return F::conv_transpose2d(a[0], a[1], a[2], 1, 0, 1, 1, 2); },
+      {random_argument({2, 2, 3, 2}, 29), random_argument({2, 3, 2, 2}, 30), random_argument({3}, 31)},
+      "conv_transpose2d output_padding past the stride (dilation 2)");
+  check_everywhere([](const std::vector<Tensor>& a) { return F::conv_transpose2d(a[0], a[1], a[2]); },
+                   {random_argument({2, 3, 2, 3}, 32), random_argument({3, 2, 1, 1}, 33), random_argument({2}, 34)},
+                   "conv_transpose2d pointwise (1x1)");
+  check_everywhere(
+      [](const std::vector<Tensor>& a) { return F::conv_transpose1d(a[0], a[1], a[2], 3, 1, 2); },
+      {random_argument({2, 2, 4}, 35), random_argument({2, 3, 3}, 36), random_argument({3}, 37)},
+      "conv_transpose1d stride 3 padding 1 output_padding 2");
   check_everywhere([](const std::vector<Tensor>& a) { return F::upsample_nearest2d(a[0], {2, 3}); },
                    {random_argument({1, 2, 3, 2}, 23)}, "upsample_nearest2d");
   check_everywhere(

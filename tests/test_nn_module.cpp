@@ -503,6 +503,57 @@ TEST(NNModule, Conv1dAndUpsampleFollowPyTorch) {
   EXPECT_THROW(up(x.select(0, 0)), ferry::ShapeMismatch);
 }
 
+// ConvTranspose2d and ConvTranspose1d: PyTorch's reprs (torch 1.13) and shapes; the transposed convolution is the
+// adjoint of conv2d (<conv2d(x, w), y> = <x, conv_transpose2d(y, w)> for the same weight); and its refusals.
+TEST(NNModule, ConvTransposeIsTheAdjointOfConv2d) {
+  namespace F = nn::functional;
+  nn::ConvTranspose2d up(3, 4, 3, {.stride = 2, .padding = 1, .output_padding = 1});
+  EXPECT_EQ(up.str(), "ConvTranspose2d(3, 4, kernel_size=(3, 3), stride=(2, 2), padding=(1, 1), output_padding=(1, 1))");
+  EXPECT_EQ(nn::ConvTranspose2d(4, 6, {3, 2}, {.stride = {2, 1}, .padding = {1, 0}, .groups = 2, .bias = false,
+                                               .dilation = {1, 2}})
+                .str(),
+            "ConvTranspose2d(4, 6, kernel_size=(3, 2), stride=(2, 1), padding=(1, 0), dilation=(1, 2), groups=2, "
+            "bias=False)");
+  EXPECT_EQ(nn::ConvTranspose1d(4, 2, 4, {.stride = 2, .padding = 1, .output_padding = 1, .groups = 2,
+                                          .dilation = 2})
+                .str(),
+            "ConvTranspose1d(4, 2, kernel_size=(4,), stride=(2,), padding=(1,), dilation=(2,), output_padding=(1,), "
+            "groups=2)");
+  EXPECT_EQ(up.weight.shape(), (ferry::Shape{3, 4, 3, 3}));
+  EXPECT_EQ(up(ferry::ones({2, 3, 5, 7})).shape(), (ferry::Shape{2, 4, 10, 14}));  // doubles H and W
+  EXPECT_EQ(up(ferry::ones({3, 5, 7})).shape(), (ferry::Shape{4, 10, 14}));        // unbatched
+  EXPECT_EQ(nn::ConvTranspose1d(2, 3, 4, {.stride = 2, .padding = 1})(ferry::ones({1, 2, 8})).shape(),
+            (ferry::Shape{1, 3, 16}));
+
+  for (const char* name : {"cpu", "sim:0"}) {
+    const Device device = Device::parse(name);
+    const ferry::TensorOptions like{.device = device, .dtype = ferry::DType::Float64};
+    ferry::manual_seed(5);
+    const Tensor w = ferry::randn({4, 3, 3, 2}, like);  // conv2d (O=4, C=3); conv_transpose2d (C_in=4, C_out=3)
+    const Tensor x = ferry::randn({2, 3, 9, 8}, like);
+    const Tensor y_conv = F::conv2d(x, w, Tensor(), {2, 3}, {1, 0}, {1, 2});
+    const Tensor y = ferry::randn(y_conv.shape(), like);
+    // y is (2, 4, 5, 2); output_padding (0, 2) gives back x's size: 9 = (5 - 1) * 2 - 2 * 1 + 1 * (3 - 1) + 0 + 1
+    // and 8 = (2 - 1) * 3 - 0 + 2 * (2 - 1) + 2 + 1
+    const Tensor x_back = F::conv_transpose2d(y, w, Tensor(), {2, 3}, {1, 0}, {0, 2}, 1, {1, 2});
+    ASSERT_EQ(x_back.shape(), x.shape()) << name;
+    const double lhs = ferry::sum(ferry::mul(y_conv, y)).item<double>();
+    const double rhs = ferry::sum(ferry::mul(x, x_back)).item<double>();
+    EXPECT_NEAR(lhs, rhs, 1e-10 * std::max(1.0, std::abs(lhs))) << name;
+  }
+
+  EXPECT_THROW(up(ferry::ones({2, 2, 5, 5})), ferry::ShapeMismatch);  // 2 channels, weight wants 3
+  EXPECT_THROW(nn::ConvTranspose2d(3, 4, 3, {.groups = 2}), ferry::InvalidArgument);
+  EXPECT_THROW(nn::ConvTranspose2d(4, 3, 3, {.groups = 2}), ferry::InvalidArgument);
+  // output_padding must stay below the stride or the dilation (PyTorch's rule)
+  EXPECT_THROW(nn::ConvTranspose2d(3, 4, 3, {.stride = 2, .output_padding = 2})(ferry::ones({1, 3, 4, 4})),
+               ferry::InvalidArgument);
+  EXPECT_THROW(F::conv_transpose2d(ferry::ones({1, 1, 2, 2}), ferry::ones({1, 1, 3, 3}), Tensor(), 1, 2),
+               ferry::ShapeMismatch);  // output (2 - 1) - 4 + 2 + 1 = 0 rows
+  EXPECT_THROW(F::conv_transpose2d(ferry::arange(4).reshape({1, 1, 2, 2}), ferry::ones({1, 1, 1, 1})),
+               ferry::DTypeMismatch);
+}
+
 // GroupNorm: its repr, batch-size independence (a sample alone normalizes as in a batch), and its checks.
 TEST(NNModule, GroupNormIsPerSampleAndChecksItsShapes) {
   nn::GroupNorm norm(2, 4);

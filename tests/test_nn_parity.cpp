@@ -47,6 +47,19 @@ std::shared_ptr<nn::Module> make_layer(const std::string& name, const Fixture& f
                                                           .groups = std::stoll(f.text("groups", "1")),
                                                           .bias = n("bias") == 1});
   }
+  if (name.rfind("convtranspose2d", 0) == 0) {
+    return std::make_shared<nn::ConvTranspose2d>(
+        n("in"), n("out"), nn::Size2{n("kh"), n("kw")},
+        nn::ConvTranspose2dOptions{.stride = {n("sh"), n("sw")}, .padding = {n("ph"), n("pw")},
+                                   .output_padding = {n("oph"), n("opw")}, .groups = n("groups"),
+                                   .bias = n("bias") == 1, .dilation = {n("dh"), n("dw")}});
+  }
+  if (name.rfind("convtranspose1d", 0) == 0) {
+    return std::make_shared<nn::ConvTranspose1d>(
+        n("in"), n("out"), n("k"),
+        nn::ConvTranspose1dOptions{.stride = n("s"), .padding = n("p"), .output_padding = n("op"),
+                                   .groups = n("groups"), .bias = n("bias") == 1, .dilation = n("d")});
+  }
   if (name.rfind("conv1d", 0) == 0) {
     return std::make_shared<nn::Conv1d>(n("in"), n("out"), n("k"),
                                         nn::Conv1dOptions{.stride = n("s"), .padding = n("p"), .dilation = n("d"),
@@ -143,7 +156,9 @@ TEST_P(NNParityLayer, MatchesPyTorchOnCpuAndSim) {
 INSTANTIATE_TEST_SUITE_P(Fixtures, NNParityLayer,
                          ::testing::Values("linear", "linear_3d_nobias", "conv2d_pad1", "conv2d_strided_dilated",
                                            "conv2d_nobias_s2_d2", "conv2d_pointwise", "conv2d_groups2",
-                                           "conv2d_depthwise", "conv1d_groups2", "upsample_nearest_2x3",
+                                           "conv2d_depthwise", "conv1d_groups2", "convtranspose2d_k3s2p1op1",
+                                           "convtranspose2d_groups2_dilated", "convtranspose2d_op_past_stride",
+                                           "convtranspose1d_s2", "upsample_nearest_2x3",
                                            "batchnorm2d_train",
                                            "batchnorm2d_eval", "batchnorm1d_train_2d", "batchnorm1d_train_3d",
                                            "batchnorm1d_cumulative", "relu", "maxpool2d_k2", "maxpool2d_k3s2p1",

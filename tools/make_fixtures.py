@@ -312,6 +312,22 @@ def main():
                 "groups": 3})
     layer_case("conv1d_groups2", nn.Conv1d(4, 6, 3, stride=2, padding=1, dilation=2, groups=2), (3, 4, 11),
                {"in": 4, "out": 6, "k": 3, "s": 2, "p": 1, "d": 2, "groups": 2, "bias": 1})
+    layer_case("convtranspose2d_k3s2p1op1", nn.ConvTranspose2d(3, 4, 3, stride=2, padding=1, output_padding=1),
+               (2, 3, 4, 5),
+               {"in": 3, "out": 4, "kh": 3, "kw": 3, "sh": 2, "sw": 2, "ph": 1, "pw": 1, "oph": 1, "opw": 1, "dh": 1,
+                "dw": 1, "bias": 1, "groups": 1})
+    layer_case("convtranspose2d_groups2_dilated",
+               nn.ConvTranspose2d(4, 6, (3, 2), stride=(2, 1), padding=(1, 0), dilation=(1, 2), groups=2, bias=False),
+               (2, 4, 5, 4),
+               {"in": 4, "out": 6, "kh": 3, "kw": 2, "sh": 2, "sw": 1, "ph": 1, "pw": 0, "oph": 0, "opw": 0, "dh": 1,
+                "dw": 2, "bias": 0, "groups": 2})
+    # An output padding past its stride (allowed below the dilation): rows no input reaches.
+    layer_case("convtranspose2d_op_past_stride", nn.ConvTranspose2d(2, 3, 3, padding=1, output_padding=1, dilation=2),
+               (2, 2, 4, 3),
+               {"in": 2, "out": 3, "kh": 3, "kw": 3, "sh": 1, "sw": 1, "ph": 1, "pw": 1, "oph": 1, "opw": 1, "dh": 2,
+                "dw": 2, "bias": 1, "groups": 1})
+    layer_case("convtranspose1d_s2", nn.ConvTranspose1d(4, 2, 4, stride=2, padding=1, groups=2), (3, 4, 6),
+               {"in": 4, "out": 2, "k": 4, "s": 2, "p": 1, "op": 0, "d": 1, "groups": 2, "bias": 1})
     layer_case("batchnorm2d_train", nn.BatchNorm2d(3), (4, 3, 5, 5), {"features": 3, "dims": 2, "momentum": 0.1},
                setup=randomise_affine, steps=2)
     layer_case("batchnorm2d_eval", nn.BatchNorm2d(3), (4, 3, 5, 5), {"features": 3, "dims": 2, "momentum": 0.1},

@@ -12,6 +12,7 @@
 
 #include "../core/internal.h"
 #include "batch_norm_kernels.h"
+#include "conv_grads.h"
 #include "host_bn_relu_pool.h"
 #include "host_conv.h"
 #include "ferry/autograd.h"
@@ -220,6 +221,68 @@ void chunk_columns(const Tensor& columns, const Tensor& x, const Backend::Conv2d
 }
 }  // namespace
 
+void conv2d_grads(const Tensor& g, const Tensor& x, const Tensor& w, const Backend::Conv2dShape& s, bool library,
+                  Tensor* grad_input, Tensor* grad_weight, const Tensor& kept_columns) {
+  const std::int64_t N = s.batch, C = s.in_channels, O = s.out_channels;
+  const std::int64_t K = C * s.kernel_h * s.kernel_w, L = s.out_h() * s.out_w();
+  const TensorOptions like{.device = g.device(), .dtype = g.dtype()};
+  if (grad_weight) *grad_weight = empty({O, C, s.kernel_h, s.kernel_w}, like);  // (O, K); the first GEMM has beta 0
+  if (grad_input) *grad_input = empty({N, C, s.height, s.width}, like);
+  if (N == 0 || K == 0 || L == 0 || O == 0) {  // an empty batch or image: nothing adds to any gradient
+    if (grad_input) grad_input->fill_(0);
+    if (grad_weight) grad_weight->fill_(0);
+    return;
+  }
+  if (detail::use_host_conv(g.device(), s)) {
+    detail::host_conv2d_backward(g, x, w, s, grad_input, grad_weight, kept_columns);
+    return;
+  }
+  if (library) {  // cuDNN: one call per gradient
+    Backend& be = backend(g.device());
+    try {
+      if (grad_weight) be.conv2d_backward_weight(kernel(*grad_weight), kernel(g), kernel(x), s, stream_of(g.device()));
+      if (grad_input) be.conv2d_backward_input(kernel(*grad_input), kernel(g), kernel(w), s, stream_of(g.device()));
+      return;
+    } catch (const BackendError&) {  // refused before it ran (as in forward): composed below
+      if (be.conv2d_library(s, g.dtype(), g.device().index)) throw;
+    }
+  }
+  if (is_pointwise(s)) {
+    if (grad_weight) {  // gw (O, C) += g[n] (O, L) @ x[n]^T (L, C), sample by sample (in order: any device)
+      for (std::int64_t n = 0; n < N; ++n)
+        run_gemm({.trans_b = true, .m = O, .n = K, .k = L, .a = &g, .a_offset = n * O * L, .lda = L, .b = &x,
+                  .b_offset = n * C * L, .ldb = L, .c = grad_weight, .ldc = K, .beta = n ? 1.0f : 0.0f});
+    }
+    if (grad_input) {  // gx[n] (C, L) = w^T (C, O) @ g[n] (O, L)
+      run_gemm({.trans_a = true, .m = K, .n = L, .k = O, .a = &w, .lda = K, .b = &g, .ldb = L, .stride_b = O * L,
+                .c = grad_input, .ldc = L, .stride_c = C * L, .batch = N});
+    }
+    return;
+  }
+  const std::int64_t chunk = samples_per_chunk(s, g.element_size());
+  const Tensor columns = empty({chunk * K, L}, like);  // (chunk * K, L), reused
+  for (std::int64_t first = 0; first < N; first += chunk) {
+    const std::int64_t b = std::min(chunk, N - first);
+    if (grad_weight) {
+      chunk_columns(columns, x, s, first, b);
+      for (std::int64_t j = 0; j < b; ++j) {  // gw (O, K) += g[n] (O, L) @ columns[n]^T (L, K)
+        const std::int64_t n = first + j;
+        run_gemm({.trans_b = true, .m = O, .n = K, .k = L, .a = &g, .a_offset = n * O * L, .lda = L, .b = &columns,
+                  .b_offset = j * K * L, .ldb = L, .c = grad_weight, .ldc = K, .beta = n ? 1.0f : 0.0f});
+      }
+    }
+    if (grad_input) {  // columns[n] (K, L) = w^T (K, O) @ g[n] (O, L); then col2im into gx[n]
+      run_gemm({.trans_a = true, .m = K, .n = L, .k = O, .a = &w, .lda = K, .b = &g, .b_offset = first * O * L,
+                .ldb = L, .stride_b = O * L, .c = &columns, .ldc = L, .stride_c = K * L, .batch = b});
+      Backend::Conv2dShape cs = s;
+      cs.batch = 1;
+      cs.in_channels = b * C;
+      const Tensor image = grad_input->narrow(0, first, b).view({b * C, s.height, s.width});
+      backend(g.device()).col2im(kernel(image), kernel(columns.narrow(0, 0, b * K)), cs, stream_of(g.device()));
+    }
+  }
+}
+
 Tensor conv2d(const Tensor& input_in, const Tensor& weight, const Tensor& bias, Size2 stride, Size2 padding,
               Size2 dilation, std::int64_t groups) {
   check_same_device("conv2d", {&input_in, &weight, &bias});
@@ -337,69 +400,12 @@ Tensor conv2d(const Tensor& input_in, const Tensor& weight, const Tensor& bias, 
   if (needs_grad({&input, &weight, &bias})) {
     const bool want_x = input.requires_grad(), want_w = weight.requires_grad(), want_b = bias.requires_grad();
     record("conv2d", {input, weight, bias}, out,
-           [x, w, s, K, L, chunk, pointwise, library, want_x, want_w, want_b, kept_columns](const Tensor& grad) {
+           [x, w, s, L, library, want_x, want_w, want_b, kept_columns](const Tensor& grad) {
              const Tensor g = grad.contiguous();  // (N, O, oh, ow) = (N, O, L)
-             const std::int64_t N = s.batch, C = s.in_channels, O = s.out_channels;
-             const TensorOptions like{.device = g.device(), .dtype = g.dtype()};
+             const std::int64_t N = s.batch, O = s.out_channels;
              Tensor gx, gw, gb;
              if (want_b) gb = reduce_sum(reduce_sum(g, N * O, L, 1), 1, N, O).view({O});
-             if (want_w) gw = empty({O, C, s.kernel_h, s.kernel_w}, like);  // (O, K); the first GEMM has beta 0
-             if (want_x) gx = empty({N, C, s.height, s.width}, like);
-             if (N == 0 || K == 0 || L == 0 || O == 0) {  // an empty batch or image: nothing adds to any gradient
-               if (want_x) gx.fill_(0);
-               if (want_w) gw.fill_(0);
-               return Grads{gx, gw, gb};
-             }
-             if (detail::use_host_conv(g.device(), s)) {
-               detail::host_conv2d_backward(g, x, w, s, want_x ? &gx : nullptr, want_w ? &gw : nullptr, kept_columns);
-               return Grads{gx, gw, gb};
-             }
-             if (library) {  // cuDNN: one call per gradient
-               Backend& be = backend(g.device());
-               try {
-                 if (want_w) be.conv2d_backward_weight(kernel(gw), kernel(g), kernel(x), s, stream_of(g.device()));
-                 if (want_x) be.conv2d_backward_input(kernel(gx), kernel(g), kernel(w), s, stream_of(g.device()));
-                 return Grads{gx, gw, gb};
-               } catch (const BackendError&) {  // refused before it ran (as in forward): composed below
-                 if (be.conv2d_library(s, g.dtype(), g.device().index)) throw;
-               }
-             }
-             if (pointwise) {
-               if (want_w) {  // gw (O, C) += g[n] (O, L) @ x[n]^T (L, C), sample by sample (in order: any device)
-                 for (std::int64_t n = 0; n < N; ++n)
-                   run_gemm({.trans_b = true, .m = O, .n = K, .k = L, .a = &g, .a_offset = n * O * L, .lda = L,
-                             .b = &x, .b_offset = n * C * L, .ldb = L, .c = &gw, .ldc = K, .beta = n ? 1.0f : 0.0f});
-               }
-               if (want_x) {  // gx[n] (C, L) = w^T (C, O) @ g[n] (O, L)
-                 run_gemm({.trans_a = true, .m = K, .n = L, .k = O, .a = &w, .lda = K, .b = &g, .ldb = L,
-                           .stride_b = O * L, .c = &gx, .ldc = L, .stride_c = C * L, .batch = N});
-               }
-               return Grads{gx, gw, gb};
-             }
-             const Tensor columns = empty({chunk * K, L}, like);  // (chunk * K, L), reused
-             for (std::int64_t first = 0; first < N; first += chunk) {
-               const std::int64_t b = std::min(chunk, N - first);
-               if (want_w) {
-                 chunk_columns(columns, x, s, first, b);
-                 for (std::int64_t j = 0; j < b; ++j) {  // gw (O, K) += g[n] (O, L) @ columns[n]^T (L, K)
-                   const std::int64_t n = first + j;
-                   run_gemm({.trans_b = true, .m = O, .n = K, .k = L, .a = &g, .a_offset = n * O * L, .lda = L,
-                             .b = &columns, .b_offset = j * K * L, .ldb = L, .c = &gw, .ldc = K,
-                             .beta = n ? 1.0f : 0.0f});
-                 }
-               }
-               if (want_x) {  // columns[n] (K, L) = w^T (K, O) @ g[n] (O, L); then col2im into gx[n]
-                 run_gemm({.trans_a = true, .m = K, .n = L, .k = O, .a = &w, .lda = K, .b = &g,
-                           .b_offset = first * O * L, .ldb = L, .stride_b = O * L, .c = &columns, .ldc = L,
-                           .stride_c = K * L, .batch = b});
-                 Backend::Conv2dShape cs = s;
-                 cs.batch = 1;
-                 cs.in_channels = b * C;
-                 const Tensor image = gx.narrow(0, first, b).view({b * C, s.height, s.width});
-                 backend(g.device()).col2im(kernel(image), kernel(columns.narrow(0, 0, b * K)), cs,
-                                            stream_of(g.device()));
-               }
-             }
+             conv2d_grads(g, x, w, s, library, want_x ? &gx : nullptr, want_w ? &gw : nullptr, kept_columns);
              return Grads{gx, gw, gb};
            }, autograd::Saved::Inputs, /*inputs_read=*/2);  // not the bias
   }

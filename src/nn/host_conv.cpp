@@ -129,22 +129,22 @@ void host_conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& bias, c
 void host_conv2d_backward(const Tensor& grad, const Tensor& x, const Tensor& w, const Backend::Conv2dShape& s,
                           Tensor* grad_input, Tensor* grad_weight, const Tensor& kept_columns) {
   const Geometry g(s);
-  Backend& be = backend(x.device());
-  const Stream stream = ferry::detail::compute_stream(x.device());
+  Backend& be = backend(grad.device());
+  const Stream stream = ferry::detail::compute_stream(grad.device());
   const int threads = static_cast<int>(std::min<std::int64_t>(omp_get_max_threads(), g.N));
   const bool pointwise = is_pointwise(s);
-  const TensorOptions like{.device = x.device(), .dtype = x.dtype()};
+  const TensorOptions like{.device = grad.device(), .dtype = grad.dtype()};
   // Per thread: columns (K, L), their gradient (K, L), and a partial weight gradient (O, K).
   const std::int64_t columns_size = pointwise ? 1 : g.K * g.L;
   const bool kept = kept_columns.defined() && !pointwise;
   const Tensor columns = empty({threads, kept ? 1 : columns_size}, like);
   const Tensor column_grads = empty({threads, columns_size}, like);
   const Tensor partial_weight_grads = empty({threads, grad_weight ? g.O * g.K : 1}, like);
-  dispatch(x.dtype(), [&](auto zero) {
+  dispatch(grad.dtype(), [&](auto zero) {
     using T = decltype(zero);
     const T* gp = grad.data<T>();
-    const T* xp = x.data<T>();
-    const T* wp = w.data<T>();
+    const T* xp = grad_weight && !kept ? x.data<T>() : nullptr;  // x is read for the weight only
+    const T* wp = grad_input ? w.data<T>() : nullptr;  // w is read for the input only
     T* gxp = grad_input ? grad_input->data<T>() : nullptr;
     T* partials = partial_weight_grads.data<T>();
     const T* kept_base = kept ? kept_columns.data<T>() : nullptr;
@@ -160,7 +160,7 @@ void host_conv2d_backward(const Tensor& grad, const Tensor& x, const Tensor& w, 
       for (std::int64_t n = 0; n < g.N; ++n) {
         const T* gn = gp + n * g.O * g.L;  // (O, L)
         if (grad_weight) {                  // partial (O, K) += g[n] (O, L) @ columns[n]^T (L, K)
-          const T* cols = kept ? kept_base + n * g.K * g.L : columns_of(be, stream, xp, cols_buffer, n, g, s, x.dtype());
+          const T* cols = kept ? kept_base + n * g.K * g.L : columns_of(be, stream, xp, cols_buffer, n, g, s, grad.dtype());
           gemm(false, true, static_cast<int>(g.O), static_cast<int>(g.K), static_cast<int>(g.L), gn,
                static_cast<int>(g.L), cols, static_cast<int>(g.L), first ? T(0) : T(1), partial, static_cast<int>(g.K));
           first = false;
@@ -173,7 +173,7 @@ void host_conv2d_backward(const Tensor& grad, const Tensor& x, const Tensor& w, 
           if (!pointwise) {
             Backend::Conv2dShape one = s;
             one.batch = 1;
-            be.col2im(host_view(gx, x.dtype(), {g.C, s.height, s.width}), host_view(dcols, x.dtype(), {g.K, g.L}), one,
+            be.col2im(host_view(gx, grad.dtype(), {g.C, s.height, s.width}), host_view(dcols, grad.dtype(), {g.K, g.L}), one,
                       stream);
           }
         }

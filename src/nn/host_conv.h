@@ -18,7 +18,8 @@ bool use_host_conv(Device device, const Backend::Conv2dShape& s);
 // into a per-thread scratch buffer.
 void host_conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& out,
                          const Backend::Conv2dShape& s, const Tensor& keep_columns = Tensor());
-// grad_input (N, C, H, W) and/or grad_weight (O, C, kh, kw) from grad (N, O, oh, ow); either may be null.
+// grad_input (N, C, H, W) and/or grad_weight (O, C, kh, kw) from grad (N, O, oh, ow); either may be null (then w,
+// or x, may be undefined: w is read for the input's gradient only, x for the weight's).
 // `columns`: forward's kept columns (N, K * L), or undefined to recompute them from x.
 void host_conv2d_backward(const Tensor& grad, const Tensor& x, const Tensor& w, const Backend::Conv2dShape& s,
                           Tensor* grad_input, Tensor* grad_weight, const Tensor& columns = Tensor());

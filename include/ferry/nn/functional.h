@@ -44,6 +44,19 @@ Tensor conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias = Te
 // input (N, C, L) or (C, L), weight (O, C / groups, k), bias (O) -> (N, O, ol): conv2d on a height of 1.
 Tensor conv1d(const Tensor& input, const Tensor& weight, const Tensor& bias = Tensor(), std::int64_t stride = 1,
               std::int64_t padding = 0, std::int64_t dilation = 1, std::int64_t groups = 1);
+// The transposed convolution (PyTorch's conv_transpose2d, "deconvolution"): the adjoint of conv2d, which
+// upsamples by `stride`. input (N, C_in, H, W) or (C_in, H, W), weight (C_in, C_out / groups, kh, kw), bias (C_out)
+// -> (N, C_out, oh, ow), oh = (H - 1) * stride - 2 * padding + dilation * (kh - 1) + output_padding + 1 (ow
+// alike). output_padding (below the stride or the dilation) picks among the sizes a strided conv2d maps onto H.
+// Runs as conv2d's input gradient (cuDNN on cuda; im2col + GEMM + col2im elsewhere). Note the argument order,
+// PyTorch's: output_padding and groups come before dilation.
+Tensor conv_transpose2d(const Tensor& input, const Tensor& weight, const Tensor& bias = Tensor(), Size2 stride = 1,
+                        Size2 padding = 0, Size2 output_padding = 0, std::int64_t groups = 1, Size2 dilation = 1);
+// input (N, C_in, L) or (C_in, L), weight (C_in, C_out / groups, k), bias (C_out) -> (N, C_out, ol):
+// conv_transpose2d on a height of 1.
+Tensor conv_transpose1d(const Tensor& input, const Tensor& weight, const Tensor& bias = Tensor(),
+                        std::int64_t stride = 1, std::int64_t padding = 0, std::int64_t output_padding = 0,
+                        std::int64_t groups = 1, std::int64_t dilation = 1);
 
 // input (N, C, *). training: normalise with the batch's statistics and, when running_mean/var are
 // defined, update them in place: running = (1 - momentum) * running + momentum * batch, with the
