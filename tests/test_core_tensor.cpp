@@ -62,6 +62,20 @@ TEST(CoreTensor, RandomIsSeededAndInRange) {
   for (int i = 0; i < 10; ++i) EXPECT_EQ(pv[i], i);
 }
 
+// A shape with a zero in it draws nothing, on every device (a zero-sized dim used to trip the random kernel's
+// contiguity check, since an empty tensor's strides are computed as if its zero sizes were 1).
+TEST(CoreTensor, RandomFactoriesTakeEmptyShapes) {
+  std::vector<Device> devices = accelerators();
+  devices.push_back(kCPU);
+  for (const Device& device : devices) {
+    for (const Shape& shape : {Shape{3, 0, 10}, Shape{0}, Shape{2, 0}}) {
+      EXPECT_EQ(randn(shape, {.device = device}).numel(), 0) << device.str();
+      EXPECT_EQ(rand(shape, {.device = device}).shape(), shape) << device.str();
+      EXPECT_EQ(randint(0, 5, shape, {.device = device}).numel(), 0) << device.str();
+    }
+  }
+}
+
 // Invariant 8: same seed, same numbers, any device.
 TEST(CoreTensor, SameSeedSameNumbersOnEveryDevice) {
   for (const Device& device : accelerators()) {

@@ -170,6 +170,10 @@ TEST(NNGradcheck, Conv2d) {
       [](const std::vector<Tensor>& a) { return F::conv_transpose1d(a[0], a[1], a[2], 3, 1, 2); },
       {random_argument({2, 2, 4}, 35), random_argument({2, 3, 3}, 36), random_argument({3}, 37)},
       "conv_transpose1d stride 3 padding 1 output_padding 2");
+  check_everywhere([](const std::vector<Tensor>& a) { return F::upsample_bilinear2d(a[0], {5, 2}); },
+                   {random_argument({2, 2, 3, 4}, 38)}, "upsample_bilinear2d up in H, down in W");
+  check_everywhere([](const std::vector<Tensor>& a) { return F::upsample_bilinear2d(a[0], {4, 7}, true); },
+                   {random_argument({1, 2, 3, 3}, 39)}, "upsample_bilinear2d align_corners");
   check_everywhere([](const std::vector<Tensor>& a) { return F::upsample_nearest2d(a[0], {2, 3}); },
                    {random_argument({1, 2, 3, 2}, 23)}, "upsample_nearest2d");
   check_everywhere(
@@ -570,6 +574,20 @@ TEST(NNGradcheck, GeluSiluLeakyReluLayerNormAndEmbedding) {
                    {random_argument({2, 2, 5, 7}, 81)}, "adaptive_avg_pool2d, overlapping windows");
   check_everywhere([](const std::vector<Tensor>& a) { return F::adaptive_avg_pool2d(a[0], 1); },
                    {random_argument({2, 4, 3}, 82)}, "adaptive_avg_pool2d, global, 3-d input");
+  check_everywhere([](const std::vector<Tensor>& a) { return F::unfold(a[0], {2, 3}, {2, 1}, 1, {1, 2}); },
+                   {random_argument({2, 2, 5, 6}, 87)}, "unfold dilation (2,1) padding 1 stride (1,2)");
+  check_everywhere([](const std::vector<Tensor>& a) { return F::fold(a[0], {4, 5}, 2, 1, 0, 1); },
+                   {random_argument({2, 8, 12}, 88)}, "fold 2x2 blocks into 4x5");
+  for (const char* mode : {"constant", "reflect", "replicate", "circular"}) {
+    check_everywhere([mode](const std::vector<Tensor>& a) { return F::pad(a[0], {2, 1, 1, 2}, mode); },
+                     {random_argument({2, 3, 4}, 85)}, std::string("pad ") + mode);
+  }
+  check_everywhere([](const std::vector<Tensor>& a) { return F::pad(a[0], {-1, 2}, "constant", 0.5); },
+                   {random_argument({2, 4}, 86)}, "pad constant, cropping one side");
+  check_everywhere([](const std::vector<Tensor>& a) { return F::adaptive_max_pool2d(a[0], {3, 2}); },
+                   {random_argument({2, 2, 5, 7}, 83)}, "adaptive_max_pool2d, overlapping windows");
+  check_everywhere([](const std::vector<Tensor>& a) { return F::adaptive_max_pool2d(a[0], {4, 3}); },
+                   {random_argument({2, 3, 2}, 84)}, "adaptive_max_pool2d, larger than its 3-d input");
   check_everywhere([](const std::vector<Tensor>& a) { return F::softplus(a[0], 2, 1.5); },
                    {random_argument({3, 5}, 80, 2)}, "softplus beta 2 threshold 1.5");
   check_everywhere([](const std::vector<Tensor>& a) { return F::layer_norm(a[0], {2, 4}, a[1], a[2]); },
@@ -600,6 +618,24 @@ TEST(NNGradcheck, Losses) {
     check_everywhere([reduction](const std::vector<Tensor>& a) { return F::mse_loss(a[0], a[1], reduction); },
                      {random_argument({3, 4}, 72), random_argument({3, 4}, 73)}, "mse_loss " + name);
   }
+  // The elementwise losses, each input differentiated (targets held fixed where PyTorch does not differentiate).
+  const Argument x = random_argument({3, 4}, 74, 2), target = random_argument({3, 4}, 75, 1, false);
+  check_everywhere([](const std::vector<Tensor>& a) { return F::l1_loss(a[0], a[1]); }, {x, target}, "l1_loss");
+  check_everywhere([](const std::vector<Tensor>& a) { return F::smooth_l1_loss(a[0], a[1], ferry::nn::Reduction::Sum, 0.5); },
+                   {x, target}, "smooth_l1_loss beta 0.5");
+  check_everywhere([](const std::vector<Tensor>& a) { return F::huber_loss(a[0], a[1], ferry::nn::Reduction::None, 1.5); },
+                   {x, target}, "huber_loss delta 1.5");
+  check_everywhere(
+      [](const std::vector<Tensor>& a) {
+        return F::binary_cross_entropy(ferry::sigmoid(a[0]), ferry::sigmoid(a[1]), {.weight = a[2]});
+      },
+      {x, target, random_argument({4}, 76, 1, false)}, "binary_cross_entropy with weight");
+  check_everywhere(
+      [](const std::vector<Tensor>& a) {
+        return F::binary_cross_entropy_with_logits(a[0], ferry::sigmoid(a[1]),
+                                                   {.reduction = ferry::nn::Reduction::Sum, .pos_weight = ferry::exp(a[2])});
+      },
+      {x, target, random_argument({4}, 77)}, "binary_cross_entropy_with_logits with pos_weight");
 }
 
 // gather, scatter_add (both operands; repeated indices; an index smaller than the tensors), cumsum and prod, on

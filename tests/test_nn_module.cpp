@@ -10,6 +10,7 @@
 #include "ferry/ledger.h"
 #include "ferry/nn/activation.h"
 #include "ferry/nn/batchnorm.h"
+#include "ferry/nn/fold.h"
 #include "ferry/nn/conv.h"
 #include "ferry/nn/functional.h"
 #include "ferry/nn/groupnorm.h"
@@ -18,6 +19,7 @@
 #include "ferry/nn/loss.h"
 #include "ferry/nn/module_list.h"
 #include "ferry/nn/pooling.h"
+#include "ferry/nn/rnn.h"
 #include "ferry/nn/sequential.h"
 #include "ferry/ops.h"
 #include "ferry/optim.h"
@@ -474,12 +476,19 @@ TEST(NNModule, AdaptiveAvgPoolAndIdentity) {
   EXPECT_THROW(nn::AdaptiveAvgPool2d(0)(x), ferry::InvalidArgument);
   EXPECT_THROW(nn::AdaptiveAvgPool2d(1)(x.flatten()), ferry::ShapeMismatch);
   EXPECT_THROW(nn::AdaptiveAvgPool2d(1)(ferry::arange(4).reshape({1, 1, 2, 2})), ferry::DTypeMismatch);
+  // torch.nn.AdaptiveMaxPool2d over the same windows
+  EXPECT_EQ(nn::AdaptiveMaxPool2d({2, 3})(x).to_vector<float>(), (std::vector<float>{6, 7, 8, 10, 11, 12}));
+  EXPECT_EQ(nn::AdaptiveMaxPool2d({3, 2})(x).to_vector<float>(), (std::vector<float>{2, 4, 6, 8, 10, 12}));
+  EXPECT_EQ(nn::AdaptiveMaxPool2d({2, 3}).str(), "AdaptiveMaxPool2d(output_size=(2, 3))");
+  EXPECT_EQ(nn::AdaptiveMaxPool2d(1)(x.select(0, 0)).to_vector<float>(), (std::vector<float>{12}));
+  EXPECT_THROW(nn::AdaptiveMaxPool2d(0)(x), ferry::InvalidArgument);
+  EXPECT_THROW(nn::AdaptiveMaxPool2d(1)(ferry::arange(4).reshape({1, 1, 2, 2})), ferry::DTypeMismatch);
   nn::Identity identity;
   EXPECT_EQ(identity(x).storage(), x.storage());
   EXPECT_EQ(identity.str(), "Identity()");
 }
 
-// Conv1d and Upsample: PyTorch's reprs (torch 1.13), shapes, and their refusals.
+// Conv1d and Upsample (nearest and bilinear): PyTorch's reprs (torch 1.13), values, shapes, and their refusals.
 TEST(NNModule, Conv1dAndUpsampleFollowPyTorch) {
   nn::Conv1d conv(4, 6, 3, {.padding = 1, .groups = 2});
   EXPECT_EQ(conv.str(), "Conv1d(4, 6, kernel_size=(3,), stride=(1,), padding=(1,), groups=2)");
@@ -498,7 +507,28 @@ TEST(NNModule, Conv1dAndUpsampleFollowPyTorch) {
   EXPECT_EQ(nn::Upsample(2)(x).to_vector<float>(),
             (std::vector<float>{1, 1, 2, 2, 1, 1, 2, 2, 3, 3, 4, 4, 3, 3, 4, 4}));
   EXPECT_EQ(up(x).shape(), (ferry::Shape{1, 1, 4, 6}));
-  EXPECT_THROW(nn::Upsample(2, "bilinear"), ferry::NotSupported);
+  EXPECT_THROW(nn::Upsample(2, "bicubic"), ferry::NotSupported);
+  EXPECT_THROW(nn::Upsample(2, "nearest", /*align_corners=*/true), ferry::InvalidArgument);
+  EXPECT_EQ(nn::Upsample(2, "bilinear", true).str(), "Upsample(scale_factor=2.0, mode=bilinear)");  // as torch
+  // Sizes that are no whole factor, against torch 1.13's F.interpolate(mode="bilinear") on this 2 x 3 image.
+  const Tensor image = ferry::from_vector<float>({1, 4, 2, 0, 3, 5}, {1, 1, 2, 3});
+  for (const char* name : {"cpu", "sim:0"}) {
+    const Tensor on = image.to(Device::parse(name));
+    const std::vector<float> half = nn::functional::upsample_bilinear2d(on, {3, 5}).to_vector<float>();
+    const std::vector<float> torch_half = {1.0f, 2.2f, 4.0f, 2.8f, 2.0f, 0.5f, 1.7f, 3.5f,
+                                           3.5f, 3.5f, 0.0f, 1.2f, 3.0f, 4.2f, 5.0f};
+    const std::vector<float> aligned = nn::functional::upsample_bilinear2d(on, {3, 5}, true).to_vector<float>();
+    const std::vector<float> torch_aligned = {1.0f, 2.5f, 4.0f, 3.0f, 2.0f, 0.5f, 2.0f, 3.5f,
+                                              3.5f, 3.5f, 0.0f, 1.5f, 3.0f, 4.0f, 5.0f};
+    ASSERT_EQ(half.size(), torch_half.size());
+    for (std::size_t i = 0; i < half.size(); ++i) {
+      EXPECT_NEAR(half[i], torch_half[i], 1e-6) << name << " at " << i;
+      EXPECT_NEAR(aligned[i], torch_aligned[i], 1e-6) << name << " aligned at " << i;
+    }
+    EXPECT_EQ(nn::functional::upsample_bilinear2d(on, {1, 2}).to_vector<float>(), (std::vector<float>{1.25f, 3.5f}));
+  }
+  EXPECT_THROW(nn::functional::upsample_bilinear2d(image, {0, 2}), ferry::InvalidArgument);
+  EXPECT_THROW(nn::functional::upsample_bilinear2d(image.select(0, 0), {2, 2}), ferry::ShapeMismatch);
   EXPECT_THROW(nn::Upsample(0), ferry::InvalidArgument);
   EXPECT_THROW(up(x.select(0, 0)), ferry::ShapeMismatch);
 }
@@ -552,6 +582,110 @@ TEST(NNModule, ConvTransposeIsTheAdjointOfConv2d) {
                ferry::ShapeMismatch);  // output (2 - 1) - 4 + 2 + 1 = 0 rows
   EXPECT_THROW(F::conv_transpose2d(ferry::arange(4).reshape({1, 1, 2, 2}), ferry::ones({1, 1, 1, 1})),
                ferry::DTypeMismatch);
+}
+
+// Unfold and Fold against torch 1.13 (values and reprs); unfold + matmul is conv2d; fold undoes unfold up to the
+// count of blocks over each pixel; and their refusals.
+TEST(NNModule, UnfoldAndFoldFollowPyTorch) {
+  namespace F = nn::functional;
+  for (const char* name : {"cpu", "sim:0"}) {
+    const Device device = Device::parse(name);
+    const Tensor x = ferry::arange(12, {.device = device, .dtype = DType::Float32}).reshape({1, 1, 3, 4});
+    const Tensor u = F::unfold(x, 2, 1, 0, {1, 2});
+    EXPECT_EQ(u.shape(), (ferry::Shape{1, 4, 4})) << name;
+    EXPECT_EQ(u.to_vector<float>(), (std::vector<float>{0, 2, 4, 6, 1, 3, 5, 7, 4, 6, 8, 10, 5, 7, 9, 11})) << name;
+    EXPECT_EQ(F::fold(u, {3, 4}, 2, 1, 0, {1, 2}).to_vector<float>(),
+              (std::vector<float>{0, 1, 2, 3, 8, 10, 12, 14, 8, 9, 10, 11})) << name;  // the middle row twice
+
+    ferry::manual_seed(9);
+    const ferry::TensorOptions f64{.device = device, .dtype = DType::Float64};
+    const Tensor image = ferry::randn({2, 3, 7, 6}, f64), weight = ferry::randn({4, 3, 3, 2}, f64);
+    const Tensor conv = F::conv2d(image, weight, Tensor(), {2, 1}, {1, 0}, {1, 2});
+    const Tensor columns = F::unfold(image, {3, 2}, {1, 2}, {1, 0}, {2, 1});  // (2, 18, L)
+    const Tensor by_hand = ferry::matmul(weight.reshape({4, 18}), columns).reshape(conv.shape());
+    EXPECT_LT(ferry::max(ferry::abs(ferry::sub(by_hand, conv))).item<double>(), 1e-12) << name;
+  }
+  EXPECT_EQ(nn::Unfold(nn::Size2(2, 3)).str(), "Unfold(kernel_size=(2, 3), dilation=1, padding=0, stride=1)");
+  EXPECT_EQ(nn::Fold({4, 5}, 3).str(), "Fold(output_size=(4, 5), kernel_size=3, dilation=1, padding=0, stride=1)");
+  EXPECT_EQ(nn::Unfold(2)(ferry::ones({3, 4, 4})).shape(), (ferry::Shape{12, 9}));  // unbatched
+  EXPECT_THROW(nn::functional::unfold(ferry::ones({1, 1, 2, 2}), 3), ferry::ShapeMismatch);           // no block fits
+  EXPECT_THROW(nn::functional::fold(ferry::ones({1, 5, 4}), {3, 3}, 2), ferry::ShapeMismatch);         // 5 % 4
+  EXPECT_THROW(nn::functional::fold(ferry::ones({1, 4, 5}), {3, 3}, 2), ferry::ShapeMismatch);         // 4 blocks
+  EXPECT_THROW(nn::functional::unfold(ferry::ones({1, 1, 4, 4}), 2, 1, 0, 0), ferry::InvalidArgument);  // stride 0
+}
+
+// functional::pad against torch 1.13's F.pad in each mode, on cpu and sim, and its refusals.
+TEST(NNModule, PadFollowsPyTorchInEveryMode) {
+  namespace F = nn::functional;
+  for (const char* name : {"cpu", "sim:0"}) {
+    const Device device = Device::parse(name);
+    const Tensor x = ferry::arange(6, {.device = device, .dtype = DType::Float32}).reshape({1, 2, 3});
+    EXPECT_EQ(F::pad(x, {2, 1}, "reflect").to_vector<float>(),
+              (std::vector<float>{2, 1, 0, 1, 2, 1, 5, 4, 3, 4, 5, 4})) << name;
+    EXPECT_EQ(F::pad(x, {2, 1}, "replicate").to_vector<float>(),
+              (std::vector<float>{0, 0, 0, 1, 2, 2, 3, 3, 3, 4, 5, 5})) << name;
+    EXPECT_EQ(F::pad(x, {2, 1}, "circular").to_vector<float>(),
+              (std::vector<float>{1, 2, 0, 1, 2, 0, 4, 5, 3, 4, 5, 3})) << name;
+    const Tensor constant = F::pad(x, {1, -1, 0, 1}, "constant", 9);  // a negative size crops
+    EXPECT_EQ(constant.shape(), (ferry::Shape{1, 3, 3})) << name;
+    EXPECT_EQ(constant.to_vector<float>(), (std::vector<float>{9, 0, 1, 9, 3, 4, 9, 9, 9})) << name;
+    const Tensor y = ferry::arange(12, {.device = device, .dtype = DType::Float32}).reshape({1, 1, 3, 4});
+    EXPECT_EQ(F::pad(y, {1, 2, 2, 1}, "reflect").to_vector<float>(),
+              (std::vector<float>{9, 8, 9, 10, 11, 10, 9, 5, 4, 5, 6, 7, 6, 5, 1, 0, 1, 2, 3, 2, 1,
+                                  5, 4, 5, 6, 7, 6, 5, 9, 8, 9, 10, 11, 10, 9, 5, 4, 5, 6, 7, 6, 5})) << name;
+    EXPECT_EQ(F::pad(y, {}).storage(), y.storage());  // nothing to pad: the input itself
+  }
+  const Tensor x = ferry::ones({2, 3});
+  EXPECT_THROW(F::pad(x, {1}), ferry::InvalidArgument);                  // not pairs
+  EXPECT_THROW(F::pad(x, {1, 1, 1, 1, 1, 1}), ferry::ShapeMismatch);     // 3 dims of a 2-d input
+  EXPECT_THROW(F::pad(x, {3, 0}, "reflect"), ferry::ShapeMismatch);      // 3 >= the dim's 3
+  EXPECT_THROW(F::pad(x, {4, 0}, "circular"), ferry::ShapeMismatch);     // 4 > 3
+  EXPECT_THROW(F::pad(x, {-1, 0}, "replicate"), ferry::InvalidArgument);  // negative outside constant
+  EXPECT_THROW(F::pad(x, {-2, -2}), ferry::ShapeMismatch);               // cuts 4 of 3
+  EXPECT_THROW(F::pad(x, {1, 1}, "wrap"), ferry::InvalidArgument);
+  EXPECT_THROW(F::pad(x, {1, 1}, "reflect", 1.0), ferry::InvalidArgument);
+}
+
+// RNN, LSTM and GRU: PyTorch's reprs (torch 1.13), parameter names and shapes, output and state shapes in each
+// layout, dropout between layers only in training, and the refusals.
+TEST(NNModule, RecurrentLayersFollowPyTorch) {
+  nn::LSTM lstm(10, 20, {.num_layers = 2, .bias = false, .batch_first = true, .dropout = 0.5, .bidirectional = true});
+  EXPECT_EQ(lstm.str(), "LSTM(10, 20, num_layers=2, bias=False, batch_first=True, dropout=0.5, bidirectional=True)");
+  EXPECT_EQ(nn::GRU(3, 4).str(), "GRU(3, 4)");
+  EXPECT_EQ(nn::RNN(3, 4, {}, "relu").str(), "RNN(3, 4)");  // torch 1.13 prints no nonlinearity
+  const nn::NamedTensors params = nn::LSTM(3, 4, {.num_layers = 2, .bidirectional = true}).named_parameters();
+  ASSERT_EQ(params.size(), 16u);
+  EXPECT_EQ(params[0].first, "weight_ih_l0");
+  EXPECT_EQ(params[0].second.shape(), (ferry::Shape{16, 3}));
+  EXPECT_EQ(params[4].first, "weight_ih_l0_reverse");
+  EXPECT_EQ(params[8].first, "weight_ih_l1");
+  EXPECT_EQ(params[8].second.shape(), (ferry::Shape{16, 8}));  // the layer below's two directions
+  EXPECT_EQ(params[15].first, "bias_hh_l1_reverse");
+  EXPECT_EQ(nn::GRU(3, 4).named_parameters()[1].second.shape(), (ferry::Shape{12, 4}));
+
+  const nn::RNNOutput r = lstm.forward(ferry::randn({3, 7, 10}), Tensor());  // (N, L, in)
+  EXPECT_EQ(r.output.shape(), (ferry::Shape{3, 7, 40}));
+  EXPECT_EQ(r.h_n.shape(), (ferry::Shape{4, 3, 20}));
+  EXPECT_EQ(r.c_n.shape(), (ferry::Shape{4, 3, 20}));
+  nn::GRU gru(4, 5, {.num_layers = 2, .dropout = 0.9});
+  const nn::RNNOutput unbatched = gru.forward(ferry::randn({6, 4}), ferry::zeros({2, 5}));
+  EXPECT_EQ(unbatched.output.shape(), (ferry::Shape{6, 5}));
+  EXPECT_EQ(unbatched.h_n.shape(), (ferry::Shape{2, 5}));
+  EXPECT_FALSE(unbatched.c_n.defined());
+  const Tensor x = ferry::randn({6, 2, 4});
+  gru.eval();  // no dropout: the same output twice
+  EXPECT_EQ(gru(x).to_vector<float>(), gru(x).to_vector<float>());
+  gru.train();  // dropout 0.9 between the layers changes the second layer's input from draw to draw
+  EXPECT_NE(gru(x).to_vector<float>(), gru(x).to_vector<float>());
+
+  EXPECT_THROW(lstm(ferry::randn({3, 7, 9})), ferry::ShapeMismatch);               // input_size 10
+  EXPECT_THROW(lstm(ferry::randn({3, 0, 10})), ferry::ShapeMismatch);              // no steps
+  EXPECT_THROW(lstm.forward(ferry::randn({3, 7, 10}), ferry::zeros({4, 2, 20})), ferry::ShapeMismatch);  // N = 3
+  EXPECT_THROW(gru.forward(x, Tensor(), ferry::zeros({2, 2, 5})), ferry::InvalidArgument);  // c0 is LSTM's
+  EXPECT_THROW(nn::RNN(3, 4, {}, "sigmoid"), ferry::InvalidArgument);
+  EXPECT_THROW(nn::LSTM(3, 0), ferry::InvalidArgument);
+  EXPECT_THROW(nn::GRU(3, 4, {.dropout = 1.5}), ferry::InvalidArgument);
+  EXPECT_THROW(nn::GRU(3, 4)(ferry::ones({2, 3}, {.dtype = DType::Int64})), ferry::DTypeMismatch);
 }
 
 // GroupNorm: its repr, batch-size independence (a sample alone normalizes as in a batch), and its checks.
@@ -621,6 +755,41 @@ TEST(NNModule, ClassLossOptionsCheckTheirInputs) {
                   nn::cross_entropy(logits, target, {.label_smoothing = 0.1}).item<float>());
   EXPECT_FLOAT_EQ(nn::NLLLoss()(ferry::log_softmax(logits, 1), target).item<float>(),
                   nn::cross_entropy(logits, target).item<float>());
+}
+
+// The elementwise losses at their edges: binary_cross_entropy at p = 0 and 1 is finite (logs clamped at -100, as
+// PyTorch), its logits form stays finite for logits of 1000, smooth_l1 with beta 0 is l1; the classes carry their
+// options; bad inputs are refused.
+TEST(NNModule, ElementwiseLossesAreFiniteAtTheirEdgesAndCheckTheirInputs) {
+  const Tensor p = ferry::from_vector<float>({0, 1, 0.5F});
+  const Tensor t = ferry::from_vector<float>({1, 0, 1});
+  // -log(0) and -log(1 - 1) both clamp to 100; -log(0.5)
+  EXPECT_FLOAT_EQ(nn::binary_cross_entropy(p, t, {.reduction = nn::Reduction::Sum}).item<float>(),
+                  200.0F + std::log(2.0F));
+  const Tensor huge = ferry::from_vector<float>({1000, -1000, 0});
+  const std::vector<float> per_element =
+      nn::binary_cross_entropy_with_logits(huge, t, {.reduction = nn::Reduction::None}).to_vector<float>();
+  EXPECT_FLOAT_EQ(per_element[0], 0.0F);      // sure and right
+  EXPECT_FLOAT_EQ(per_element[1], 0.0F);      // sure and right (target 0)
+  EXPECT_FLOAT_EQ(per_element[2], std::log(2.0F));
+  EXPECT_FLOAT_EQ(nn::binary_cross_entropy_with_logits(huge, ferry::from_vector<float>({0, 1, 1}),
+                                                       {.reduction = nn::Reduction::Sum})
+                      .item<float>(),
+                  2000.0F + std::log(2.0F));  // sure and wrong, twice: finite
+  const Tensor x = ferry::randn({4, 3}), y = ferry::randn({4, 3});
+  EXPECT_FLOAT_EQ(nn::smooth_l1_loss(x, y, nn::Reduction::Mean, 0).item<float>(), nn::l1_loss(x, y).item<float>());
+  EXPECT_NEAR(nn::HuberLoss(nn::Reduction::Sum, 2.0)(x, y).item<float>(),
+              2.0F * nn::SmoothL1Loss(nn::Reduction::Sum, 2.0)(x, y).item<float>(), 1e-4);
+  EXPECT_FLOAT_EQ(nn::L1Loss(nn::Reduction::Sum)(x, y).item<float>(),
+                  ferry::sum(ferry::abs(ferry::sub(x, y))).item<float>());
+  EXPECT_NEAR(nn::BCEWithLogitsLoss()(x, ferry::sigmoid(y)).item<float>(),
+              nn::BCELoss()(ferry::sigmoid(x), ferry::sigmoid(y)).item<float>(), 1e-5);
+  EXPECT_THROW(nn::l1_loss(x, y.t()), ferry::ShapeMismatch);
+  EXPECT_THROW(nn::smooth_l1_loss(x, y, nn::Reduction::Mean, -1), ferry::InvalidArgument);
+  EXPECT_THROW(nn::huber_loss(x, y, nn::Reduction::Mean, 0), ferry::InvalidArgument);
+  EXPECT_THROW(nn::binary_cross_entropy(ferry::ones({3}, {.dtype = DType::Int64}), t), ferry::DTypeMismatch);
+  EXPECT_THROW(nn::binary_cross_entropy(p, t, {.weight = ferry::ones({3}, {.device = Device::parse("sim:0")})}),
+               ferry::DeviceMismatch);
 }
 
 // The composed losses stay on the device: on sim:0 a forward and backward with every option moves no bytes and

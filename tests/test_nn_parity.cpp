@@ -22,6 +22,7 @@
 #include "ferry/nn/linear.h"
 #include "ferry/nn/loss.h"
 #include "ferry/nn/pooling.h"
+#include "ferry/nn/rnn.h"
 #include "ferry/nn/sequential.h"
 #include "ferry/ops.h"
 #include "ferry/optim.h"
@@ -65,7 +66,10 @@ std::shared_ptr<nn::Module> make_layer(const std::string& name, const Fixture& f
                                         nn::Conv1dOptions{.stride = n("s"), .padding = n("p"), .dilation = n("d"),
                                                           .groups = n("groups"), .bias = n("bias") == 1});
   }
-  if (name.rfind("upsample", 0) == 0) return std::make_shared<nn::Upsample>(nn::Size2{n("sh"), n("sw")});
+  if (name.rfind("upsample", 0) == 0) {
+    return std::make_shared<nn::Upsample>(nn::Size2{n("sh"), n("sw")}, f.text("mode", "nearest"),
+                                          f.text("align", "0") == "1");
+  }
   if (name.rfind("batchnorm", 0) == 0) {
     nn::BatchNormOptions options;
     if (f.text("momentum") == "None") options.momentum = std::nullopt;
@@ -94,6 +98,9 @@ std::shared_ptr<nn::Module> make_layer(const std::string& name, const Fixture& f
   if (name.rfind("avgpool2d", 0) == 0) return std::make_shared<nn::AvgPool2d>(n("k"), n("s"), n("p"));
   if (name.rfind("adaptive_avgpool2d", 0) == 0) {
     return std::make_shared<nn::AdaptiveAvgPool2d>(nn::Size2{n("oh"), n("ow")});
+  }
+  if (name.rfind("adaptive_maxpool2d", 0) == 0) {
+    return std::make_shared<nn::AdaptiveMaxPool2d>(nn::Size2{n("oh"), n("ow")});
   }
   throw std::runtime_error("no layer for fixture " + name);
 }
@@ -158,12 +165,14 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, NNParityLayer,
                                            "conv2d_nobias_s2_d2", "conv2d_pointwise", "conv2d_groups2",
                                            "conv2d_depthwise", "conv1d_groups2", "convtranspose2d_k3s2p1op1",
                                            "convtranspose2d_groups2_dilated", "convtranspose2d_op_past_stride",
-                                           "convtranspose1d_s2", "upsample_nearest_2x3",
+                                           "convtranspose1d_s2", "upsample_nearest_2x3", "upsample_bilinear_2x",
+                                           "upsample_bilinear_align_3x2",
                                            "batchnorm2d_train",
                                            "batchnorm2d_eval", "batchnorm1d_train_2d", "batchnorm1d_train_3d",
                                            "batchnorm1d_cumulative", "relu", "maxpool2d_k2", "maxpool2d_k3s2p1",
                                            "avgpool2d_k2", "avgpool2d_k3s2p1", "adaptive_avgpool2d_5x3",
-                                           "adaptive_avgpool2d_1", "adaptive_avgpool2d_2x4", "flatten", "gelu",
+                                           "adaptive_avgpool2d_1", "adaptive_avgpool2d_2x4", "adaptive_maxpool2d_5x3",
+                                           "adaptive_maxpool2d_3x4_up", "adaptive_maxpool2d_2x4", "flatten", "gelu",
                                            "gelu_tanh",
                                            "silu", "sigmoid", "tanh", "leaky_relu", "softplus", "layernorm_last",
                                            "layernorm_last2", "layernorm_noaffine", "groupnorm_2of6",
@@ -190,6 +199,68 @@ TEST(NNParityEmbedding, LookupAndGradientMatchPyTorch) {
       EXPECT_CLOSE_TO_FIXTURE(layer.weight.grad(), f["grad.weight"], kLayerTolerance, where + ": grad of weight");
       const std::vector<std::vector<double>> values = {out.to_vector<double>(),
                                                        layer.weight.grad().to_vector<double>()};
+      if (first.empty()) {
+        first = values;
+      } else if (!device.is_cuda()) {
+        EXPECT_EQ(values, first) << where << " differs from cpu";
+      }
+    }
+  }
+}
+
+// RNN, LSTM and GRU against torch 1.13: several layers, bidirectional, batch_first, unbatched, without bias, with
+// and without initial states. The output and final states, and the gradients of the input, the initial states and
+// every parameter (backpropagation through time); on cpu, sim:0 (the cpu's bits) and cuda:0 where present.
+TEST(NNParityRecurrent, RnnLstmAndGruMatchPyTorch) {
+  for (const std::string name : {"lstm_2layer_bidirectional", "gru_1layer", "gru_bidirectional_nobias_unbatched",
+                                 "rnn_relu_2layer", "rnn_tanh"}) {
+    const Fixture f = load_fixture(name);
+    auto n = [&](const char* key) { return static_cast<std::int64_t>(f.number(key)); };
+    const nn::RNNOptions options{.num_layers = n("layers"), .bias = n("bias") == 1, .batch_first = n("batch_first") == 1,
+                                 .bidirectional = n("bidirectional") == 1};
+    const std::string cell = f.text("cell");
+    const bool lstm = cell == "lstm";
+    std::vector<Device> devices = {ferry::kCPU, Device::parse("sim:0")};
+    if (have_cuda()) devices.push_back(kCuda0);
+    std::vector<std::vector<double>> first;
+    for (const Device device : devices) {
+      const std::string where = name + " on " + device.str();
+      std::shared_ptr<nn::RNNBase> layer;
+      if (lstm) layer = std::make_shared<nn::LSTM>(n("input_size"), n("hidden"), options);
+      else if (cell == "gru") layer = std::make_shared<nn::GRU>(n("input_size"), n("hidden"), options);
+      else layer = std::make_shared<nn::RNN>(n("input_size"), n("hidden"), options, cell);
+      layer->to(device);
+      layer->load_state_dict(with_prefix(f, "param."));
+      Tensor x = f["input"].detach().to(device).requires_grad_(true);
+      const bool with_state = n("with_state") == 1;
+      Tensor h0 = with_state ? f["h0"].detach().to(device).requires_grad_(true) : Tensor();
+      Tensor c0 = with_state && lstm ? f["c0"].detach().to(device).requires_grad_(true) : Tensor();
+      const nn::RNNOutput r = layer->forward(x, h0, c0);
+      Tensor loss = ferry::add(ferry::sum(ferry::mul(r.output, f["grad_output"].to(device))),
+                               ferry::sum(ferry::mul(r.h_n, f["grad_h_n"].to(device))));
+      if (lstm) loss = ferry::add(loss, ferry::sum(ferry::mul(r.c_n, f["grad_c_n"].to(device))));
+      loss.backward();
+      EXPECT_CLOSE_TO_FIXTURE(r.output, f["output"], kLayerTolerance, where + ": output");
+      EXPECT_CLOSE_TO_FIXTURE(r.h_n, f["h_n"], kLayerTolerance, where + ": h_n");
+      EXPECT_CLOSE_TO_FIXTURE(x.grad(), f["grad_input"], kLayerTolerance, where + ": grad_input");
+      std::vector<std::vector<double>> values = {r.output.to_vector<double>(), r.h_n.to_vector<double>(),
+                                                 x.grad().to_vector<double>()};
+      if (lstm) {
+        EXPECT_CLOSE_TO_FIXTURE(r.c_n, f["c_n"], kLayerTolerance, where + ": c_n");
+        values.push_back(r.c_n.to_vector<double>());
+      } else {
+        EXPECT_FALSE(r.c_n.defined()) << where;
+      }
+      if (with_state) {
+        EXPECT_CLOSE_TO_FIXTURE(h0.grad(), f["grad_h0"], kLayerTolerance, where + ": grad_h0");
+        values.push_back(h0.grad().to_vector<double>());
+        if (lstm) EXPECT_CLOSE_TO_FIXTURE(c0.grad(), f["grad_c0"], kLayerTolerance, where + ": grad_c0");
+      }
+      EXPECT_EQ(layer->named_parameters().size(), with_prefix(f, "grad.").size()) << where;
+      for (const auto& [pname, p] : layer->named_parameters()) {
+        EXPECT_CLOSE_TO_FIXTURE(p.grad(), f["grad." + pname], kLayerTolerance, where + ": grad of " + pname);
+        values.push_back(p.grad().to_vector<double>());
+      }
       if (first.empty()) {
         first = values;
       } else if (!device.is_cuda()) {
@@ -321,6 +392,33 @@ TEST_P(NNParityLoss, MatchesPyTorchOnCpuAndSim) {
 INSTANTIATE_TEST_SUITE_P(Fixtures, NNParityLoss,
                          ::testing::Values("cross_entropy_mean", "cross_entropy_sum", "cross_entropy_none", "mse_mean",
                                            "mse_sum", "mse_none"));
+
+// l1, smooth_l1 (beta 0.5 and 0), huber, binary_cross_entropy (with a per-class weight) and its logits form (with
+// weight and pos_weight) against PyTorch, in each reduction; cpu and sim:0 agree to the bit.
+class NNParityElementwiseLoss : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(NNParityElementwiseLoss, MatchesPyTorchOnCpuAndSim) {
+  check_function_against_fixture(GetParam(), [](const Fixture& f, const Tensor& x, Device device) {
+    const Tensor target = f["target"].to(device);
+    const std::string kind = f.text("kind");
+    const Tensor weight = f.has("weight") ? f["weight"].to(device) : Tensor();
+    if (kind == "l1") return nn::functional::l1_loss(x, target, reduction_of(f));
+    if (kind == "smooth_l1") return nn::functional::smooth_l1_loss(x, target, reduction_of(f), f.number("beta"));
+    if (kind == "huber") {
+      return nn::functional::huber_loss(x, target, reduction_of(f), std::stod(f.text("delta", "1")));
+    }
+    if (kind == "bce") return nn::functional::binary_cross_entropy(x, target, {reduction_of(f), weight});
+    return nn::functional::binary_cross_entropy_with_logits(
+        x, target, {reduction_of(f), weight, f.has("pos_weight") ? f["pos_weight"].to(device) : Tensor()});
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, NNParityElementwiseLoss,
+                         ::testing::Values("l1_mean", "l1_sum", "l1_none", "bce_weight_mean", "bce_weight_sum",
+                                           "bce_weight_none", "bce_logits_pos_weight_mean", "bce_logits_pos_weight_sum",
+                                           "bce_logits_pos_weight_none", "smooth_l1_beta_half_mean",
+                                           "smooth_l1_beta0_sum", "huber_delta2_mean", "huber_none", "bce_mean",
+                                           "bce_logits_mean"));
 
 // cross_entropy with weight, ignore_index and label smoothing, and nll_loss, against PyTorch; cpu and sim:0 must
 // agree to the bit (the same host kernels under both).

@@ -76,6 +76,40 @@ def layer_case(name, module, input_shape, metadata, train=True, setup=None, step
     write_safetensors(os.path.join(OUT, name + ".safetensors"), tensors, metadata)
 
 
+def rnn_case(name, module, input_shape, metadata, with_state):
+    """A recurrent layer's output and final states, and the gradients of input, initial states and parameters."""
+    torch.manual_seed(abs(hash(name)) % (2 ** 31))
+    x = torch.randn(*input_shape, requires_grad=True)
+    tensors = {"param." + key: value.clone() for key, value in module.state_dict().items()}
+    directions = 2 if module.bidirectional else 1
+    batch = [] if len(input_shape) == 2 else [input_shape[0] if module.batch_first else input_shape[1]]
+    state_shape = [module.num_layers * directions] + batch + [module.hidden_size]
+    lstm = isinstance(module, nn.LSTM)
+    h0 = torch.randn(*state_shape, requires_grad=True) if with_state else None
+    c0 = torch.randn(*state_shape, requires_grad=True) if with_state and lstm else None
+    out, state = module(x, (h0, c0) if lstm and with_state else h0)
+    h_n, c_n = state if lstm else (state, None)
+    grad_output, grad_h_n = torch.randn_like(out), torch.randn_like(h_n)
+    loss = (out * grad_output).sum() + (h_n * grad_h_n).sum()
+    if lstm:
+        grad_c_n = torch.randn_like(c_n)
+        loss = loss + (c_n * grad_c_n).sum()
+        tensors.update({"c_n": c_n.detach(), "grad_c_n": grad_c_n})
+    loss.backward()
+    tensors.update({"input": x.detach(), "output": out.detach(), "h_n": h_n.detach(), "grad_output": grad_output,
+                    "grad_h_n": grad_h_n, "grad_input": x.grad})
+    if with_state:
+        tensors.update({"h0": h0.detach(), "grad_h0": h0.grad})
+        if lstm:
+            tensors.update({"c0": c0.detach(), "grad_c0": c0.grad})
+    for key, p in module.named_parameters():
+        tensors["grad." + key] = p.grad
+    metadata = dict(metadata, layers=module.num_layers, hidden=module.hidden_size, input_size=module.input_size,
+                    bias=int(module.bias), batch_first=int(module.batch_first),
+                    bidirectional=int(module.bidirectional), with_state=int(with_state))
+    write_safetensors(os.path.join(OUT, name + ".safetensors"), tensors, metadata)
+
+
 def randomise_affine(module):
     with torch.no_grad():
         module.weight.copy_(torch.rand_like(module.weight) + 0.5)
@@ -182,6 +216,38 @@ def loss_case(name, kind, reduction):
                       {"input": x.detach(), "target": target, "output": loss.detach(), "grad_output": grad_output,
                        "grad_input": x.grad},
                       {"kind": kind, "reduction": reduction})
+
+
+def elementwise_loss_case(name, kind, reduction, **options):
+    """l1, smooth_l1, huber, bce (on probabilities) and bce_logits, with PyTorch's options."""
+    torch.manual_seed(abs(hash(name)) % (2 ** 31))
+    shape = (5, 4)
+    tensors = {}
+    if kind == "bce":
+        x = torch.sigmoid(torch.randn(*shape) * 2)
+        target = torch.rand(*shape)
+    elif kind == "bce_logits":
+        x = torch.randn(*shape) * 4
+        target = (torch.rand(*shape) > 0.5).to(torch.float32)
+    else:
+        x = torch.randn(*shape) * 2
+        target = torch.randn(*shape)
+    kw = dict(options)
+    if kw.pop("weight", False):
+        kw["weight"] = tensors["weight"] = torch.rand(shape[-1]) + 0.5
+    if kw.pop("pos_weight", False):
+        kw["pos_weight"] = tensors["pos_weight"] = torch.rand(shape[-1]) * 3
+    x.requires_grad_(True)
+    functions = {"l1": F.l1_loss, "smooth_l1": F.smooth_l1_loss, "huber": F.huber_loss, "bce": F.binary_cross_entropy,
+                 "bce_logits": F.binary_cross_entropy_with_logits}
+    loss = functions[kind](x, target, reduction=reduction, **kw)
+    grad_output = torch.randn_like(loss)
+    (loss * grad_output).sum().backward()
+    tensors.update({"input": x.detach(), "target": target, "output": loss.detach(), "grad_output": grad_output,
+                    "grad_input": x.grad})
+    settings = {"kind": kind, "reduction": reduction}
+    settings.update({k: v for k, v in options.items() if not isinstance(v, bool)})
+    write_safetensors(os.path.join(OUT, name + ".safetensors"), tensors, settings)
 
 
 def class_loss_case(name, kind, reduction="mean", weight=False, ignore_index=None, label_smoothing=0.0):
@@ -328,6 +394,14 @@ def main():
                 "dw": 2, "bias": 1, "groups": 1})
     layer_case("convtranspose1d_s2", nn.ConvTranspose1d(4, 2, 4, stride=2, padding=1, groups=2), (3, 4, 6),
                {"in": 4, "out": 2, "k": 4, "s": 2, "p": 1, "op": 0, "d": 1, "groups": 2, "bias": 1})
+    rnn_case("lstm_2layer_bidirectional", nn.LSTM(3, 4, num_layers=2, batch_first=True, bidirectional=True),
+             (2, 5, 3), {"cell": "lstm"}, with_state=True)
+    rnn_case("gru_1layer", nn.GRU(4, 3), (6, 2, 4), {"cell": "gru"}, with_state=True)
+    rnn_case("gru_bidirectional_nobias_unbatched", nn.GRU(2, 3, bidirectional=True, bias=False), (4, 2),
+             {"cell": "gru"}, with_state=False)
+    rnn_case("rnn_relu_2layer", nn.RNN(3, 5, num_layers=2, nonlinearity="relu"), (4, 3, 3), {"cell": "relu"},
+             with_state=True)
+    rnn_case("rnn_tanh", nn.RNN(2, 3), (5, 2, 2), {"cell": "tanh"}, with_state=False)
     layer_case("batchnorm2d_train", nn.BatchNorm2d(3), (4, 3, 5, 5), {"features": 3, "dims": 2, "momentum": 0.1},
                setup=randomise_affine, steps=2)
     layer_case("batchnorm2d_eval", nn.BatchNorm2d(3), (4, 3, 5, 5), {"features": 3, "dims": 2, "momentum": 0.1},
@@ -346,8 +420,15 @@ def main():
     layer_case("adaptive_avgpool2d_5x3", nn.AdaptiveAvgPool2d((5, 3)), (2, 3, 9, 7), {"oh": 5, "ow": 3})
     layer_case("adaptive_avgpool2d_1", nn.AdaptiveAvgPool2d(1), (2, 3, 5, 6), {"oh": 1, "ow": 1})
     layer_case("adaptive_avgpool2d_2x4", nn.AdaptiveAvgPool2d((2, 4)), (2, 3, 8, 8), {"oh": 2, "ow": 4})
+    layer_case("adaptive_maxpool2d_5x3", nn.AdaptiveMaxPool2d((5, 3)), (2, 3, 9, 7), {"oh": 5, "ow": 3})
+    layer_case("adaptive_maxpool2d_3x4_up", nn.AdaptiveMaxPool2d((3, 4)), (2, 2, 2, 3), {"oh": 3, "ow": 4})
+    layer_case("adaptive_maxpool2d_2x4", nn.AdaptiveMaxPool2d((2, 4)), (2, 3, 8, 8), {"oh": 2, "ow": 4})
     layer_case("upsample_nearest_2x3", nn.Upsample(scale_factor=(2, 3), mode="nearest"), (2, 3, 4, 5),
                {"sh": 2, "sw": 3})
+    layer_case("upsample_bilinear_2x", nn.Upsample(scale_factor=2, mode="bilinear"), (2, 3, 4, 5),
+               {"sh": 2, "sw": 2, "mode": "bilinear", "align": 0})
+    layer_case("upsample_bilinear_align_3x2", nn.Upsample(scale_factor=(3, 2), mode="bilinear", align_corners=True),
+               (1, 2, 3, 4), {"sh": 3, "sw": 2, "mode": "bilinear", "align": 1})
     layer_case("flatten", nn.Flatten(), (2, 3, 4, 5), {})
     layer_case("gelu", nn.GELU(), (5, 7), {"approximate": "none"})
     layer_case("gelu_tanh", nn.GELU(approximate="tanh"), (5, 7), {"approximate": "tanh"})
@@ -382,6 +463,17 @@ def main():
         class_loss_case("ce_smooth_weight_ignore_" + reduction, "cross_entropy", reduction, weight=True,
                         ignore_index=-100, label_smoothing=0.2)
         class_loss_case("nll_weight_ignore_" + reduction, "nll", reduction, weight=True, ignore_index=-100)
+    for reduction in ("mean", "sum", "none"):
+        elementwise_loss_case("l1_" + reduction, "l1", reduction)
+        elementwise_loss_case("bce_weight_" + reduction, "bce", reduction, weight=True)
+        elementwise_loss_case("bce_logits_pos_weight_" + reduction, "bce_logits", reduction, weight=True,
+                              pos_weight=True)
+    elementwise_loss_case("smooth_l1_beta_half_mean", "smooth_l1", "mean", beta=0.5)
+    elementwise_loss_case("smooth_l1_beta0_sum", "smooth_l1", "sum", beta=0.0)
+    elementwise_loss_case("huber_delta2_mean", "huber", "mean", delta=2.0)
+    elementwise_loss_case("huber_none", "huber", "none")
+    elementwise_loss_case("bce_mean", "bce", "mean")
+    elementwise_loss_case("bce_logits_mean", "bce_logits", "mean")
     class_loss_case("ce_ignore_mean", "cross_entropy", "mean", ignore_index=-100)
     class_loss_case("ce_ignore_class_mean", "cross_entropy", "mean", ignore_index=2)
     class_loss_case("ce_smooth_mean", "cross_entropy", "mean", label_smoothing=0.1)

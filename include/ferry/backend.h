@@ -27,7 +27,10 @@ struct KernelTensor {
     for (int d = 0; d < ndim; ++d) n *= shape[d];
     return n;
   }
-  bool is_contiguous() const {
+  bool is_contiguous() const {  // as Tensor::is_contiguous: a tensor without elements is, whatever its strides
+    for (int d = 0; d < ndim; ++d) {
+      if (shape[d] == 0) return true;
+    }
     std::int64_t expected = 1;
     for (int d = ndim - 1; d >= 0; --d) {
       if (shape[d] != 1 && strides[d] != expected) return false;

@@ -11,19 +11,25 @@ namespace ferry::nn {
 
 namespace {
 std::string pair_str(Size2 s) { return ferry::detail::concat("(", s.h, ", ", s.w, ")"); }
+
+// InvalidArgument unless the channels and kernel are positive and groups divides both channel counts.
+void check_channels(const char* layer, std::int64_t in_channels, std::int64_t out_channels, Size2 kernel_size,
+                    std::int64_t groups) {
+  FERRY_CHECK(in_channels > 0 && out_channels > 0 && kernel_size.h > 0 && kernel_size.w > 0, InvalidArgument, layer,
+              ": expected positive channels and kernel size, got in_channels=", in_channels,
+              ", out_channels=", out_channels, ", kernel_size=", pair_str(kernel_size));
+  FERRY_CHECK(groups >= 1, InvalidArgument, layer, ": groups must be a positive integer, got ", groups);
+  FERRY_CHECK(in_channels % groups == 0, InvalidArgument, layer, ": in_channels (", in_channels,
+              ") must be divisible by groups (", groups, ")");
+  FERRY_CHECK(out_channels % groups == 0, InvalidArgument, layer, ": out_channels (", out_channels,
+              ") must be divisible by groups (", groups, ")");
+}
 }  // namespace
 
 Conv2d::Conv2d(std::int64_t in_channels, std::int64_t out_channels, Size2 kernel_size, const Conv2dOptions& conv,
                const TensorOptions& tensor_options)
     : in_channels(in_channels), out_channels(out_channels), kernel_size(kernel_size), options(conv) {
-  FERRY_CHECK(in_channels > 0 && out_channels > 0 && kernel_size.h > 0 && kernel_size.w > 0, InvalidArgument,
-              "Conv2d: expected positive channels and kernel size, got in_channels=", in_channels,
-              ", out_channels=", out_channels, ", kernel_size=", pair_str(kernel_size));
-  FERRY_CHECK(options.groups >= 1, InvalidArgument, "Conv2d: groups must be a positive integer, got ", options.groups);
-  FERRY_CHECK(in_channels % options.groups == 0, InvalidArgument, "Conv2d: in_channels (", in_channels,
-              ") must be divisible by groups (", options.groups, ")");
-  FERRY_CHECK(out_channels % options.groups == 0, InvalidArgument, "Conv2d: out_channels (", out_channels,
-              ") must be divisible by groups (", options.groups, ")");
+  check_channels("Conv2d", in_channels, out_channels, kernel_size, options.groups);
   const std::int64_t in_per_group = in_channels / options.groups;
   const TensorOptions like{.device = tensor_options.device, .dtype = tensor_options.dtype};
   weight = register_parameter("weight", empty({out_channels, in_per_group, kernel_size.h, kernel_size.w}, like));
@@ -79,15 +85,7 @@ std::string Conv1d::extra_repr() const {
 ConvTranspose2d::ConvTranspose2d(std::int64_t in_channels, std::int64_t out_channels, Size2 kernel_size,
                                  const ConvTranspose2dOptions& conv, const TensorOptions& tensor_options)
     : in_channels(in_channels), out_channels(out_channels), kernel_size(kernel_size), options(conv) {
-  FERRY_CHECK(in_channels > 0 && out_channels > 0 && kernel_size.h > 0 && kernel_size.w > 0, InvalidArgument,
-              "ConvTranspose2d: expected positive channels and kernel size, got in_channels=", in_channels,
-              ", out_channels=", out_channels, ", kernel_size=", pair_str(kernel_size));
-  FERRY_CHECK(options.groups >= 1, InvalidArgument, "ConvTranspose2d: groups must be a positive integer, got ",
-              options.groups);
-  FERRY_CHECK(in_channels % options.groups == 0, InvalidArgument, "ConvTranspose2d: in_channels (", in_channels,
-              ") must be divisible by groups (", options.groups, ")");
-  FERRY_CHECK(out_channels % options.groups == 0, InvalidArgument, "ConvTranspose2d: out_channels (", out_channels,
-              ") must be divisible by groups (", options.groups, ")");
+  check_channels("ConvTranspose2d", in_channels, out_channels, kernel_size, options.groups);
   const std::int64_t out_per_group = out_channels / options.groups;
   const TensorOptions like{.device = tensor_options.device, .dtype = tensor_options.dtype};
   weight = register_parameter("weight", empty({in_channels, out_per_group, kernel_size.h, kernel_size.w}, like));

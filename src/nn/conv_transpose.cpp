@@ -67,20 +67,12 @@ Tensor conv_transpose2d(const Tensor& input_in, const Tensor& weight, const Tens
   }
 
   // The conv2d this is the adjoint of: its input is our output (N, out_channels, oh, ow), its output our input.
-  Backend::Conv2dShape s;
-  s.batch = input.size(0);
-  s.in_channels = out_channels;
-  s.out_channels = input.size(1);
-  s.kernel_h = weight.size(2);
-  s.kernel_w = weight.size(3);
-  s.height = (input.size(2) - 1) * stride.h - 2 * padding.h + dilation.h * (s.kernel_h - 1) + output_padding.h + 1;
-  s.width = (input.size(3) - 1) * stride.w - 2 * padding.w + dilation.w * (s.kernel_w - 1) + output_padding.w + 1;
-  s.stride_h = stride.h;
-  s.stride_w = stride.w;
-  s.pad_h = padding.h;
-  s.pad_w = padding.w;
-  s.dilation_h = dilation.h;
-  s.dilation_w = dilation.w;
+  const Size2 kernel(weight.size(2), weight.size(3));
+  const Backend::Conv2dShape s = conv2d_shape(
+      input.size(0), out_channels,
+      (input.size(2) - 1) * stride.h - 2 * padding.h + dilation.h * (kernel.h - 1) + output_padding.h + 1,
+      (input.size(3) - 1) * stride.w - 2 * padding.w + dilation.w * (kernel.w - 1) + output_padding.w + 1,
+      input.size(1), kernel, stride, padding, dilation);
   FERRY_CHECK(s.height >= 1 && s.width >= 1, ShapeMismatch, "conv_transpose2d: calculated output size (", s.height,
               " x ", s.width, ") is too small for input ", shape_str(input.shape()), " and kernel (", s.kernel_h,
               " x ", s.kernel_w, ") with stride (", stride.h, ", ", stride.w, ") and padding (", padding.h, ", ",

@@ -323,20 +323,9 @@ Tensor conv2d(const Tensor& input_in, const Tensor& weight, const Tensor& bias, 
               InvalidArgument, "conv2d: expected stride >= 1, padding >= 0, dilation >= 1, got stride (", stride.h, ", ",
               stride.w, "), padding (", padding.h, ", ", padding.w, "), dilation (", dilation.h, ", ", dilation.w, ")");
 
-  Backend::Conv2dShape s;
-  s.batch = input.size(0);
-  s.in_channels = input.size(1);
-  s.height = input.size(2);
-  s.width = input.size(3);
-  s.out_channels = weight.size(0);
-  s.kernel_h = weight.size(2);
-  s.kernel_w = weight.size(3);
-  s.stride_h = stride.h;
-  s.stride_w = stride.w;
-  s.pad_h = padding.h;
-  s.pad_w = padding.w;
-  s.dilation_h = dilation.h;
-  s.dilation_w = dilation.w;
+  const Backend::Conv2dShape s = conv2d_shape(input.size(0), input.size(1), input.size(2), input.size(3),
+                                              weight.size(0), Size2(weight.size(2), weight.size(3)), stride, padding,
+                                              dilation);
   const std::int64_t out_h = s.out_h(), out_w = s.out_w();
   FERRY_CHECK(out_h >= 1 && out_w >= 1, ShapeMismatch, "conv2d: calculated output size (", out_h, " x ", out_w,
               ") is too small for input ", shape_str(input.shape()), " and kernel (", s.kernel_h, " x ", s.kernel_w,
@@ -740,6 +729,39 @@ Tensor averaging_matrix(std::int64_t n_in, std::int64_t n_out, Device device, DT
 }
 }  // namespace
 
+namespace {
+// (n_out, n_in) of dtype on device: PyTorch's linear interpolation weights. Row i mixes the two inputs around its
+// source point x = (i + 0.5) n_in / n_out - 0.5, clamped at 0 (or, with align_corners, i (n_in - 1) / (n_out - 1)):
+// 1 - frac on floor(x) and frac on floor(x) + 1 (the last input again at the edge), frac = x - floor(x).
+Tensor interpolation_matrix(std::int64_t n_in, std::int64_t n_out, bool align_corners, Device device, DType dtype) {
+  const ArangeOptions f64{.device = device, .dtype = DType::Float64};
+  const Tensor i = arange(0, static_cast<double>(n_out), 1, f64).unsqueeze(1);  // (n_out, 1)
+  const Tensor h = arange(0, static_cast<double>(n_in), 1, f64).unsqueeze(0);   // (1, n_in)
+  const double in = static_cast<double>(n_in), out = static_cast<double>(n_out);
+  const Tensor source = align_corners ? mul(i, n_out > 1 ? (in - 1) / (out - 1) : 0.0)
+                                      : clamp(sub(mul(add(i, 0.5), in / out), 0.5), 0.0);
+  const Tensor first = floor(source);
+  const Tensor frac = sub(source, first);
+  const Tensor second = clamp(add(first, 1.0), std::nullopt, in - 1);
+  return add(mul(eq(h, first).to(DType::Float64), rsub(frac, 1.0)), mul(eq(h, second).to(DType::Float64), frac))
+      .to(dtype);
+}
+}  // namespace
+
+Tensor upsample_bilinear2d(const Tensor& input, Size2 output_size, bool align_corners) {
+  FERRY_CHECK(input.dim() == 4, ShapeMismatch, "upsample_bilinear2d: expected a 4-d (N, C, H, W) input, got ",
+              shape_str(input.shape()));
+  check_floating("upsample_bilinear2d", input);
+  FERRY_CHECK(output_size.h >= 1 && output_size.w >= 1, InvalidArgument, "upsample_bilinear2d: output_size must be "
+              "positive, got (", output_size.h, ", ", output_size.w, ")");
+  const std::int64_t height = input.size(2), width = input.size(3);
+  FERRY_CHECK(height > 0 && width > 0, ShapeMismatch, "upsample_bilinear2d: the input ", shape_str(input.shape()),
+              " has no rows or columns to interpolate");
+  const Tensor rows = interpolation_matrix(height, output_size.h, align_corners, input.device(), input.dtype());
+  const Tensor cols = interpolation_matrix(width, output_size.w, align_corners, input.device(), input.dtype());
+  return matmul(matmul(rows, input), cols.t());  // (oh, H) @ (N, C, H, W) @ (W, ow)
+}
+
 Tensor adaptive_avg_pool2d(const Tensor& input, Size2 output_size) {
   FERRY_CHECK(input.dim() == 3 || input.dim() == 4, ShapeMismatch, "adaptive_avg_pool2d: expected a 3-d (C, H, W) "
               "or 4-d (N, C, H, W) input, got ", shape_str(input.shape()));
@@ -758,6 +780,42 @@ Tensor adaptive_avg_pool2d(const Tensor& input, Size2 output_size) {
   const Tensor rows = averaging_matrix(height, output_size.h, input.device(), input.dtype());  // (oh, H)
   const Tensor cols = averaging_matrix(width, output_size.w, input.device(), input.dtype());   // (ow, W)
   return matmul(matmul(rows, input), cols.t());  // (oh, H) @ (N, C, H, W) @ (W, ow)
+}
+
+namespace {
+// The maximum of x over each adaptive window along `dim` (size n_in -> n_out): window i covers [floor(i n_in /
+// n_out), ceil((i + 1) n_in / n_out)). Its rows are gathered as (n_out, k), k the longest window's length, a shorter
+// window repeating its last row (which leaves its maximum, and the row that gets the gradient, unchanged).
+Tensor window_max(const Tensor& x, int dim, std::int64_t n_out) {
+  const std::int64_t n_in = x.size(dim);
+  std::int64_t k = 0;
+  for (std::int64_t i = 0; i < n_out; ++i) k = std::max(k, ((i + 1) * n_in + n_out - 1) / n_out - i * n_in / n_out);
+  const ArangeOptions f64{.device = x.device(), .dtype = DType::Float64};
+  const double in = static_cast<double>(n_in), out = static_cast<double>(n_out);
+  const Tensor i = arange(0, out, 1, f64).unsqueeze(1);  // (n_out, 1)
+  const Tensor start = floor(div(mul(i, in), out)), end = ceil(div(mul(add(i, 1.0), in), out));
+  const Tensor rows = minimum(add(start, arange(0, static_cast<double>(k), 1, f64).unsqueeze(0)), sub(end, 1.0));
+  Shape windows = x.shape();  // x's shape with dim split into (n_out, k)
+  windows[dim] = n_out;
+  windows.insert(windows.begin() + dim + 1, k);
+  return max(index_select(x, dim, rows.to(DType::Int64).reshape({n_out * k})).reshape(windows), dim + 1).first;
+}
+}  // namespace
+
+Tensor adaptive_max_pool2d(const Tensor& input, Size2 output_size) {
+  FERRY_CHECK(input.dim() == 3 || input.dim() == 4, ShapeMismatch, "adaptive_max_pool2d: expected a 3-d (C, H, W) "
+              "or 4-d (N, C, H, W) input, got ", shape_str(input.shape()));
+  check_floating("adaptive_max_pool2d", input);
+  FERRY_CHECK(output_size.h >= 1 && output_size.w >= 1, InvalidArgument, "adaptive_max_pool2d: output_size must be "
+              "positive, got (", output_size.h, ", ", output_size.w, ")");
+  const std::int64_t height = input.size(-2), width = input.size(-1);
+  FERRY_CHECK(height > 0 && width > 0, ShapeMismatch, "adaptive_max_pool2d: the input ", shape_str(input.shape()),
+              " has no rows or columns to pool");
+  if (input.dim() == 3) return adaptive_max_pool2d(input.unsqueeze(0), output_size).squeeze(0);
+  if (height % output_size.h == 0 && width % output_size.w == 0) {
+    return max_pool2d(input, Size2(height / output_size.h, width / output_size.w));  // equal, disjoint windows
+  }
+  return window_max(window_max(input, 2, output_size.h), 3, output_size.w);
 }
 
 Tensor conv1d(const Tensor& input, const Tensor& weight, const Tensor& bias, std::int64_t stride, std::int64_t padding,

@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "ferry/nn/activation.h"
+#include "ferry/nn/fold.h"
 #include "ferry/nn/functional.h"
 #include "ferry/nn/module_list.h"
 #include "ferry/nn/pooling.h"
@@ -65,14 +66,41 @@ std::string AvgPool2d::extra_repr() const {
 
 Tensor AdaptiveAvgPool2d::forward(const Tensor& input) { return functional::adaptive_avg_pool2d(input, output_size); }
 std::string AdaptiveAvgPool2d::extra_repr() const { return "output_size=" + size_str(output_size); }
+Tensor AdaptiveMaxPool2d::forward(const Tensor& input) { return functional::adaptive_max_pool2d(input, output_size); }
+std::string AdaptiveMaxPool2d::extra_repr() const { return "output_size=" + size_str(output_size); }
 
-Upsample::Upsample(Size2 scale_factor, std::string mode) : scale_factor(scale_factor), mode(std::move(mode)) {
-  FERRY_CHECK(this->mode == "nearest", NotSupported, "Upsample: mode '", ferry::detail::printable(this->mode),
-              "' is not supported (only 'nearest')");
+Tensor Unfold::forward(const Tensor& input) {
+  return functional::unfold(input, kernel_size, dilation, padding, stride);
+}
+std::string Unfold::extra_repr() const {
+  return "kernel_size=" + size_str(kernel_size) + ", dilation=" + size_str(dilation) + ", padding=" +
+         size_str(padding) + ", stride=" + size_str(stride);
+}
+
+Tensor Fold::forward(const Tensor& input) {
+  return functional::fold(input, output_size, kernel_size, dilation, padding, stride);
+}
+std::string Fold::extra_repr() const {
+  return "output_size=" + size_str(output_size) + ", kernel_size=" + size_str(kernel_size) + ", dilation=" +
+         size_str(dilation) + ", padding=" + size_str(padding) + ", stride=" + size_str(stride);
+}
+
+Upsample::Upsample(Size2 scale_factor, std::string mode, bool align_corners)
+    : scale_factor(scale_factor), mode(std::move(mode)), align_corners(align_corners) {
+  FERRY_CHECK(this->mode == "nearest" || this->mode == "bilinear", NotSupported, "Upsample: mode '",
+              ferry::detail::printable(this->mode), "' is not supported (only 'nearest' and 'bilinear')");
+  FERRY_CHECK(!align_corners || this->mode == "bilinear", InvalidArgument, "Upsample: align_corners can only be set "
+              "with the interpolating mode 'bilinear', not '", this->mode, "'");
   FERRY_CHECK(scale_factor.h >= 1 && scale_factor.w >= 1, InvalidArgument, "Upsample: scale factors must be whole "
               "numbers >= 1, got (", scale_factor.h, ", ", scale_factor.w, ")");
 }
-Tensor Upsample::forward(const Tensor& input) { return functional::upsample_nearest2d(input, scale_factor); }
+Tensor Upsample::forward(const Tensor& input) {
+  if (mode == "nearest") return functional::upsample_nearest2d(input, scale_factor);
+  FERRY_CHECK(input.dim() == 4, ShapeMismatch, "Upsample: expected a 4-d (N, C, H, W) input, got ",
+              shape_str(input.shape()));
+  return functional::upsample_bilinear2d(input, Size2(input.size(2) * scale_factor.h, input.size(3) * scale_factor.w),
+                                         align_corners);
+}
 std::string Upsample::extra_repr() const {
   const std::string factor = scale_factor.h == scale_factor.w
                                  ? ferry::detail::concat(scale_factor.h, ".0")

@@ -1,6 +1,7 @@
 // loss.cpp — cross_entropy (the backend's fused log-softmax + NLL gives each row's loss and the gradient
-// in one call; weights, ignore_index and label smoothing compose log_softmax and nll_loss), nll_loss and mse_loss
-// (composed from tensor ops). Not here: layers (functional.cpp).
+// in one call; weights, ignore_index and label smoothing compose log_softmax and nll_loss), nll_loss, and the
+// elementwise losses mse, l1, smooth_l1, huber, binary_cross_entropy and its logits form (composed from tensor
+// ops). Not here: layers (functional.cpp).
 #include "ferry/nn/loss.h"
 
 #include "../core/internal.h"
@@ -114,14 +115,75 @@ Tensor nll_loss(const Tensor& log_probs, const Tensor& target, const NLLLossOpti
   return class_loss("nll_loss", log_probs, target, options.weight, options.ignore_index, 0, options.reduction);
 }
 
+namespace {
+Tensor reduce(const Tensor& loss, Reduction reduction) {
+  if (reduction == Reduction::Mean) return mean(loss);
+  if (reduction == Reduction::Sum) return sum(loss);
+  return loss;
+}
+
+// The checks of the elementwise losses: one device, one shape, floating input.
+void check_pair(const char* op, const Tensor& input, const Tensor& target) {
+  check_same_device(op, {&input, &target});
+  FERRY_CHECK(is_floating(input.dtype()), DTypeMismatch, op, ": expected a float32 or float64 input, got ",
+              dtype_name(input.dtype()));
+  FERRY_CHECK(input.shape() == target.shape(), ShapeMismatch, op, ": expected input and target of one shape, got ",
+              shape_str(input.shape()), " and ", shape_str(target.shape()));
+}
+
+// Per element of d: 0.5 d^2 / beta where |d| < beta, else |d| - 0.5 beta (beta 0: |d|).
+Tensor smooth_l1(const Tensor& d, double beta) {
+  const Tensor magnitude = abs(d);
+  if (beta == 0) return magnitude;
+  return where(lt(magnitude, beta), mul(square(d), 0.5 / beta), sub(magnitude, 0.5 * beta));
+}
+}  // namespace
+
 Tensor mse_loss(const Tensor& input, const Tensor& target, Reduction reduction) {
   check_same_device("mse_loss", {&input, &target});
   FERRY_CHECK(input.shape() == target.shape(), ShapeMismatch, "mse_loss: expected input and target of one shape, got ",
               shape_str(input.shape()), " and ", shape_str(target.shape()));
-  const Tensor squared = square(sub(input, target));
-  if (reduction == Reduction::Mean) return mean(squared);
-  if (reduction == Reduction::Sum) return sum(squared);
-  return squared;
+  return reduce(square(sub(input, target)), reduction);
+}
+
+Tensor l1_loss(const Tensor& input, const Tensor& target, Reduction reduction) {
+  check_pair("l1_loss", input, target);
+  return reduce(abs(sub(input, target)), reduction);
+}
+
+Tensor smooth_l1_loss(const Tensor& input, const Tensor& target, Reduction reduction, double beta) {
+  check_pair("smooth_l1_loss", input, target);
+  FERRY_CHECK(beta >= 0, InvalidArgument, "smooth_l1_loss: beta must be non-negative, got ", beta);
+  return reduce(smooth_l1(sub(input, target), beta), reduction);
+}
+
+Tensor huber_loss(const Tensor& input, const Tensor& target, Reduction reduction, double delta) {
+  check_pair("huber_loss", input, target);
+  FERRY_CHECK(delta > 0, InvalidArgument, "huber_loss: delta must be positive, got ", delta);
+  return reduce(mul(smooth_l1(sub(input, target), delta), delta), reduction);
+}
+
+Tensor binary_cross_entropy(const Tensor& input, const Tensor& target, const BCELossOptions& options) {
+  check_pair("binary_cross_entropy", input, target);
+  check_same_device("binary_cross_entropy", {&input, &options.weight});
+  // -(t log p + (1 - t) log(1 - p)), each log at least -100 (PyTorch's clamp)
+  const Tensor log_p = clamp(log(input), -100.0), log_q = clamp(log(rsub(input, 1.0)), -100.0);
+  Tensor loss = neg(add(mul(target, log_p), mul(rsub(target, 1.0), log_q)));
+  if (options.weight.defined()) loss = mul(loss, options.weight);
+  return reduce(loss, options.reduction);
+}
+
+Tensor binary_cross_entropy_with_logits(const Tensor& logits, const Tensor& target,
+                                        const BCEWithLogitsOptions& options) {
+  check_pair("binary_cross_entropy_with_logits", logits, target);
+  check_same_device("binary_cross_entropy_with_logits", {&logits, &options.weight, &options.pos_weight});
+  // -log sigmoid(x) = log(1 + exp(-|x|)) + max(-x, 0), never exp of a large number
+  const Tensor softplus_neg = add(log1p(exp(neg(abs(logits)))), clamp(neg(logits), 0.0));
+  const Tensor log_weight =
+      options.pos_weight.defined() ? add(mul(sub(options.pos_weight, 1.0), target), 1.0) : Tensor();
+  Tensor loss = add(mul(rsub(target, 1.0), logits), log_weight.defined() ? mul(log_weight, softplus_neg) : softplus_neg);
+  if (options.weight.defined()) loss = mul(loss, options.weight);
+  return reduce(loss, options.reduction);
 }
 
 }  // namespace ferry::nn::functional

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "ferry/nn/loss.h"
 #include "ferry/tensor.h"
@@ -84,10 +85,34 @@ Tensor avg_pool2d(const Tensor& input, Size2 kernel_size, Size2 stride = 0, Size
 // when oh does not divide H). Global pooling (1, 1) is a mean, sizes that divide are avg_pool2d, the rest two
 // matmuls with averaging matrices built on the input's device; autograd differentiates each.
 Tensor adaptive_avg_pool2d(const Tensor& input, Size2 output_size);
+// torch's adaptive_max_pool2d (without return_indices): the same windows, their maximum. Sizes that divide are
+// max_pool2d; the rest take the maximum over row windows, then over column windows (a max is separable), each
+// gathered on the device with index_select. The gradient goes to one maximum per window (torch's, but for ties).
+Tensor adaptive_max_pool2d(const Tensor& input, Size2 output_size);
 // Nearest-neighbour upsampling by whole factors: input (N, C, H, W) -> (N, C, H sh, W sw), each value repeated in an
 // sh x sw block (torch's interpolate(mode="nearest") with integer scale factors). A broadcast view copied once; the
 // gradient of each input element is the sum over its block.
 Tensor upsample_nearest2d(const Tensor& input, Size2 scale_factor);
+// Bilinear resize of input (N, C, H, W) to output_size (PyTorch's F.interpolate(mode="bilinear"), no antialias):
+// output pixel (i, j) mixes the 2 x 2 input pixels around its source point y = (i + 0.5) H / oh - 0.5, clamped at
+// 0 (x alike), or, with align_corners, y = i (H - 1) / (oh - 1): the corner pixels land on the corners. Runs as two
+// interpolation matmuls built on the device, (oh, H) @ input @ (W, ow), and differentiates through them.
+Tensor upsample_bilinear2d(const Tensor& input, Size2 output_size, bool align_corners = false);
+// PyTorch's F.unfold: the sliding (kh, kw) blocks of input (N, C, H, W) or (C, H, W) as columns (N, C kh kw, L),
+// L = oh * ow blocks counted as conv2d counts its outputs, each column one block (rows in (c, i, j) order). fold
+// is its adjoint: columns (N, C kh kw, L) summed back into an image (N, C, output_size), overlaps added (so
+// fold(unfold(x)) is x times how many blocks cover each pixel). The backend's im2col / col2im, each the other's
+// gradient. unfold + matmul + fold is a convolution written by hand.
+Tensor unfold(const Tensor& input, Size2 kernel_size, Size2 dilation = 1, Size2 padding = 0, Size2 stride = 1);
+Tensor fold(const Tensor& input, Size2 output_size, Size2 kernel_size, Size2 dilation = 1, Size2 padding = 0,
+            Size2 stride = 1);
+// PyTorch's F.pad: `pad` holds (left, right) pairs for the last dim, then the one before it, and so on (so {1, 1, 2,
+// 0} pads W by 1 on each side and H by 2 on top). mode "constant" fills with `value` (a negative size cuts elements
+// off); "reflect" mirrors without the edge (each size below the dim's); "replicate" repeats the edge; "circular"
+// wraps around (each size at most the dim's). Composed of narrow, expand, index_select and cat on the input's
+// device; autograd differentiates it.
+Tensor pad(const Tensor& input, const std::vector<std::int64_t>& pad, const std::string& mode = "constant",
+           double value = 0);
 
 Tensor relu(const Tensor& input);
 // softmax, log_softmax and logsumexp are tensor ops (ferry/ops.h); here too, as in torch::nn::functional.

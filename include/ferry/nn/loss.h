@@ -1,5 +1,6 @@
 // ferry/nn/loss.h — losses: cross-entropy (fused log-softmax + NLL, one backend call for the loss and its
-// gradient), negative log-likelihood and mean squared error, as functions and as small callable classes.
+// gradient), negative log-likelihood, mean squared error, L1, smooth L1, Huber, and binary cross-entropy (on
+// probabilities or, stably, on logits), as functions and as small callable classes.
 // Not here: layers; softmax and log_softmax (ferry/ops.h).
 #pragma once
 
@@ -33,6 +34,17 @@ struct CrossEntropyOptions {
   double label_smoothing = 0;                // s in [0, 1]
 };
 
+struct BCELossOptions {
+  Reduction reduction = Reduction::Mean;
+  Tensor weight{};  // broadcast to the input's shape: a weight per element (e.g. per class); undefined: all 1
+};
+
+struct BCEWithLogitsOptions {
+  Reduction reduction = Reduction::Mean;
+  Tensor weight{};      // as BCELossOptions::weight
+  Tensor pos_weight{};  // broadcast along the last dim (a weight per class) on the positive term; undefined: 1
+};
+
 namespace functional {
 // logits (N, C) float, target (N) int64 (or int32) class indices -> loss () (Mean, Sum) or (N) (None).
 // A target outside [0, C) (and not ignore_index) throws InvalidArgument (on a GPU at the next sync: it is
@@ -43,12 +55,32 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target, const CrossEntr
 Tensor nll_loss(const Tensor& log_probs, const Tensor& target, const NLLLossOptions& options = {});
 // input and target of one shape (target is not differentiated) -> () or the input's shape.
 Tensor mse_loss(const Tensor& input, const Tensor& target, Reduction reduction = Reduction::Mean);
+// |input - target| per element, reduced. input and target of one shape (target is not differentiated).
+Tensor l1_loss(const Tensor& input, const Tensor& target, Reduction reduction = Reduction::Mean);
+// Per element, d = input - target: 0.5 d^2 / beta where |d| < beta, else |d| - 0.5 beta (beta 0: l1_loss).
+Tensor smooth_l1_loss(const Tensor& input, const Tensor& target, Reduction reduction = Reduction::Mean,
+                      double beta = 1.0);
+// Per element: 0.5 d^2 where |d| < delta, else delta (|d| - 0.5 delta): smooth_l1_loss times delta (= beta).
+Tensor huber_loss(const Tensor& input, const Tensor& target, Reduction reduction = Reduction::Mean,
+                  double delta = 1.0);
+// probabilities in [0, 1] and targets in [0, 1] of one shape: -weight (t log p + (1 - t) log(1 - p)) per element,
+// each log clamped at -100 as PyTorch (so p = 0 or 1 gives a finite loss), reduced.
+Tensor binary_cross_entropy(const Tensor& input, const Tensor& target, const BCELossOptions& options = {});
+// binary_cross_entropy(sigmoid(logits), target) without forming the sigmoid: (1 - t) x + l (log(1 + exp(-|x|)) +
+// max(-x, 0)), l = 1 + (pos_weight - 1) t; finite for any logits.
+Tensor binary_cross_entropy_with_logits(const Tensor& logits, const Tensor& target,
+                                        const BCEWithLogitsOptions& options = {});
 }  // namespace functional
 
-// Also reachable as nn::cross_entropy / nn::mse_loss.
+// Also reachable as nn::cross_entropy, nn::mse_loss, ...
+using functional::binary_cross_entropy;
+using functional::binary_cross_entropy_with_logits;
 using functional::cross_entropy;
+using functional::huber_loss;
+using functional::l1_loss;
 using functional::mse_loss;
 using functional::nll_loss;
+using functional::smooth_l1_loss;
 
 class CrossEntropyLoss {
  public:
@@ -82,6 +114,63 @@ class MSELoss {
 
  private:
   Reduction reduction_;
+};
+
+class L1Loss {
+ public:
+  explicit L1Loss(Reduction reduction = Reduction::Mean) : reduction_(reduction) {}
+  Tensor operator()(const Tensor& input, const Tensor& target) const {
+    return functional::l1_loss(input, target, reduction_);
+  }
+
+ private:
+  Reduction reduction_;
+};
+
+class SmoothL1Loss {
+ public:
+  explicit SmoothL1Loss(Reduction reduction = Reduction::Mean, double beta = 1.0) : reduction_(reduction), beta_(beta) {}
+  Tensor operator()(const Tensor& input, const Tensor& target) const {
+    return functional::smooth_l1_loss(input, target, reduction_, beta_);
+  }
+
+ private:
+  Reduction reduction_;
+  double beta_;
+};
+
+class HuberLoss {
+ public:
+  explicit HuberLoss(Reduction reduction = Reduction::Mean, double delta = 1.0) : reduction_(reduction), delta_(delta) {}
+  Tensor operator()(const Tensor& input, const Tensor& target) const {
+    return functional::huber_loss(input, target, reduction_, delta_);
+  }
+
+ private:
+  Reduction reduction_;
+  double delta_;
+};
+
+class BCELoss {
+ public:
+  explicit BCELoss(BCELossOptions options = {}) : options_(std::move(options)) {}
+  Tensor operator()(const Tensor& input, const Tensor& target) const {
+    return functional::binary_cross_entropy(input, target, options_);
+  }
+
+ private:
+  BCELossOptions options_;
+};
+
+class BCEWithLogitsLoss {
+ public:
+  explicit BCEWithLogitsLoss(BCEWithLogitsOptions options = {}) : options_(std::move(options)) {}
+  Tensor operator()(const Tensor& logits, const Tensor& target) const {
+    return functional::binary_cross_entropy_with_logits(logits, target, options_);
+  }
+
+ private:
+  BCEWithLogitsOptions options_;
 };
 
 }  // namespace ferry::nn
