@@ -1,17 +1,19 @@
-// char_transformer — a small GPT (decoder-only transformer) trained on the characters of any text file, on ferry's
-// library, outside ferry's tree (examples/CMakeLists.txt). llm.c's loop in a page of C++:
+// char_transformer — a small GPT (decoder-only transformer), or with --model lstm|gru a char-rnn, trained on the
+// characters of any text file, on ferry's library, outside ferry's tree (examples/CMakeLists.txt). llm.c's loop in
+// a page of C++:
 //
 //   tokens resident on the device once; each step's batch picked there (randint + index_select: no copy);
 //   Embedding + position Embedding -> N x [LayerNorm, causal MultiheadAttention, LayerNorm, Linear-GELU-Linear]
-//   -> LayerNorm -> Linear to the vocabulary; cross-entropy; AdamW (weight decay on the matrices only: two
+//   -> LayerNorm -> Linear to the vocabulary (char-rnn: Embedding -> --layers of LSTM or GRU -> Linear); cross-entropy; AdamW (weight decay on the matrices only: two
 //   parameter groups, as nanoGPT) with a warmup then cosine schedule (SequentialLR), gradients clipped to norm 1
 //   (on the device); the loss read back every --log-every steps.
 //
 // Then it writes --sample characters, one forward pass each, drawn on the device (multinomial): the text is read
 // back once, at the end, one sync for the whole sample.
 //
-//   char_transformer [--text FILE] [--device auto|cpu|cuda:N|sim] [--steps N] [--batch N] [--context N]
-//                    [--dim N] [--heads N] [--layers N] [--lr X] [--log-every N] [--sample N] [--seed N]
+//   char_transformer [--text FILE] [--model gpt|lstm|gru] [--device auto|cpu|cuda:N|sim] [--steps N] [--batch N]
+//                    [--context N] [--dim N] [--heads N] [--layers N] [--lr X] [--log-every N] [--sample N]
+//                    [--seed N]
 #include <algorithm>
 #include <array>
 #include <cmath>
@@ -36,6 +38,7 @@
 #include "ferry/nn/linear.h"
 #include "ferry/nn/loss.h"
 #include "ferry/nn/module_list.h"
+#include "ferry/nn/rnn.h"
 #include "ferry/optim.h"
 #include "ferry/phase.h"
 #include "ferry/report.h"
@@ -47,6 +50,7 @@ namespace nn = ferry::nn;
 
 struct Options {
   std::string text = "/usr/share/common-licenses/GPL-3";  // any text; Debian ships this one everywhere
+  std::string model = "gpt";  // or lstm, gru
   std::string device = "auto";
   std::int64_t steps = 300, batch = 32, context = 64, dim = 64, heads = 4, layers = 2, log_every = 50, sample = 300;
   double lr = 3e-3;
@@ -107,6 +111,25 @@ class CharTransformer : public nn::Module {
   std::shared_ptr<nn::Linear> head;
 };
 
+// Karpathy's char-rnn: each character's embedding through --layers of LSTM (or GRU) cells, batch first, then a
+// Linear to the vocabulary at every step.
+class CharRnn : public nn::Module {
+ public:
+  CharRnn(std::int64_t vocab, const Options& o, const ferry::TensorOptions& on) {
+    tokens = register_module("tokens", std::make_shared<nn::Embedding>(vocab, o.dim, std::nullopt, on));
+    const nn::RNNOptions layers{.num_layers = o.layers, .batch_first = true};
+    if (o.model == "lstm") rnn = register_module("rnn", std::make_shared<nn::LSTM>(o.dim, o.dim, layers, on));
+    else rnn = register_module("rnn", std::make_shared<nn::GRU>(o.dim, o.dim, layers, on));
+    head = register_module("head", std::make_shared<nn::Linear>(o.dim, vocab, true, on));
+  }
+  Tensor forward(const Tensor& ids) override { return (*head)((*rnn)((*tokens)(ids))); }  // (B, T) -> (B, T, vocab)
+  std::string type_name() const override { return "CharRnn"; }
+
+  std::shared_ptr<nn::Embedding> tokens;
+  std::shared_ptr<nn::RNNBase> rnn;
+  std::shared_ptr<nn::Linear> head;
+};
+
 std::int64_t whole(std::string_view option, const std::string& text, std::int64_t least) {
   std::size_t used = 0;
   long long value = 0;
@@ -127,16 +150,18 @@ Options parse(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     const std::string_view arg = argv[i];
     if (arg == "--help" || arg == "-h") {
-      std::cout << "usage: char_transformer [--text FILE] [--device auto|cpu|cuda:N|sim] [--steps N] [--batch N]\n"
-                   "                        [--context N] [--dim N] [--heads N] [--layers N] [--lr X] [--log-every N]\n"
-                   "                        [--sample N] [--seed N]\n"
-                   "Trains a small GPT on the characters of FILE (default " << o.text << "), then writes\n"
-                   "--sample characters from it.\n";
+      std::cout << "usage: char_transformer [--text FILE] [--model gpt|lstm|gru] [--device auto|cpu|cuda:N|sim]\n"
+                   "                        [--steps N] [--batch N] [--context N] [--dim N] [--heads N] [--layers N]\n"
+                   "                        [--lr X] [--log-every N] [--sample N] [--seed N]\n"
+                   "Trains a small GPT (or, with --model lstm or gru, a char-rnn of --layers recurrent layers of\n"
+                   "--dim units; --heads is the GPT's) on the characters of FILE (default " << o.text << "),\n"
+                   "then writes --sample characters from it.\n";
       std::exit(0);
     }
     if (i + 1 == argc) throw ferry::InvalidArgument(std::string(arg) + " needs a value (see --help)");
     const std::string value = argv[++i];
     if (arg == "--text") o.text = value;
+    else if (arg == "--model") o.model = value;
     else if (arg == "--device") o.device = value;
     else if (arg == "--steps") o.steps = whole(arg, value, 1);
     else if (arg == "--batch") o.batch = whole(arg, value, 1);
@@ -156,7 +181,10 @@ Options parse(int argc, char** argv) {
       throw ferry::InvalidArgument("unknown option " + std::string(arg) + " (see --help)");
     }
   }
-  if (o.dim % o.heads != 0) {
+  if (o.model != "gpt" && o.model != "lstm" && o.model != "gru") {
+    throw ferry::InvalidArgument("--model wants gpt, lstm or gru, not '" + o.model + "'");
+  }
+  if (o.model == "gpt" && o.dim % o.heads != 0) {
     throw ferry::InvalidArgument("--dim " + std::to_string(o.dim) + " must divide by --heads " +
                                  std::to_string(o.heads));
   }
@@ -187,7 +215,10 @@ int run(const Options& o) {
   for (std::size_t i = 0; i < text.size(); ++i) ids[i] = id[static_cast<unsigned char>(text[i])];
   const Tensor data = from_vector(ids, {static_cast<std::int64_t>(ids.size())}).to(device);  // resident: one copy
 
-  CharTransformer model(vocab, o, {.device = device});
+  std::shared_ptr<nn::Module> network;
+  if (o.model == "gpt") network = std::make_shared<CharTransformer>(vocab, o, TensorOptions{.device = device});
+  else network = std::make_shared<CharRnn>(vocab, o, TensorOptions{.device = device});
+  nn::Module& model = *network;
   std::vector<Tensor> matrices, others;  // weight decay for the weight matrices and embeddings, none for biases and norms
   for (const auto& [name, p] : model.named_parameters()) (p.dim() >= 2 ? matrices : others).push_back(p);
   optim::AdamW adamw({{.params = matrices}, {.params = others, .weight_decay = 0.0}}, {.lr = o.lr, .weight_decay = 0.1});
@@ -197,7 +228,7 @@ int run(const Options& o) {
       std::make_shared<optim::CosineAnnealingLR>(adamw, std::max<std::int64_t>(1, o.steps - warmup), o.lr / 10);
   optim::SequentialLR schedule(adamw, {ramp, decay}, {warmup});
   std::cout << "char_transformer: " << text.size() << " characters of " << o.text << ", " << vocab
-            << " distinct; " << model.parameter_count() << " parameters on " << device.str() << "; " << o.steps
+            << " distinct; " << o.model << ", " << model.parameter_count() << " parameters on " << device.str() << "; " << o.steps
             << " steps of " << o.batch << " x " << o.context << " tokens\n";
 
   // A batch, on the device: random starts, then the windows of tokens after them (inputs) and one further on

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
 
 #include "ferry/autograd.h"
 #include "ferry/factories.h"
@@ -21,6 +22,7 @@
 #include "ferry/nn/pooling.h"
 #include "ferry/nn/rnn.h"
 #include "ferry/nn/sequential.h"
+#include "ferry/nn/transformer.h"
 #include "ferry/ops.h"
 #include "ferry/optim.h"
 #include "ferry/random.h"
@@ -686,6 +688,52 @@ TEST(NNModule, RecurrentLayersFollowPyTorch) {
   EXPECT_THROW(nn::LSTM(3, 0), ferry::InvalidArgument);
   EXPECT_THROW(nn::GRU(3, 4, {.dropout = 1.5}), ferry::InvalidArgument);
   EXPECT_THROW(nn::GRU(3, 4)(ferry::ones({2, 3}, {.dtype = DType::Int64})), ferry::DTypeMismatch);
+}
+
+// TransformerEncoderLayer and TransformerEncoder: PyTorch's tree and names, shapes in each layout, the causal mask
+// (generate_square_subsequent_mask, or is_causal: the same result), and the refusals.
+TEST(NNModule, TransformerEncoderFollowsPyTorch) {
+  nn::TransformerEncoderLayer layer(8, 2, {.dim_feedforward = 16, .dropout = 0.0});
+  EXPECT_EQ(layer.str(),
+            "TransformerEncoderLayer(\n"
+            "  (self_attn): MultiheadAttention(\n"
+            "    embed_dim=8, num_heads=2, batch_first=False\n"  // torch prints no line of its own here
+            "    (out_proj): Linear(in_features=8, out_features=8, bias=True)\n"
+            "  )\n"
+            "  (linear1): Linear(in_features=8, out_features=16, bias=True)\n"
+            "  (dropout): Dropout(p=0.0, inplace=False)\n"
+            "  (linear2): Linear(in_features=16, out_features=8, bias=True)\n"
+            "  (norm1): LayerNorm((8,), eps=1e-05, elementwise_affine=True)\n"
+            "  (norm2): LayerNorm((8,), eps=1e-05, elementwise_affine=True)\n"
+            "  (dropout1): Dropout(p=0.0, inplace=False)\n"
+            "  (dropout2): Dropout(p=0.0, inplace=False)\n"
+            ")");
+  EXPECT_EQ(layer.named_parameters().size(), 12u);
+  EXPECT_EQ(layer(ferry::randn({5, 3, 8})).shape(), (ferry::Shape{5, 3, 8}));
+  EXPECT_EQ(layer(ferry::randn({5, 8})).shape(), (ferry::Shape{5, 8}));  // unbatched
+  const Tensor mask = nn::generate_square_subsequent_mask(3);
+  const float inf = std::numeric_limits<float>::infinity();
+  EXPECT_EQ(mask.to_vector<float>(), (std::vector<float>{0, -inf, -inf, 0, 0, -inf, 0, 0, 0}));
+
+  nn::TransformerEncoder encoder(8, 2, 2, {.dim_feedforward = 16, .dropout = 0.0, .batch_first = true}, true);
+  const nn::NamedTensors params = encoder.named_parameters();
+  EXPECT_EQ(params.size(), 2u * 12 + 2);
+  EXPECT_EQ(params.front().first, "layers.0.self_attn.in_proj_weight");
+  EXPECT_EQ(params.back().first, "norm.bias");
+  const Tensor x = ferry::randn({2, 4, 8});
+  const Tensor by_mask = encoder.forward(x, {.mask = nn::generate_square_subsequent_mask(4)});
+  const Tensor by_flag = encoder.forward(x, {.is_causal = true});
+  EXPECT_LT(ferry::max(ferry::abs(ferry::sub(by_mask, by_flag))).item<float>(), 1e-5);
+  // causal: the first position's output does not depend on the later ones
+  Tensor changed = x.clone();
+  changed.narrow(1, 3, 1).fill_(5.0);
+  EXPECT_EQ(encoder.forward(changed, {.is_causal = true}).narrow(1, 0, 3).to_vector<float>(),
+            by_flag.narrow(1, 0, 3).to_vector<float>());
+
+  EXPECT_THROW(nn::TransformerEncoderLayer(8, 3), ferry::InvalidArgument);  // 8 does not divide by 3 heads
+  EXPECT_THROW(nn::TransformerEncoderLayer(8, 2, {.activation = "tanh"}), ferry::InvalidArgument);
+  EXPECT_THROW(nn::TransformerEncoder(8, 2, 0), ferry::InvalidArgument);
+  EXPECT_THROW(layer(ferry::randn({5, 3, 7})), ferry::ShapeMismatch);
 }
 
 // GroupNorm: its repr, batch-size independence (a sample alone normalizes as in a batch), and its checks.

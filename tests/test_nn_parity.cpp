@@ -23,6 +23,7 @@
 #include "ferry/nn/loss.h"
 #include "ferry/nn/pooling.h"
 #include "ferry/nn/rnn.h"
+#include "ferry/nn/transformer.h"
 #include "ferry/nn/sequential.h"
 #include "ferry/ops.h"
 #include "ferry/optim.h"
@@ -258,6 +259,57 @@ TEST(NNParityRecurrent, RnnLstmAndGruMatchPyTorch) {
       }
       EXPECT_EQ(layer->named_parameters().size(), with_prefix(f, "grad.").size()) << where;
       for (const auto& [pname, p] : layer->named_parameters()) {
+        EXPECT_CLOSE_TO_FIXTURE(p.grad(), f["grad." + pname], kLayerTolerance, where + ": grad of " + pname);
+        values.push_back(p.grad().to_vector<double>());
+      }
+      if (first.empty()) {
+        first = values;
+      } else if (!device.is_cuda()) {
+        EXPECT_EQ(values, first) << where << " differs from cpu";
+      }
+    }
+  }
+}
+
+// TransformerEncoderLayer (post-norm with a key padding mask, batch first; pre-norm with GELU and a causal float
+// mask) and a 2-layer TransformerEncoder with a final LayerNorm and both masks, against torch 1.13 in training mode
+// (dropout 0). The output and the gradients of the input and of every parameter, by PyTorch's names; on cpu, sim:0
+// (the cpu's bits) and cuda:0 where present.
+TEST(NNParityTransformer, EncoderLayersMatchPyTorch) {
+  for (const std::string name :
+       {"encoder_layer_post_norm_padding", "encoder_layer_pre_norm_gelu_causal", "encoder_2layers_final_norm"}) {
+    const Fixture f = load_fixture(name);
+    auto n = [&](const char* key) { return static_cast<std::int64_t>(f.number(key)); };
+    const nn::TransformerEncoderLayerOptions options{.dim_feedforward = n("ff"), .dropout = 0.0,
+                                                     .activation = f.text("activation"),
+                                                     .batch_first = n("batch_first") == 1,
+                                                     .norm_first = n("norm_first") == 1};
+    std::vector<Device> devices = {ferry::kCPU, Device::parse("sim:0")};
+    if (have_cuda()) devices.push_back(kCuda0);
+    std::vector<std::vector<double>> first;
+    for (const Device device : devices) {
+      const std::string where = name + " on " + device.str();
+      std::shared_ptr<nn::Module> encoder;
+      if (n("layers") == 0) {
+        encoder = std::make_shared<nn::TransformerEncoderLayer>(n("d_model"), n("nhead"), options);
+      } else {
+        encoder = std::make_shared<nn::TransformerEncoder>(n("d_model"), n("nhead"), n("layers"), options,
+                                                           n("final_norm") == 1);
+      }
+      encoder->to(device);
+      encoder->load_state_dict(with_prefix(f, "param."));  // strict: every PyTorch name, no other
+      nn::EncoderMasks masks;
+      if (f.has("mask")) masks.mask = f["mask"].to(device);
+      if (f.has("src_key_padding_mask")) masks.src_key_padding_mask = f["src_key_padding_mask"].to(device);
+      Tensor x = f["input"].detach().to(device).requires_grad_(true);
+      const Tensor out = n("layers") == 0 ? static_cast<nn::TransformerEncoderLayer&>(*encoder).forward(x, masks)
+                                          : static_cast<nn::TransformerEncoder&>(*encoder).forward(x, masks);
+      out.backward(f["grad_output"].to(device));
+      EXPECT_CLOSE_TO_FIXTURE(out, f["output"], kLayerTolerance, where + ": output");
+      EXPECT_CLOSE_TO_FIXTURE(x.grad(), f["grad_input"], kLayerTolerance, where + ": grad_input");
+      std::vector<std::vector<double>> values = {out.to_vector<double>(), x.grad().to_vector<double>()};
+      EXPECT_EQ(encoder->named_parameters().size(), with_prefix(f, "grad.").size()) << where;
+      for (const auto& [pname, p] : encoder->named_parameters()) {
         EXPECT_CLOSE_TO_FIXTURE(p.grad(), f["grad." + pname], kLayerTolerance, where + ": grad of " + pname);
         values.push_back(p.grad().to_vector<double>());
       }

@@ -110,6 +110,37 @@ def rnn_case(name, module, input_shape, metadata, with_state):
     write_safetensors(os.path.join(OUT, name + ".safetensors"), tensors, metadata)
 
 
+def encoder_case(name, module, input_shape, metadata, causal=False, padding=False):
+    """A TransformerEncoderLayer or TransformerEncoder in training mode (dropout 0: PyTorch's reference path) with an
+    optional causal float mask and a key padding mask; the output and the gradients of the input and parameters."""
+    torch.manual_seed(abs(hash(name)) % (2 ** 31))
+    with torch.no_grad():  # LayerNorm's weight 1 and bias 0 would hide a swapped name: randomise them
+        for key, p in module.named_parameters():
+            if "norm" in key:
+                p.copy_(torch.rand_like(p) + 0.5 if key.endswith("weight") else torch.randn_like(p) * 0.1)
+    tensors = {"param." + key: value.clone() for key, value in module.state_dict().items()}
+    x = torch.randn(*input_shape, requires_grad=True)
+    batch_first = metadata["batch_first"] == 1
+    length = input_shape[1] if batch_first else input_shape[0]
+    batch = input_shape[0] if batch_first else input_shape[1]
+    kw = {}
+    if causal:
+        key = "mask" if isinstance(module, nn.TransformerEncoder) else "src_mask"
+        kw[key] = tensors["mask"] = nn.Transformer.generate_square_subsequent_mask(length)
+    if padding:
+        pad = torch.zeros(batch, length, dtype=torch.bool)
+        pad[0, -2:] = True  # the first sequence's last two positions are padding
+        kw["src_key_padding_mask"] = tensors["src_key_padding_mask"] = pad
+    module.train()
+    out = module(x, **kw)
+    grad_output = torch.randn_like(out)
+    (out * grad_output).sum().backward()
+    tensors.update({"input": x.detach(), "output": out.detach(), "grad_output": grad_output, "grad_input": x.grad})
+    for key, p in module.named_parameters():
+        tensors["grad." + key] = p.grad
+    write_safetensors(os.path.join(OUT, name + ".safetensors"), tensors, metadata)
+
+
 def randomise_affine(module):
     with torch.no_grad():
         module.weight.copy_(torch.rand_like(module.weight) + 0.5)
@@ -402,6 +433,20 @@ def main():
     rnn_case("rnn_relu_2layer", nn.RNN(3, 5, num_layers=2, nonlinearity="relu"), (4, 3, 3), {"cell": "relu"},
              with_state=True)
     rnn_case("rnn_tanh", nn.RNN(2, 3), (5, 2, 2), {"cell": "tanh"}, with_state=False)
+    encoder_case("encoder_layer_post_norm_padding",
+                 nn.TransformerEncoderLayer(8, 2, dim_feedforward=16, dropout=0.0, batch_first=True), (3, 5, 8),
+                 {"d_model": 8, "nhead": 2, "ff": 16, "activation": "relu", "batch_first": 1, "norm_first": 0,
+                  "layers": 0, "final_norm": 0}, padding=True)
+    encoder_case("encoder_layer_pre_norm_gelu_causal",
+                 nn.TransformerEncoderLayer(8, 4, dim_feedforward=12, dropout=0.0, activation="gelu",
+                                            norm_first=True), (6, 2, 8),
+                 {"d_model": 8, "nhead": 4, "ff": 12, "activation": "gelu", "batch_first": 0, "norm_first": 1,
+                  "layers": 0, "final_norm": 0}, causal=True)
+    encoder_case("encoder_2layers_final_norm",
+                 nn.TransformerEncoder(nn.TransformerEncoderLayer(8, 2, dim_feedforward=16, dropout=0.0), 2,
+                                       norm=nn.LayerNorm(8)), (4, 3, 8),
+                 {"d_model": 8, "nhead": 2, "ff": 16, "activation": "relu", "batch_first": 0, "norm_first": 0,
+                  "layers": 2, "final_norm": 1}, causal=True, padding=True)
     layer_case("batchnorm2d_train", nn.BatchNorm2d(3), (4, 3, 5, 5), {"features": 3, "dims": 2, "momentum": 0.1},
                setup=randomise_affine, steps=2)
     layer_case("batchnorm2d_eval", nn.BatchNorm2d(3), (4, 3, 5, 5), {"features": 3, "dims": 2, "momentum": 0.1},

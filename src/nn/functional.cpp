@@ -717,6 +717,17 @@ Tensor upsample_nearest2d(const Tensor& input, Size2 scale_factor) {
 }
 
 namespace {
+// The checks adaptive_avg_pool2d and adaptive_max_pool2d share: a floating (C, H, W) or (N, C, H, W) input with rows
+// and columns, and a positive output size.
+void check_adaptive_pool(const char* op, const Tensor& input, Size2 output_size) {
+  FERRY_CHECK(input.dim() == 3 || input.dim() == 4, ShapeMismatch, op, ": expected a 3-d (C, H, W) or 4-d (N, C, H, "
+              "W) input, got ", shape_str(input.shape()));
+  check_floating(op, input);
+  FERRY_CHECK(output_size.h >= 1 && output_size.w >= 1, InvalidArgument, op, ": output_size must be positive, got (",
+              output_size.h, ", ", output_size.w, ")");
+  FERRY_CHECK(input.size(-2) > 0 && input.size(-1) > 0, ShapeMismatch, op, ": the input ", shape_str(input.shape()),
+              " has no rows or columns to pool");
+}
 // (n_out, n_in) of dtype on device: row i holds 1 / (end - start) on columns [start, end), start = floor(i n_in /
 // n_out), end = ceil((i + 1) n_in / n_out) (float64 quotients of integers below 2^24: exact where whole).
 Tensor averaging_matrix(std::int64_t n_in, std::int64_t n_out, Device device, DType dtype) {
@@ -763,15 +774,8 @@ Tensor upsample_bilinear2d(const Tensor& input, Size2 output_size, bool align_co
 }
 
 Tensor adaptive_avg_pool2d(const Tensor& input, Size2 output_size) {
-  FERRY_CHECK(input.dim() == 3 || input.dim() == 4, ShapeMismatch, "adaptive_avg_pool2d: expected a 3-d (C, H, W) "
-              "or 4-d (N, C, H, W) input, got ", shape_str(input.shape()));
-  FERRY_CHECK(is_floating(input.dtype()), DTypeMismatch, "adaptive_avg_pool2d: expected a float32 or float64 input, "
-              "got ", dtype_name(input.dtype()));
-  FERRY_CHECK(output_size.h >= 1 && output_size.w >= 1, InvalidArgument, "adaptive_avg_pool2d: output_size must be "
-              "positive, got (", output_size.h, ", ", output_size.w, ")");
+  check_adaptive_pool("adaptive_avg_pool2d", input, output_size);
   const std::int64_t height = input.size(-2), width = input.size(-1);
-  FERRY_CHECK(height > 0 && width > 0, ShapeMismatch, "adaptive_avg_pool2d: the input ", shape_str(input.shape()),
-              " has no rows or columns to average");
   if (input.dim() == 3) return adaptive_avg_pool2d(input.unsqueeze(0), output_size).squeeze(0);
   if (output_size.h == 1 && output_size.w == 1) return mean(input, {2, 3}, true);  // global pooling
   if (height % output_size.h == 0 && width % output_size.w == 0) {
@@ -803,14 +807,8 @@ Tensor window_max(const Tensor& x, int dim, std::int64_t n_out) {
 }  // namespace
 
 Tensor adaptive_max_pool2d(const Tensor& input, Size2 output_size) {
-  FERRY_CHECK(input.dim() == 3 || input.dim() == 4, ShapeMismatch, "adaptive_max_pool2d: expected a 3-d (C, H, W) "
-              "or 4-d (N, C, H, W) input, got ", shape_str(input.shape()));
-  check_floating("adaptive_max_pool2d", input);
-  FERRY_CHECK(output_size.h >= 1 && output_size.w >= 1, InvalidArgument, "adaptive_max_pool2d: output_size must be "
-              "positive, got (", output_size.h, ", ", output_size.w, ")");
+  check_adaptive_pool("adaptive_max_pool2d", input, output_size);
   const std::int64_t height = input.size(-2), width = input.size(-1);
-  FERRY_CHECK(height > 0 && width > 0, ShapeMismatch, "adaptive_max_pool2d: the input ", shape_str(input.shape()),
-              " has no rows or columns to pool");
   if (input.dim() == 3) return adaptive_max_pool2d(input.unsqueeze(0), output_size).squeeze(0);
   if (height % output_size.h == 0 && width % output_size.w == 0) {
     return max_pool2d(input, Size2(height / output_size.h, width / output_size.w));  // equal, disjoint windows

@@ -11,6 +11,7 @@
 #include "ferry/nn/pooling.h"
 #include "ferry/nn/sequential.h"
 #include "ferry/ops.h"
+#include "repr.h"
 
 namespace ferry::nn {
 
@@ -51,7 +52,7 @@ Dropout::Dropout(double p) : p(p) {
   FERRY_CHECK(p >= 0 && p <= 1, InvalidArgument, "dropout probability has to be between 0 and 1, but got ", p);
 }
 Tensor Dropout::forward(const Tensor& input) { return functional::dropout(input, p, is_training()); }
-std::string Dropout::extra_repr() const { return ferry::detail::concat("p=", p, ", inplace=False"); }
+std::string Dropout::extra_repr() const { return "p=" + python_float(p) + ", inplace=False"; }
 
 Tensor MaxPool2d::forward(const Tensor& input) { return functional::max_pool2d(input, kernel_size, stride, padding); }
 std::string MaxPool2d::extra_repr() const {

@@ -268,11 +268,14 @@ void Module::zero_grad(bool set_to_none) {
 // --- printing -----------------------------------------------------------------------------------
 
 void Module::print(std::string& out, int indent) const {
-  out += type_name() + "(" + extra_repr();
+  const std::string extra = extra_repr();
+  out += type_name() + "(";
   if (children_.empty()) {
-    out += ")";
+    out += extra + ")";
     return;
   }
+  // With children, PyTorch puts the module's own line first, on a line of its own.
+  if (!extra.empty()) out += "\n" + std::string(indent + 2, ' ') + extra;
   for (const auto& [name, child] : children_) {
     out += "\n" + std::string(indent + 2, ' ') + "(" + name + "): ";
     child->print(out, indent + 2);

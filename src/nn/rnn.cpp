@@ -10,6 +10,7 @@
 #include "ferry/nn/functional.h"
 #include "ferry/nn/init.h"
 #include "ferry/ops.h"
+#include "repr.h"
 
 namespace ferry::nn {
 
@@ -63,7 +64,7 @@ std::string RNNBase::extra_repr() const {
   if (options.num_layers != 1) text += ferry::detail::concat(", num_layers=", options.num_layers);
   if (!options.bias) text += ", bias=False";
   if (options.batch_first) text += ", batch_first=True";
-  if (options.dropout != 0) text += ferry::detail::concat(", dropout=", options.dropout);
+  if (options.dropout != 0) text += ", dropout=" + python_float(options.dropout);
   if (options.bidirectional) text += ", bidirectional=True";
   return text;
 }

@@ -2,7 +2,7 @@
 # tests/install/test_consumer.sh BUILD_DIR — ferry as another project's dependency (docs/library.md): installs
 # BUILD_DIR into a scratch prefix with `cmake --install`, builds examples/ against it with find_package(ferry)
 # as an outside project would, then trains with examples/train_mlp, classifies with examples/classify, trains
-# examples/char_transformer (a small GPT) on the README for 30 steps, and
+# examples/char_transformer (a small GPT, then an LSTM char-rnn) on the README for 30 steps each, and
 # checks that `ferry eval` (the installed one) reads the same accuracy from the same checkpoint. Also: bad
 # command lines exit 2 with one line. Skips with a reason where Fashion-MNIST is absent.
 set -u
@@ -82,6 +82,21 @@ else
   fail "char_transformer: $(tail -c 600 "$scratch/gpt.err")"
 fi
 
+# The same loop with --model lstm: a char-rnn of ferry's LSTM (backpropagation through 32 steps of time).
+if "$scratch/build/char_transformer" --model lstm --text "$root/README.md" --device cpu --steps 30 --log-every 10 \
+     --context 32 --lr 1e-2 --sample 40 >"$scratch/lstm.out" 2>"$scratch/lstm.err"; then
+  first="$(sed -n 's/^  step 1  loss \([0-9.]*\).*/\1/p' "$scratch/lstm.out")"
+  last="$(sed -n 's/^  step 30  loss \([0-9.]*\).*/\1/p' "$scratch/lstm.out")"
+  if awk -v a="$first" -v b="$last" 'BEGIN { exit !(a != "" && b != "" && b < a - 0.5) }' &&
+     grep -Eq "^sample \(40 characters, 0 host syncs\):" "$scratch/lstm.out"; then
+    ok "char_transformer --model lstm: loss $first -> $last in 30 steps"
+  else
+    fail "char_transformer --model lstm: loss '$first' -> '$last': $(head -c 800 "$scratch/lstm.out")"
+  fi
+else
+  fail "char_transformer --model lstm: $(tail -c 600 "$scratch/lstm.err")"
+fi
+
 # Bad command lines: status 2 and one line on stderr.
 expect_usage_error() {
   local what="$1"
@@ -97,6 +112,7 @@ expect_usage_error() {
 expect_usage_error "train_mlp --epochs 0" "$scratch/build/train_mlp" --epochs 0
 expect_usage_error "classify without a checkpoint" "$scratch/build/classify"
 expect_usage_error "char_transformer --dim 10 --heads 3" "$scratch/build/char_transformer" --dim 10 --heads 3
+expect_usage_error "char_transformer --model rnn" "$scratch/build/char_transformer" --model rnn
 expect_usage_error "classify --device cuda:7" "$scratch/build/classify" "$checkpoint" --device cuda:7
 
 finish test_consumer
