@@ -209,6 +209,30 @@ TEST(NNParityEmbedding, LookupAndGradientMatchPyTorch) {
   }
 }
 
+namespace {
+// Every parameter's gradient against the fixture's "grad.<name>" (the fixture has one per parameter, no more),
+// appended to `values`.
+void expect_parameter_grads(const nn::Module& module, const Fixture& f, const std::string& where,
+                            std::vector<std::vector<double>>& values) {
+  EXPECT_EQ(module.named_parameters().size(), with_prefix(f, "grad.").size()) << where;
+  for (const auto& [name, p] : module.named_parameters()) {
+    EXPECT_CLOSE_TO_FIXTURE(p.grad(), f["grad." + name], kLayerTolerance, where + ": grad of " + name);
+    values.push_back(p.grad().to_vector<double>());
+  }
+}
+
+// The first device's (the cpu's) values are kept; a later host device (sim) must give them bit for bit, cuda only
+// within the fixture's tolerance.
+void expect_first_devices_bits(std::vector<std::vector<double>>& first, const std::vector<std::vector<double>>& values,
+                               Device device, const std::string& where) {
+  if (first.empty()) {
+    first = values;
+  } else if (!device.is_cuda()) {
+    EXPECT_EQ(values, first) << where << " differs from cpu";
+  }
+}
+}  // namespace
+
 // RNN, LSTM and GRU against torch 1.13: several layers, bidirectional, batch_first, unbatched, without bias, with
 // and without initial states. The output and final states, and the gradients of the input, the initial states and
 // every parameter (backpropagation through time); on cpu, sim:0 (the cpu's bits) and cuda:0 where present.
@@ -257,16 +281,8 @@ TEST(NNParityRecurrent, RnnLstmAndGruMatchPyTorch) {
         values.push_back(h0.grad().to_vector<double>());
         if (lstm) EXPECT_CLOSE_TO_FIXTURE(c0.grad(), f["grad_c0"], kLayerTolerance, where + ": grad_c0");
       }
-      EXPECT_EQ(layer->named_parameters().size(), with_prefix(f, "grad.").size()) << where;
-      for (const auto& [pname, p] : layer->named_parameters()) {
-        EXPECT_CLOSE_TO_FIXTURE(p.grad(), f["grad." + pname], kLayerTolerance, where + ": grad of " + pname);
-        values.push_back(p.grad().to_vector<double>());
-      }
-      if (first.empty()) {
-        first = values;
-      } else if (!device.is_cuda()) {
-        EXPECT_EQ(values, first) << where << " differs from cpu";
-      }
+      expect_parameter_grads(*layer, f, where, values);
+      expect_first_devices_bits(first, values, device, where);
     }
   }
 }
@@ -308,16 +324,8 @@ TEST(NNParityTransformer, EncoderLayersMatchPyTorch) {
       EXPECT_CLOSE_TO_FIXTURE(out, f["output"], kLayerTolerance, where + ": output");
       EXPECT_CLOSE_TO_FIXTURE(x.grad(), f["grad_input"], kLayerTolerance, where + ": grad_input");
       std::vector<std::vector<double>> values = {out.to_vector<double>(), x.grad().to_vector<double>()};
-      EXPECT_EQ(encoder->named_parameters().size(), with_prefix(f, "grad.").size()) << where;
-      for (const auto& [pname, p] : encoder->named_parameters()) {
-        EXPECT_CLOSE_TO_FIXTURE(p.grad(), f["grad." + pname], kLayerTolerance, where + ": grad of " + pname);
-        values.push_back(p.grad().to_vector<double>());
-      }
-      if (first.empty()) {
-        first = values;
-      } else if (!device.is_cuda()) {
-        EXPECT_EQ(values, first) << where << " differs from cpu";
-      }
+      expect_parameter_grads(*encoder, f, where, values);
+      expect_first_devices_bits(first, values, device, where);
     }
   }
 }
