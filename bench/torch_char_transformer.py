@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """torch_char_transformer.py — PyTorch's side of examples/char_transformer: the same small GPT (token and position
-Embedding, N x [LayerNorm, causal nn.MultiheadAttention, LayerNorm, Linear-GELU-Linear], LayerNorm, Linear), the
+Embedding, N x [LayerNorm, causal nn.MultiheadAttention, LayerNorm, Linear-GELU-Linear], LayerNorm, Linear), or
+with --model lstm|gru the same char-rnn (Embedding, --layers of nn.LSTM or nn.GRU, batch first, Linear), the
 same step (zero_grad, forward, cross-entropy, backward, clip_grad_norm_ 1.0, AdamW weight decay 0.1) on batches
 picked from the text as the example picks them, timed on the cpu after warm-up steps.
 Prints one JSON object: {"library", "threads", "steps", "seconds_per_step", "final_loss"}.
@@ -49,9 +50,21 @@ class CharTransformer(nn.Module):
         return self.head(self.ln_f(x))
 
 
+class CharRnn(nn.Module):
+    def __init__(self, vocab, dim, layers, cell):
+        super().__init__()
+        self.tokens = nn.Embedding(vocab, dim)
+        self.rnn = (nn.LSTM if cell == "lstm" else nn.GRU)(dim, dim, num_layers=layers, batch_first=True)
+        self.head = nn.Linear(dim, vocab)
+
+    def forward(self, ids):
+        return self.head(self.rnn(self.tokens(ids))[0])
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--text", default="/usr/share/common-licenses/GPL-3")
+    p.add_argument("--model", choices=["gpt", "lstm", "gru"], default="gpt")
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--batch", type=int, default=32)
@@ -67,7 +80,10 @@ def main():
     chars = sorted(set(text))
     index = {c: i for i, c in enumerate(chars)}
     data = torch.tensor([index[c] for c in text], dtype=torch.int64)
-    model = CharTransformer(len(chars), a.dim, a.heads, a.layers, a.context)
+    if a.model == "gpt":
+        model = CharTransformer(len(chars), a.dim, a.heads, a.layers, a.context)
+    else:
+        model = CharRnn(len(chars), a.dim, a.layers, a.model)
     matrices = [p for p in model.parameters() if p.dim() >= 2]  # as the example: no decay for biases and norms
     others = [p for p in model.parameters() if p.dim() < 2]
     opt = torch.optim.AdamW([{"params": matrices}, {"params": others, "weight_decay": 0.0}], lr=3e-3,
@@ -92,7 +108,7 @@ def main():
     for _ in range(a.steps):
         loss = step()
     elapsed = time.perf_counter() - start
-    print(json.dumps({"library": "torch " + torch.__version__, "threads": a.threads, "steps": a.steps,
+    print(json.dumps({"library": "torch " + torch.__version__, "model": a.model, "threads": a.threads, "steps": a.steps,
                       "seconds_per_step": elapsed / a.steps, "final_loss": loss.item()}))
 
 
