@@ -736,6 +736,65 @@ TEST(NNModule, TransformerEncoderFollowsPyTorch) {
   EXPECT_THROW(layer(ferry::randn({5, 3, 7})), ferry::ShapeMismatch);
 }
 
+// TransformerDecoderLayer, TransformerDecoder and Transformer: PyTorch's tree, names and sizes (the default
+// nn.Transformer holds 44,140,544 parameters, as torch counts them), shapes in each layout, causality of the target,
+// xavier re-initialisation, and the refusals.
+TEST(NNModule, TransformerDecoderFollowsPyTorch) {
+  nn::TransformerDecoderLayer layer(8, 2, {.dim_feedforward = 16, .dropout = 0.0});
+  std::vector<std::string> names;
+  for (const auto& [name, child] : layer.named_children()) names.push_back(name);
+  EXPECT_EQ(names, (std::vector<std::string>{"self_attn", "multihead_attn", "linear1", "dropout", "linear2", "norm1",
+                                             "norm2", "norm3", "dropout1", "dropout2", "dropout3"}));
+  EXPECT_EQ(layer.named_parameters().size(), 18u);
+  const Tensor memory = ferry::randn({6, 3, 8});
+  EXPECT_EQ(layer.forward(ferry::randn({5, 3, 8}), memory).shape(), (ferry::Shape{5, 3, 8}));
+  EXPECT_EQ(layer.forward(ferry::randn({5, 8}), ferry::randn({6, 8})).shape(), (ferry::Shape{5, 8}));  // unbatched
+  EXPECT_THROW(layer(ferry::randn({5, 3, 8})), ferry::InvalidArgument);  // no memory
+
+  nn::TransformerDecoder decoder(8, 2, 2, {.dim_feedforward = 16, .dropout = 0.0}, true);
+  const nn::NamedTensors params = decoder.named_parameters();
+  EXPECT_EQ(params.size(), 2u * 18 + 2);
+  EXPECT_EQ(params.front().first, "layers.0.self_attn.in_proj_weight");
+  EXPECT_EQ(params[4].first, "layers.0.multihead_attn.in_proj_weight");
+  EXPECT_EQ(params.back().first, "norm.bias");
+  // causal target: the first positions' outputs do not depend on the later target positions
+  const Tensor tgt = ferry::randn({4, 3, 8});
+  const Tensor by_flag = decoder.forward(tgt, memory, {.tgt_is_causal = true});
+  const Tensor by_mask = decoder.forward(tgt, memory, {.tgt_mask = nn::generate_square_subsequent_mask(4)});
+  EXPECT_LT(ferry::max(ferry::abs(ferry::sub(by_mask, by_flag))).item<float>(), 1e-5);
+  Tensor changed = tgt.clone();
+  changed.narrow(0, 3, 1).fill_(5.0);
+  EXPECT_EQ(decoder.forward(changed, memory, {.tgt_is_causal = true}).narrow(0, 0, 3).to_vector<float>(),
+            by_flag.narrow(0, 0, 3).to_vector<float>());
+  // ... but every position depends on all of the memory
+  Tensor other_memory = memory.clone();
+  other_memory.narrow(0, 5, 1).fill_(5.0);
+  EXPECT_NE(decoder.forward(tgt, other_memory, {.tgt_is_causal = true}).narrow(0, 0, 1).to_vector<float>(),
+            by_flag.narrow(0, 0, 1).to_vector<float>());
+
+  EXPECT_EQ(nn::Transformer().parameter_count(), 44140544);
+  ferry::manual_seed(3);
+  nn::Transformer small({.d_model = 8, .nhead = 2, .num_encoder_layers = 1, .num_decoder_layers = 1,
+                         .layer = {.dim_feedforward = 16, .dropout = 0.0, .batch_first = true}});
+  const nn::NamedTensors small_params = small.named_parameters();
+  EXPECT_EQ(small_params.size(), 12u + 2 + 18 + 2);
+  EXPECT_EQ(small_params.front().first, "encoder.layers.0.self_attn.in_proj_weight");
+  EXPECT_EQ(small_params.back().first, "decoder.norm.bias");
+  // xavier_uniform_ over every matrix: linear1's bound is sqrt(6 / (8 + 16)) = 0.5 (Linear's own would be 1/sqrt(8))
+  const Tensor w = small.encoder->named_parameters()[4].second;  // layers.0.linear1.weight (16, 8)
+  EXPECT_EQ(small.encoder->named_parameters()[4].first, "layers.0.linear1.weight");
+  EXPECT_LE(ferry::max(ferry::abs(w)).item<float>(), 0.5f);
+  EXPECT_GT(ferry::max(ferry::abs(w)).item<float>(), 0.4f);  // 128 draws: above 1/sqrt(8) = 0.354 for sure
+  const Tensor out = small.forward(ferry::randn({2, 6, 8}), ferry::randn({2, 4, 8}), {.tgt_is_causal = true});
+  EXPECT_EQ(out.shape(), (ferry::Shape{2, 4, 8}));
+  EXPECT_THROW(small.forward(ferry::randn({2, 6, 8}), ferry::randn({3, 4, 8})), ferry::InvalidArgument);  // batch
+  EXPECT_THROW(small.forward(ferry::randn({2, 6, 7}), ferry::randn({2, 4, 7})), ferry::InvalidArgument);  // d_model
+  EXPECT_THROW(small.forward(ferry::randn({6, 8}), ferry::randn({2, 4, 8})), ferry::InvalidArgument);     // dims
+  EXPECT_THROW(small(ferry::randn({2, 6, 8})), ferry::InvalidArgument);                                    // no tgt
+  EXPECT_THROW(nn::TransformerDecoderLayer(8, 2, {.activation = "tanh"}), ferry::InvalidArgument);
+  EXPECT_THROW(nn::TransformerDecoder(8, 2, 0), ferry::InvalidArgument);
+}
+
 // GroupNorm: its repr, batch-size independence (a sample alone normalizes as in a batch), and its checks.
 TEST(NNModule, GroupNormIsPerSampleAndChecksItsShapes) {
   nn::GroupNorm norm(2, 4);

@@ -330,6 +330,72 @@ TEST(NNParityTransformer, EncoderLayersMatchPyTorch) {
   }
 }
 
+// TransformerDecoderLayer (post-norm, batch first, with a causal target mask and both key padding masks; pre-norm
+// GELU with a float memory mask), a 2-layer TransformerDecoder with a final LayerNorm, and a whole nn::Transformer
+// (1 encoder layer, 2 decoder layers, batch first) against torch 1.13 in training mode (dropout 0): the output and
+// the gradients of the target, the memory (a Transformer's src) and every parameter, by PyTorch's names; on cpu,
+// sim:0 (the cpu's bits) and cuda:0 where present.
+TEST(NNParityTransformer, DecoderLayersAndTransformerMatchPyTorch) {
+  for (const std::string name : {"decoder_layer_post_norm_masks", "decoder_layer_pre_norm_gelu_memory_mask",
+                                 "decoder_2layers_final_norm", "transformer_1enc_2dec"}) {
+    const Fixture f = load_fixture(name);
+    auto n = [&](const char* key) { return static_cast<std::int64_t>(f.number(key)); };
+    const nn::TransformerDecoderLayerOptions options{.dim_feedforward = n("ff"), .dropout = 0.0,
+                                                     .activation = f.text("activation"),
+                                                     .batch_first = n("batch_first") == 1,
+                                                     .norm_first = n("norm_first") == 1};
+    std::vector<Device> devices = {ferry::kCPU, Device::parse("sim:0")};
+    if (have_cuda()) devices.push_back(kCuda0);
+    std::vector<std::vector<double>> first;
+    for (const Device device : devices) {
+      const std::string where = name + " on " + device.str();
+      auto mask = [&](const std::string& key) { return f.has("mask." + key) ? f["mask." + key].to(device) : Tensor(); };
+      Tensor tgt = f["tgt"].detach().to(device).requires_grad_(true);
+      Tensor memory = f["memory"].detach().to(device).requires_grad_(true);
+      const nn::DecoderMasks masks{.tgt_mask = mask("tgt_mask"),
+                                   .memory_mask = mask("memory_mask"),
+                                   .tgt_key_padding_mask = mask("tgt_key_padding_mask"),
+                                   .memory_key_padding_mask = mask("memory_key_padding_mask")};
+      std::shared_ptr<nn::Module> module;
+      Tensor out;
+      if (n("transformer") == 1) {
+        auto transformer = std::make_shared<nn::Transformer>(nn::TransformerOptions{
+            .d_model = n("d_model"), .nhead = n("nhead"), .num_encoder_layers = n("encoder_layers"),
+            .num_decoder_layers = n("decoder_layers"), .layer = options});
+        module = transformer;
+        module->to(device);
+        module->load_state_dict(with_prefix(f, "param."));  // strict: every PyTorch name, no other
+        out = transformer->forward(memory, tgt,
+                                   {.tgt_mask = masks.tgt_mask,
+                                    .src_key_padding_mask = mask("src_key_padding_mask"),
+                                    .tgt_key_padding_mask = masks.tgt_key_padding_mask,
+                                    .memory_key_padding_mask = masks.memory_key_padding_mask});
+      } else if (n("layers") == 0) {
+        auto layer = std::make_shared<nn::TransformerDecoderLayer>(n("d_model"), n("nhead"), options);
+        module = layer;
+        module->to(device);
+        module->load_state_dict(with_prefix(f, "param."));
+        out = layer->forward(tgt, memory, masks);
+      } else {
+        auto decoder = std::make_shared<nn::TransformerDecoder>(n("d_model"), n("nhead"), n("layers"), options,
+                                                                n("final_norm") == 1);
+        module = decoder;
+        module->to(device);
+        module->load_state_dict(with_prefix(f, "param."));
+        out = decoder->forward(tgt, memory, masks);
+      }
+      out.backward(f["grad_output"].to(device));
+      EXPECT_CLOSE_TO_FIXTURE(out, f["output"], kLayerTolerance, where + ": output");
+      EXPECT_CLOSE_TO_FIXTURE(tgt.grad(), f["grad_tgt"], kLayerTolerance, where + ": grad_tgt");
+      EXPECT_CLOSE_TO_FIXTURE(memory.grad(), f["grad_memory"], kLayerTolerance, where + ": grad_memory");
+      std::vector<std::vector<double>> values = {out.to_vector<double>(), tgt.grad().to_vector<double>(),
+                                                 memory.grad().to_vector<double>()};
+      expect_parameter_grads(*module, f, where, values);
+      expect_first_devices_bits(first, values, device, where);
+    }
+  }
+}
+
 // MultiheadAttention against torch 1.13's nn.MultiheadAttention: self-attention, batch first, causal (ferry's is_causal
 // against torch's triu mask); and cross-attention, sequence first, with a key padding mask, a float attn_mask and
 // per-head weights. The output, the weights, and the gradients of every input and parameter; on cpu, sim:0 (the cpu's

@@ -141,6 +141,75 @@ def encoder_case(name, module, input_shape, metadata, causal=False, padding=Fals
     write_safetensors(os.path.join(OUT, name + ".safetensors"), tensors, metadata)
 
 
+def decoder_case(name, module, tgt_shape, memory_shape, metadata, masks=()):
+    """A TransformerDecoderLayer / TransformerDecoder (given tgt and memory) or a whole nn.Transformer (given src and
+    tgt; metadata "transformer" 1) in training mode, dropout 0, with the masks named in `masks`: tgt_mask (causal,
+    float), memory_mask (a random float mask), tgt_key_padding_mask, memory_key_padding_mask (bool, the last
+    positions of the first sequence; src_key_padding_mask too, the same, for a Transformer). The output and the
+    gradients of both inputs and every parameter."""
+    torch.manual_seed(abs(hash(name)) % (2 ** 31))
+    with torch.no_grad():  # LayerNorm's weight 1 and bias 0 would hide a swapped name: randomise them
+        for key, p in module.named_parameters():
+            if "norm" in key:
+                p.copy_(torch.rand_like(p) + 0.5 if key.endswith("weight") else torch.randn_like(p) * 0.1)
+    tensors = {"param." + key: value.clone() for key, value in module.state_dict().items()}
+    transformer = isinstance(module, nn.Transformer)
+    tgt = torch.randn(*tgt_shape, requires_grad=True)
+    memory = torch.randn(*memory_shape, requires_grad=True)  # the src of a Transformer
+    batch_first = metadata["batch_first"] == 1
+    length = lambda shape: shape[1] if batch_first else shape[0]
+    batch = tgt_shape[0] if batch_first else tgt_shape[1]
+    kw = {}
+    if "tgt_mask" in masks:
+        kw["tgt_mask"] = nn.Transformer.generate_square_subsequent_mask(length(tgt_shape))
+    if "memory_mask" in masks:
+        kw["memory_mask"] = torch.randn(length(tgt_shape), length(memory_shape))
+    if "tgt_key_padding_mask" in masks:
+        pad = torch.zeros(batch, length(tgt_shape), dtype=torch.bool)
+        pad[0, -1:] = True
+        kw["tgt_key_padding_mask"] = pad
+    if "memory_key_padding_mask" in masks:
+        pad = torch.zeros(batch, length(memory_shape), dtype=torch.bool)
+        pad[0, -2:] = True
+        kw["memory_key_padding_mask"] = pad
+        if transformer:
+            kw["src_key_padding_mask"] = pad
+    tensors.update({"mask." + key: value for key, value in kw.items()})
+    module.train()
+    out = module(memory, tgt, **kw) if transformer else module(tgt, memory, **kw)
+    grad_output = torch.randn_like(out)
+    (out * grad_output).sum().backward()
+    tensors.update({"tgt": tgt.detach(), "memory": memory.detach(), "output": out.detach(),
+                    "grad_output": grad_output, "grad_tgt": tgt.grad, "grad_memory": memory.grad})
+    for key, p in module.named_parameters():
+        tensors["grad." + key] = p.grad
+    write_safetensors(os.path.join(OUT, name + ".safetensors"), tensors, dict(metadata, transformer=int(transformer)))
+
+
+def decoder_cases():
+    decoder_case("decoder_layer_post_norm_masks",
+                 nn.TransformerDecoderLayer(8, 2, dim_feedforward=16, dropout=0.0, batch_first=True), (3, 4, 8),
+                 (3, 5, 8), {"d_model": 8, "nhead": 2, "ff": 16, "activation": "relu", "batch_first": 1,
+                             "norm_first": 0, "layers": 0, "final_norm": 0},
+                 masks=("tgt_mask", "tgt_key_padding_mask", "memory_key_padding_mask"))
+    decoder_case("decoder_layer_pre_norm_gelu_memory_mask",
+                 nn.TransformerDecoderLayer(8, 4, dim_feedforward=12, dropout=0.0, activation="gelu",
+                                            norm_first=True), (4, 2, 8), (6, 2, 8),
+                 {"d_model": 8, "nhead": 4, "ff": 12, "activation": "gelu", "batch_first": 0, "norm_first": 1,
+                  "layers": 0, "final_norm": 0}, masks=("tgt_mask", "memory_mask"))
+    decoder_case("decoder_2layers_final_norm",
+                 nn.TransformerDecoder(nn.TransformerDecoderLayer(8, 2, dim_feedforward=16, dropout=0.0), 2,
+                                       norm=nn.LayerNorm(8)), (4, 3, 8), (5, 3, 8),
+                 {"d_model": 8, "nhead": 2, "ff": 16, "activation": "relu", "batch_first": 0, "norm_first": 0,
+                  "layers": 2, "final_norm": 1}, masks=("tgt_mask", "memory_key_padding_mask"))
+    decoder_case("transformer_1enc_2dec",
+                 nn.Transformer(d_model=8, nhead=2, num_encoder_layers=1, num_decoder_layers=2, dim_feedforward=12,
+                                dropout=0.0, batch_first=True), (2, 4, 8), (2, 6, 8),
+                 {"d_model": 8, "nhead": 2, "ff": 12, "activation": "relu", "batch_first": 1, "norm_first": 0,
+                  "layers": 0, "final_norm": 1, "encoder_layers": 1, "decoder_layers": 2},
+                 masks=("tgt_mask", "memory_key_padding_mask", "tgt_key_padding_mask"))
+
+
 def randomise_affine(module):
     with torch.no_grad():
         module.weight.copy_(torch.rand_like(module.weight) + 0.5)
@@ -447,6 +516,7 @@ def main():
                                        norm=nn.LayerNorm(8)), (4, 3, 8),
                  {"d_model": 8, "nhead": 2, "ff": 16, "activation": "relu", "batch_first": 0, "norm_first": 0,
                   "layers": 2, "final_norm": 1}, causal=True, padding=True)
+    decoder_cases()
     layer_case("batchnorm2d_train", nn.BatchNorm2d(3), (4, 3, 5, 5), {"features": 3, "dims": 2, "momentum": 0.1},
                setup=randomise_affine, steps=2)
     layer_case("batchnorm2d_eval", nn.BatchNorm2d(3), (4, 3, 5, 5), {"features": 3, "dims": 2, "momentum": 0.1},
