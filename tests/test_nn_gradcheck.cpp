@@ -18,8 +18,10 @@
 #include "ferry/nn/activation.h"
 #include "ferry/nn/batchnorm.h"
 #include "ferry/nn/conv.h"
+#include "ferry/nn/distance.h"
 #include "ferry/nn/functional.h"
 #include "ferry/nn/loss.h"
+#include "ferry/nn/pixel_shuffle.h"
 #include "ferry/nn/pooling.h"
 #include "ferry/nn/sequential.h"
 #include "ferry/ops.h"
@@ -636,6 +638,46 @@ TEST(NNGradcheck, Losses) {
                                                    {.reduction = ferry::nn::Reduction::Sum, .pos_weight = ferry::exp(a[2])});
       },
       {x, target, random_argument({4}, 77)}, "binary_cross_entropy_with_logits with pos_weight");
+}
+
+// The vector functions and the losses built on them, every input differentiated: vector_norm for p 1, 2, 3 and
+// infinity (its hand-written backward for p 3), normalize, cosine_similarity broadcast, pairwise_distance, kl_div,
+// cosine_embedding_loss, triplet_margin_loss with swap; and pixel_shuffle / pixel_unshuffle (pure rearrangements).
+TEST(NNGradcheck, DistancesEmbeddingLossesAndPixelShuffle) {
+  const Argument a = random_argument({3, 5}, 91), b = random_argument({3, 5}, 92), c = random_argument({3, 5}, 93);
+  for (const double p : {1.0, 2.0, 3.0, std::numeric_limits<double>::infinity()}) {
+    check_everywhere([p](const std::vector<Tensor>& t) { return F::vector_norm(t[0], p, 1); }, {a},
+                     "vector_norm p " + std::to_string(p));
+    check_everywhere([p](const std::vector<Tensor>& t) { return F::normalize(t[0], p, 0); }, {a},
+                     "normalize p " + std::to_string(p));
+  }
+  check_everywhere([](const std::vector<Tensor>& t) { return F::vector_norm(t[0], 2.5, -1, true); }, {a},
+                   "vector_norm p 2.5 keepdim");
+  check_everywhere([](const std::vector<Tensor>& t) { return F::cosine_similarity(t[0], t[1], -1); },
+                   {random_argument({3, 1, 4}, 94), random_argument({1, 2, 4}, 95)}, "cosine_similarity broadcast");
+  check_everywhere([](const std::vector<Tensor>& t) { return F::pairwise_distance(t[0], t[1], 3.0); }, {a, b},
+                   "pairwise_distance p 3");
+  check_everywhere(
+      [](const std::vector<Tensor>& t) {
+        return F::kl_div(ferry::log_softmax(t[0], 1), ferry::softmax(t[1], 1),
+                         {.reduction = ferry::nn::KLDivReduction::BatchMean});
+      },
+      {a, random_argument({3, 5}, 96, 1, false)}, "kl_div batchmean");
+  check_everywhere(
+      [](const std::vector<Tensor>& t) {
+        const Tensor y = ferry::from_vector<double>({1, -1, -1}).to(t[0].device());
+        return F::cosine_embedding_loss(t[0], t[1], y, {.margin = -0.9, .reduction = ferry::nn::Reduction::Sum});
+      },
+      {a, b}, "cosine_embedding_loss");
+  check_everywhere(
+      [](const std::vector<Tensor>& t) {
+        return F::triplet_margin_loss(t[0], t[1], t[2], {.margin = 4.0, .swap = true});
+      },
+      {a, b, c}, "triplet_margin_loss swap");
+  check_everywhere([](const std::vector<Tensor>& t) { return F::pixel_shuffle(t[0], 2); },
+                   {random_argument({2, 8, 2, 3}, 97)}, "pixel_shuffle 2");
+  check_everywhere([](const std::vector<Tensor>& t) { return F::pixel_unshuffle(t[0], 3); },
+                   {random_argument({1, 2, 3, 6}, 98)}, "pixel_unshuffle 3");
 }
 
 // gather, scatter_add (both operands; repeated indices; an index smaller than the tensors), cumsum and prod, on

@@ -13,12 +13,14 @@
 #include "ferry/nn/batchnorm.h"
 #include "ferry/nn/fold.h"
 #include "ferry/nn/conv.h"
+#include "ferry/nn/distance.h"
 #include "ferry/nn/functional.h"
 #include "ferry/nn/groupnorm.h"
 #include "ferry/nn/init.h"
 #include "ferry/nn/linear.h"
 #include "ferry/nn/loss.h"
 #include "ferry/nn/module_list.h"
+#include "ferry/nn/pixel_shuffle.h"
 #include "ferry/nn/pooling.h"
 #include "ferry/nn/rnn.h"
 #include "ferry/nn/sequential.h"
@@ -291,6 +293,68 @@ TEST(NNModule, DropoutDropsTheSameElementsOnEveryDevice) {
   dropout.eval();
   EXPECT_TRUE(dropout(x).is_same(x));
   EXPECT_THROW(nn::Dropout(1.5), ferry::InvalidArgument);
+}
+
+// Channel dropout: whole (sample, channel) planes are zeroed or scaled by 1/(1-p), the same planes on every device
+// for a seed; eval() is the identity; the shapes each accepts.
+TEST(NNModule, Dropout2dDropsWholeChannels) {
+  nn::Dropout2d dropout(0.25);
+  EXPECT_EQ(dropout.str(), "Dropout2d(p=0.25, inplace=False)");
+  const Tensor x = ferry::ones({50, 20, 3, 4});
+  ferry::manual_seed(7);
+  const std::vector<float> on_cpu = dropout(x).to_vector<float>();
+  ferry::manual_seed(7);
+  EXPECT_EQ(dropout(x.to(sim0())).to_vector<float>(), on_cpu);
+  int kept = 0;
+  for (std::size_t plane = 0; plane < 50 * 20; ++plane) {
+    const float first = on_cpu[plane * 12];
+    EXPECT_TRUE(first == 0.0f || std::abs(first - 1 / 0.75f) < 1e-6) << first;
+    for (std::size_t i = 1; i < 12; ++i) ASSERT_EQ(on_cpu[plane * 12 + i], first) << "plane " << plane;
+    kept += first != 0.0f;
+  }
+  EXPECT_NEAR(kept, 750, 60);
+  dropout.eval();
+  EXPECT_TRUE(dropout(x).is_same(x));
+  EXPECT_THROW(dropout.train()(ferry::ones({20, 3, 4})), ferry::ShapeMismatch);  // 3-d: dropout1d or unsqueeze(0)
+  EXPECT_THROW(nn::Dropout2d(-0.1), ferry::InvalidArgument);
+
+  nn::Dropout1d dropout1d(0.5);
+  const std::vector<float> unbatched = dropout1d(ferry::ones({30, 5})).to_vector<float>();  // (C, L)
+  for (std::size_t c = 0; c < 30; ++c) {
+    for (std::size_t i = 1; i < 5; ++i) ASSERT_EQ(unbatched[c * 5 + i], unbatched[c * 5]) << "channel " << c;
+  }
+  EXPECT_EQ(dropout1d(ferry::ones({2, 30, 5})).shape(), (ferry::Shape{2, 30, 5}));
+  EXPECT_THROW(dropout1d(ferry::ones({2, 30, 5, 1})), ferry::ShapeMismatch);
+}
+
+// PixelShuffle's index rule on a small input, the round trip through PixelUnshuffle, the two-input layers' refusal
+// of one input, and the shape checks.
+TEST(NNModule, PixelShuffleAndTwoInputLayers) {
+  nn::PixelShuffle shuffle(2);
+  EXPECT_EQ(shuffle.str(), "PixelShuffle(upscale_factor=2)");
+  const Tensor x = ferry::arange(8, {.dtype = DType::Float32}).reshape({1, 4, 1, 2});
+  // out[0, 0, i, 2 w + j] = x[0, 2 i + j, 0, w]: rows (x0 x1 x0' x1') with channel c at (i, j) = (c / 2, c % 2)
+  EXPECT_EQ(shuffle(x).to_vector<float>(), (std::vector<float>{0, 2, 1, 3, 4, 6, 5, 7}));
+  nn::PixelUnshuffle unshuffle(2);
+  const Tensor y = ferry::randn({2, 3, 12, 6, 4});
+  EXPECT_EQ(unshuffle(y).shape(), (ferry::Shape{2, 3, 48, 3, 2}));
+  EXPECT_EQ(shuffle(unshuffle(y)).to_vector<float>(), y.to_vector<float>());
+  EXPECT_THROW(shuffle(ferry::randn({1, 3, 2, 2})), ferry::ShapeMismatch);    // 3 channels, not a multiple of 4
+  EXPECT_THROW(unshuffle(ferry::randn({1, 3, 3, 2})), ferry::ShapeMismatch);  // height 3
+  EXPECT_THROW(nn::PixelShuffle(0), ferry::InvalidArgument);
+
+  nn::CosineSimilarity cosine(1);
+  EXPECT_THROW(cosine(ferry::randn({2, 3})), ferry::InvalidArgument);
+  const Tensor a = ferry::randn({4, 3});
+  const std::vector<float> same = cosine.forward(a, ferry::mul(a, 2.0)).to_vector<float>();
+  for (float v : same) EXPECT_NEAR(v, 1.0f, 1e-6);
+  EXPECT_NEAR(nn::functional::cosine_similarity(ferry::zeros({1, 3}), a.narrow(0, 0, 1)).item<float>(), 0.0f, 0);
+  EXPECT_THROW(nn::PairwiseDistance()(a), ferry::InvalidArgument);
+  EXPECT_THROW(nn::functional::vector_norm(a, 0.0, 1), ferry::InvalidArgument);
+  EXPECT_THROW(nn::functional::vector_norm(a, 2.0, 2), ferry::InvalidArgument);
+  EXPECT_THROW(nn::functional::kl_div(a, ferry::randn({3, 4})), ferry::ShapeMismatch);
+  EXPECT_THROW(nn::functional::cosine_embedding_loss(a, a, ferry::ones({3})), ferry::ShapeMismatch);
+  EXPECT_THROW(nn::functional::triplet_margin_loss(a, a, ferry::randn({4, 2})), ferry::ShapeMismatch);
 }
 
 TEST(NNModule, LayersCheckTheirInputs) {

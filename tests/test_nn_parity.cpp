@@ -16,11 +16,13 @@
 #include "ferry/nn/attention.h"
 #include "ferry/nn/batchnorm.h"
 #include "ferry/nn/conv.h"
+#include "ferry/nn/distance.h"
 #include "ferry/nn/embedding.h"
 #include "ferry/nn/groupnorm.h"
 #include "ferry/nn/layernorm.h"
 #include "ferry/nn/linear.h"
 #include "ferry/nn/loss.h"
+#include "ferry/nn/pixel_shuffle.h"
 #include "ferry/nn/pooling.h"
 #include "ferry/nn/rnn.h"
 #include "ferry/nn/transformer.h"
@@ -103,6 +105,8 @@ std::shared_ptr<nn::Module> make_layer(const std::string& name, const Fixture& f
   if (name.rfind("adaptive_maxpool2d", 0) == 0) {
     return std::make_shared<nn::AdaptiveMaxPool2d>(nn::Size2{n("oh"), n("ow")});
   }
+  if (name.rfind("pixel_shuffle", 0) == 0) return std::make_shared<nn::PixelShuffle>(n("r"));
+  if (name.rfind("pixel_unshuffle", 0) == 0) return std::make_shared<nn::PixelUnshuffle>(n("r"));
   throw std::runtime_error("no layer for fixture " + name);
 }
 
@@ -177,7 +181,8 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, NNParityLayer,
                                            "gelu_tanh",
                                            "silu", "sigmoid", "tanh", "leaky_relu", "softplus", "layernorm_last",
                                            "layernorm_last2", "layernorm_noaffine", "groupnorm_2of6",
-                                           "groupnorm_3of3_noaffine_1d"));
+                                           "groupnorm_3of3_noaffine_1d", "pixel_shuffle_3", "pixel_unshuffle_2",
+                                           "pixel_shuffle_2_5d"));
 
 // Embedding against torch 1.13: the looked-up rows, and the weight's gradient, where repeated indices add up and
 // the padding row (padding_idx -2 of 8) gets none; on cpu, sim:0 (bit for bit the cpu's) and cuda:0 where present.
@@ -545,6 +550,72 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, NNParityElementwiseLoss,
                                            "bce_logits_pos_weight_none", "smooth_l1_beta_half_mean",
                                            "smooth_l1_beta0_sum", "huber_delta2_mean", "huber_none", "bce_mean",
                                            "bce_logits_mean"));
+
+// Functions of several differentiable inputs against PyTorch: normalize (p 2 with a zero vector, 1 and 3),
+// cosine_similarity (broadcast too), pairwise_distance, kl_div in every reduction and with log targets,
+// cosine_embedding_loss and triplet_margin_loss (p 1 with swap). The output and every input's gradient; on cpu,
+// sim:0 (the cpu's bits) and cuda:0 where present.
+class NNParityFunction : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(NNParityFunction, MatchesPyTorch) {
+  const Fixture f = load_fixture(GetParam());
+  auto number = [&](const char* key, const char* fallback) { return std::stod(f.text(key, fallback)); };
+  auto reduction = [&] {
+    const std::string name = f.text("reduction", "mean");
+    return name == "mean" ? nn::Reduction::Mean : name == "sum" ? nn::Reduction::Sum : nn::Reduction::None;
+  };
+  const std::string kind = f.text("kind");
+  const int count = static_cast<int>(f.number("inputs"));
+  std::vector<Device> devices = {ferry::kCPU, Device::parse("sim:0")};
+  if (have_cuda()) devices.push_back(kCuda0);
+  std::vector<std::vector<double>> first;
+  for (const Device device : devices) {
+    const std::string where = GetParam() + " on " + device.str();
+    std::vector<Tensor> in;
+    for (int i = 0; i < count; ++i) in.push_back(f["in" + std::to_string(i)].detach().to(device).requires_grad_(true));
+    const Tensor target = f.has("target") ? f["target"].to(device) : Tensor();
+    const int dim = static_cast<int>(number("dim", "1"));
+    Tensor out;
+    if (kind == "normalize") {
+      out = nn::functional::normalize(in[0], number("p", "2"), dim, number("eps", "1e-12"));
+    } else if (kind == "cosine_similarity") {
+      out = nn::CosineSimilarity(dim).forward(in[0], in[1]);
+    } else if (kind == "pairwise_distance") {
+      out = nn::PairwiseDistance(number("p", "2"), 1e-6, f.text("keepdim", "0") == "1").forward(in[0], in[1]);
+    } else if (kind == "kl_div") {
+      const std::string name = f.text("reduction");
+      const nn::KLDivReduction how = name == "batchmean" ? nn::KLDivReduction::BatchMean
+                                     : name == "sum"     ? nn::KLDivReduction::Sum
+                                     : name == "mean"    ? nn::KLDivReduction::Mean
+                                                         : nn::KLDivReduction::None;
+      out = nn::KLDivLoss({.reduction = how, .log_target = f.text("log_target", "0") == "1"})(in[0], target);
+    } else if (kind == "cosine_embedding_loss") {
+      out = nn::CosineEmbeddingLoss({.margin = number("margin", "0"), .reduction = reduction()})(in[0], in[1], target);
+    } else {
+      ASSERT_EQ(kind, "triplet_margin_loss");
+      out = nn::TripletMarginLoss({.margin = number("margin", "1"), .p = number("p", "2"),
+                                   .swap = f.text("swap", "0") == "1", .reduction = reduction()})(in[0], in[1], in[2]);
+    }
+    ASSERT_EQ(out.shape(), f["output"].shape()) << where;
+    out.backward(f["grad_output"].to(device));
+    EXPECT_CLOSE_TO_FIXTURE(out, f["output"], kLayerTolerance, where + ": output");
+    std::vector<std::vector<double>> values = {out.to_vector<double>()};
+    for (int i = 0; i < count; ++i) {
+      EXPECT_CLOSE_TO_FIXTURE(in[i].grad(), f["grad_in" + std::to_string(i)], kLayerTolerance,
+                              where + ": gradient of input " + std::to_string(i));
+      values.push_back(in[i].grad().to_vector<double>());
+    }
+    expect_first_devices_bits(first, values, device, where);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, NNParityFunction,
+                         ::testing::Values("normalize_p2_dim1", "normalize_p1_last", "normalize_p3_dim0",
+                                           "cosine_similarity_dim1", "cosine_similarity_broadcast",
+                                           "pairwise_distance_p2", "pairwise_distance_p1_keepdim", "kl_div_batchmean",
+                                           "kl_div_sum", "kl_div_mean", "kl_div_none", "kl_div_log_target",
+                                           "cosine_embedding_loss_margin", "cosine_embedding_loss_none",
+                                           "triplet_margin_loss", "triplet_margin_loss_p1_swap_none"));
 
 // cross_entropy with weight, ignore_index and label smoothing, and nll_loss, against PyTorch; cpu and sim:0 must
 // agree to the bit (the same host kernels under both).

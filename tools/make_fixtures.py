@@ -210,6 +210,63 @@ def decoder_cases():
                  masks=("tgt_mask", "memory_key_padding_mask", "tgt_key_padding_mask"))
 
 
+def multi_input_case(name, kind, shapes, settings, target=None):
+    """A function of several differentiable inputs in0, in1, ... (normalize, cosine_similarity, pairwise_distance,
+    kl_div, cosine_embedding_loss, triplet_margin_loss) with an optional fixed "target"; the output and each
+    input's gradient. `settings` go to the function as keywords and to the metadata."""
+    torch.manual_seed(abs(hash(name)) % (2 ** 31))
+    inputs = [torch.randn(*shape) for shape in shapes]
+    if kind == "normalize":
+        inputs[0][0].zero_()  # a zero vector: its norm is clamped at eps, its gradient finite
+    if kind == "kl_div":  # log-probabilities against probabilities (or log-probabilities), some exactly 0
+        inputs[0] = torch.log_softmax(inputs[0] * 2, dim=-1)
+        target = torch.softmax(torch.randn(*shapes[0]) * 2, dim=-1)
+        target[0, :2] = 0
+        target = target / target.sum(-1, keepdim=True)
+        if settings.get("log_target"):
+            target = torch.log_softmax(torch.randn(*shapes[0]) * 2, dim=-1)
+    for x in inputs:
+        x.requires_grad_(True)
+    functions = {"normalize": F.normalize, "cosine_similarity": F.cosine_similarity,
+                 "pairwise_distance": F.pairwise_distance, "kl_div": F.kl_div,
+                 "cosine_embedding_loss": F.cosine_embedding_loss, "triplet_margin_loss": F.triplet_margin_loss}
+    args = inputs + ([target] if target is not None else [])
+    out = functions[kind](*args, **settings)
+    grad_output = torch.randn_like(out)
+    (out * grad_output).sum().backward()
+    tensors = {"in%d" % i: x.detach() for i, x in enumerate(inputs)}
+    tensors.update({"grad_in%d" % i: x.grad for i, x in enumerate(inputs)})
+    if target is not None:
+        tensors["target"] = target
+    tensors.update({"output": out.detach(), "grad_output": grad_output})
+    write_safetensors(os.path.join(OUT, name + ".safetensors"), tensors,
+                      dict({k: int(v) if isinstance(v, bool) else v for k, v in settings.items()}, kind=kind,
+                           inputs=len(inputs)))
+
+
+def function_cases():
+    multi_input_case("normalize_p2_dim1", "normalize", [(4, 5, 3)], {"p": 2.0, "dim": 1})
+    multi_input_case("normalize_p1_last", "normalize", [(3, 6)], {"p": 1.0, "dim": -1, "eps": 1e-3})
+    multi_input_case("normalize_p3_dim0", "normalize", [(4, 5)], {"p": 3.0, "dim": 0})
+    multi_input_case("cosine_similarity_dim1", "cosine_similarity", [(4, 5), (4, 5)], {"dim": 1})
+    multi_input_case("cosine_similarity_broadcast", "cosine_similarity", [(3, 1, 6), (1, 4, 6)], {"dim": -1})
+    multi_input_case("pairwise_distance_p2", "pairwise_distance", [(4, 6), (4, 6)], {"p": 2.0})
+    multi_input_case("pairwise_distance_p1_keepdim", "pairwise_distance", [(5, 3), (5, 3)],
+                     {"p": 1.0, "keepdim": True})
+    for reduction in ("batchmean", "sum", "mean", "none"):
+        multi_input_case("kl_div_" + reduction, "kl_div", [(4, 5)], {"reduction": reduction}, target=True)
+    multi_input_case("kl_div_log_target", "kl_div", [(4, 5)], {"reduction": "batchmean", "log_target": True},
+                     target=True)
+    multi_input_case("cosine_embedding_loss_margin", "cosine_embedding_loss", [(6, 5), (6, 5)],
+                     {"margin": 0.2, "reduction": "mean"}, target=torch.tensor([1., -1., 1., -1., -1., 1.]))
+    multi_input_case("cosine_embedding_loss_none", "cosine_embedding_loss", [(4, 3), (4, 3)],
+                     {"margin": -0.5, "reduction": "none"}, target=torch.tensor([-1., 1., -1., -1.]))
+    multi_input_case("triplet_margin_loss", "triplet_margin_loss", [(5, 4), (5, 4), (5, 4)],
+                     {"margin": 1.0, "reduction": "mean"})
+    multi_input_case("triplet_margin_loss_p1_swap_none", "triplet_margin_loss", [(5, 4), (5, 4), (5, 4)],
+                     {"margin": 0.5, "p": 1.0, "swap": True, "reduction": "none"})
+
+
 def randomise_affine(module):
     with torch.no_grad():
         module.weight.copy_(torch.rand_like(module.weight) + 0.5)
@@ -517,6 +574,10 @@ def main():
                  {"d_model": 8, "nhead": 2, "ff": 16, "activation": "relu", "batch_first": 0, "norm_first": 0,
                   "layers": 2, "final_norm": 1}, causal=True, padding=True)
     decoder_cases()
+    function_cases()
+    layer_case("pixel_shuffle_3", nn.PixelShuffle(3), (2, 18, 2, 3), {"r": 3})
+    layer_case("pixel_unshuffle_2", nn.PixelUnshuffle(2), (2, 3, 4, 6), {"r": 2})
+    layer_case("pixel_shuffle_2_5d", nn.PixelShuffle(2), (2, 3, 8, 2, 3), {"r": 2})
     layer_case("batchnorm2d_train", nn.BatchNorm2d(3), (4, 3, 5, 5), {"features": 3, "dims": 2, "momentum": 0.1},
                setup=randomise_affine, steps=2)
     layer_case("batchnorm2d_eval", nn.BatchNorm2d(3), (4, 3, 5, 5), {"features": 3, "dims": 2, "momentum": 0.1},

@@ -851,4 +851,37 @@ Tensor dropout(const Tensor& input, double p, bool training) {
   return mul(input, keep_scaled);
 }
 
+namespace {
+// One draw per (sample, channel) of a (N, C, ...) input: a (N, C, 1, ...) mask of 0 and 1/(1-p), broadcast.
+Tensor feature_dropout(const Tensor& input, double p, bool training) {
+  FERRY_CHECK(p >= 0 && p <= 1, InvalidArgument, "dropout probability has to be between 0 and 1, but got ", p);
+  if (!training || p == 0) return input;
+  check_floating("dropout", input);
+  Shape mask_shape(input.shape().size(), 1);
+  mask_shape[0] = input.size(0);
+  mask_shape[1] = input.size(1);
+  Tensor keep_scaled;
+  {
+    autograd::NoGradGuard no_grad;
+    const TensorOptions on{.device = input.device(), .dtype = input.dtype()};
+    keep_scaled = p == 1 ? zeros(mask_shape, on) : mul(ge(rand(mask_shape, on), p).to(input.dtype()), 1.0 / (1.0 - p));
+  }
+  return mul(input, keep_scaled);
+}
+}  // namespace
+
+Tensor dropout2d(const Tensor& input, double p, bool training) {
+  FERRY_CHECK(input.dim() == 4, ShapeMismatch, "dropout2d: expected a (N, C, H, W) input, got ",
+              shape_str(input.shape()),
+              input.dim() == 3 ? " (for (N, C, L) use dropout1d; for one unbatched (C, H, W) image, unsqueeze(0))" : "");
+  return feature_dropout(input, p, training);
+}
+
+Tensor dropout1d(const Tensor& input, double p, bool training) {
+  FERRY_CHECK(input.dim() == 2 || input.dim() == 3, ShapeMismatch,
+              "dropout1d: expected a (N, C, L) or unbatched (C, L) input, got ", shape_str(input.shape()));
+  if (input.dim() == 2) return feature_dropout(input.unsqueeze(0), p, training).squeeze(0);
+  return feature_dropout(input, p, training);
+}
+
 }  // namespace ferry::nn::functional

@@ -54,6 +54,18 @@ Dropout::Dropout(double p) : p(p) {
 Tensor Dropout::forward(const Tensor& input) { return functional::dropout(input, p, is_training()); }
 std::string Dropout::extra_repr() const { return "p=" + python_float(p) + ", inplace=False"; }
 
+Dropout2d::Dropout2d(double p) : p(p) {
+  FERRY_CHECK(p >= 0 && p <= 1, InvalidArgument, "dropout probability has to be between 0 and 1, but got ", p);
+}
+Tensor Dropout2d::forward(const Tensor& input) { return functional::dropout2d(input, p, is_training()); }
+std::string Dropout2d::extra_repr() const { return "p=" + python_float(p) + ", inplace=False"; }
+
+Dropout1d::Dropout1d(double p) : p(p) {
+  FERRY_CHECK(p >= 0 && p <= 1, InvalidArgument, "dropout probability has to be between 0 and 1, but got ", p);
+}
+Tensor Dropout1d::forward(const Tensor& input) { return functional::dropout1d(input, p, is_training()); }
+std::string Dropout1d::extra_repr() const { return "p=" + python_float(p) + ", inplace=False"; }
+
 Tensor MaxPool2d::forward(const Tensor& input) { return functional::max_pool2d(input, kernel_size, stride, padding); }
 std::string MaxPool2d::extra_repr() const {
   return "kernel_size=" + size_str(kernel_size) + ", stride=" + size_str(stride) + ", padding=" + size_str(padding) +

@@ -1,13 +1,15 @@
 // loss.cpp — cross_entropy (the backend's fused log-softmax + NLL gives each row's loss and the gradient
 // in one call; weights, ignore_index and label smoothing compose log_softmax and nll_loss), nll_loss, and the
-// elementwise losses mse, l1, smooth_l1, huber, binary_cross_entropy and its logits form (composed from tensor
-// ops). Not here: layers (functional.cpp).
+// elementwise losses mse, l1, smooth_l1, huber, binary_cross_entropy and its logits form, kl_div, and the losses
+// over pairs and triplets of vectors (cosine_embedding, triplet_margin), all composed from tensor ops. Not here:
+// layers (functional.cpp).
 #include "ferry/nn/loss.h"
 
 #include "../core/internal.h"
 #include "ferry/autograd.h"
 #include "ferry/backend.h"
 #include "ferry/factories.h"
+#include "ferry/nn/distance.h"
 #include "ferry/ops.h"
 
 namespace ferry::nn::functional {
@@ -184,6 +186,70 @@ Tensor binary_cross_entropy_with_logits(const Tensor& logits, const Tensor& targ
   Tensor loss = add(mul(rsub(target, 1.0), logits), log_weight.defined() ? mul(log_weight, softplus_neg) : softplus_neg);
   if (options.weight.defined()) loss = mul(loss, options.weight);
   return reduce(loss, options.reduction);
+}
+
+Tensor kl_div(const Tensor& input, const Tensor& target, const KLDivOptions& options) {
+  check_pair("kl_div", input, target);
+  // target (log target - input); with probabilities, 0 where target = 0 (PyTorch's xlogy)
+  Tensor loss;
+  if (options.log_target) {
+    loss = mul(exp(target), sub(target, input));
+  } else {
+    const Tensor zero = zeros({}, {.device = target.device(), .dtype = target.dtype()});
+    loss = sub(where(eq(target, 0.0), zero, mul(target, log(target))), mul(target, input));
+  }
+  switch (options.reduction) {
+    case KLDivReduction::None: return loss;
+    case KLDivReduction::Sum: return sum(loss);
+    case KLDivReduction::Mean: return mean(loss);
+    case KLDivReduction::BatchMean:
+      return input.dim() == 0 ? sum(loss) : div(sum(loss), static_cast<double>(input.size(0)));
+  }
+  return loss;
+}
+
+namespace {
+// The checks of the losses over rows of vectors: x (N, D) or (D) each, one device, floating.
+void check_rows(const char* op, std::initializer_list<const Tensor*> rows) {
+  check_same_device(op, rows);
+  const Tensor& first = **rows.begin();
+  for (const Tensor* t : rows) {
+    FERRY_CHECK(is_floating(t->dtype()), DTypeMismatch, op, ": expected float32 or float64 inputs, got ",
+                dtype_name(t->dtype()));
+    FERRY_CHECK(t->shape() == first.shape() && (t->dim() == 1 || t->dim() == 2), ShapeMismatch, op,
+                ": expected inputs of one shape, (N, D) or (D), got ", shape_str(first.shape()), " and ",
+                shape_str(t->shape()));
+  }
+}
+}  // namespace
+
+Tensor cosine_embedding_loss(const Tensor& x1, const Tensor& x2, const Tensor& target,
+                             const CosineEmbeddingOptions& options) {
+  check_rows("cosine_embedding_loss", {&x1, &x2});
+  check_same_device("cosine_embedding_loss", {&x1, &target});
+  const int d = x1.dim() - 1;
+  FERRY_CHECK(target.dim() == d && (d == 0 || target.size(0) == x1.size(0)), ShapeMismatch,
+              "cosine_embedding_loss: expected a target of shape ", shape_str(d == 0 ? Shape{} : Shape{x1.size(0)}),
+              " (one 1 or -1 per row), got ", shape_str(target.shape()));
+  constexpr double kEpsilon = 1e-12;  // PyTorch's, added to each squared norm
+  const Tensor dot = sum(mul(x1, x2), {d});
+  const Tensor denominator = sqrt(mul(add(sum(square(x1), {d}), kEpsilon), add(sum(square(x2), {d}), kEpsilon)));
+  const Tensor cos = div(dot, denominator);
+  const Tensor zero = zeros({}, {.device = cos.device(), .dtype = cos.dtype()});
+  const Tensor loss = add(where(eq(target, 1.0), rsub(cos, 1.0), zero),
+                          where(eq(target, -1.0), clamp(sub(cos, options.margin), 0.0), zero));
+  return reduce(loss, options.reduction);
+}
+
+Tensor triplet_margin_loss(const Tensor& anchor, const Tensor& positive, const Tensor& negative,
+                           const TripletMarginOptions& options) {
+  check_rows("triplet_margin_loss", {&anchor, &positive, &negative});
+  FERRY_CHECK(options.margin > 0, InvalidArgument, "triplet_margin_loss: margin must be positive, got ",
+              options.margin);
+  const Tensor d_positive = pairwise_distance(anchor, positive, options.p, options.eps);
+  Tensor d_negative = pairwise_distance(anchor, negative, options.p, options.eps);
+  if (options.swap) d_negative = minimum(d_negative, pairwise_distance(positive, negative, options.p, options.eps));
+  return reduce(clamp(add(sub(d_positive, d_negative), options.margin), 0.0), options.reduction);
 }
 
 }  // namespace ferry::nn::functional

@@ -118,4 +118,27 @@ class Dropout : public Module {
   double p;
 };
 
+// Channel dropout (functional::dropout2d / dropout1d): in train(), each whole channel of each sample is zeroed with
+// probability p and the rest scaled by 1/(1-p) (neighbouring pixels are correlated, so dropping single ones does
+// little); in eval(), the identity. Dropout2d takes (N, C, H, W); Dropout1d (N, C, L) or (C, L).
+class Dropout2d : public Module {
+ public:
+  explicit Dropout2d(double p = 0.5);
+  Tensor forward(const Tensor& input) override;
+  std::string type_name() const override { return "Dropout2d"; }
+  std::string extra_repr() const override;
+
+  double p;
+};
+
+class Dropout1d : public Module {
+ public:
+  explicit Dropout1d(double p = 0.5);
+  Tensor forward(const Tensor& input) override;
+  std::string type_name() const override { return "Dropout1d"; }
+  std::string extra_repr() const override;
+
+  double p;
+};
+
 }  // namespace ferry::nn

@@ -122,6 +122,11 @@ Tensor log_softmax(const Tensor& input, int dim);
 // counter-based generator on the input's device (so cpu and every accelerator drop the same elements).
 // Not training (or p = 0): the input itself.
 Tensor dropout(const Tensor& input, double p = 0.5, bool training = true);
+// Channel dropout: each whole channel (feature map) is zeroed with probability p, the rest scaled by 1/(1-p), one
+// draw per (sample, channel). dropout2d: (N, C, H, W); dropout1d: (N, C, L) or unbatched (C, L). (PyTorch reads a
+// 3-d input to dropout2d as (N, C, L): ferry refuses it, naming dropout1d and unsqueeze(0) for (C, H, W).)
+Tensor dropout2d(const Tensor& input, double p = 0.5, bool training = true);
+Tensor dropout1d(const Tensor& input, double p = 0.5, bool training = true);
 
 // The activations of transformers and modern MLPs, composed from tensor ops (any device, autograd through the
 // ops), with PyTorch's formulas:

@@ -1,6 +1,7 @@
 // ferry/nn/loss.h — losses: cross-entropy (fused log-softmax + NLL, one backend call for the loss and its
-// gradient), negative log-likelihood, mean squared error, L1, smooth L1, Huber, and binary cross-entropy (on
-// probabilities or, stably, on logits), as functions and as small callable classes.
+// gradient), negative log-likelihood, mean squared error, L1, smooth L1, Huber, binary cross-entropy (on
+// probabilities or, stably, on logits), KL divergence, and the embedding losses (cosine embedding, triplet margin),
+// as functions and as small callable classes.
 // Not here: layers; softmax and log_softmax (ferry/ops.h).
 #pragma once
 
@@ -39,6 +40,28 @@ struct BCELossOptions {
   Tensor weight{};  // broadcast to the input's shape: a weight per element (e.g. per class); undefined: all 1
 };
 
+// kl_div's reductions (libtorch's KLDivLossOptions): BatchMean is the sum over all elements divided by the batch
+// size (the first dim), the KL divergence per sample; Mean divides by every element, as PyTorch's default does.
+enum class KLDivReduction { None, BatchMean, Sum, Mean };
+
+struct KLDivOptions {
+  KLDivReduction reduction = KLDivReduction::Mean;
+  bool log_target = false;  // the target holds log-probabilities
+};
+
+struct CosineEmbeddingOptions {
+  double margin = 0;  // in [-1, 1]: a dissimilar pair (y = -1) costs max(0, cos - margin)
+  Reduction reduction = Reduction::Mean;
+};
+
+struct TripletMarginOptions {
+  double margin = 1.0;
+  double p = 2;           // the norm of pairwise_distance
+  double eps = 1e-6;      // pairwise_distance's
+  bool swap = false;      // also measure the negative from the positive, and use the nearer (Balntas et al.)
+  Reduction reduction = Reduction::Mean;
+};
+
 struct BCEWithLogitsOptions {
   Reduction reduction = Reduction::Mean;
   Tensor weight{};      // as BCELossOptions::weight
@@ -70,17 +93,32 @@ Tensor binary_cross_entropy(const Tensor& input, const Tensor& target, const BCE
 // max(-x, 0)), l = 1 + (pos_weight - 1) t; finite for any logits.
 Tensor binary_cross_entropy_with_logits(const Tensor& logits, const Tensor& target,
                                         const BCEWithLogitsOptions& options = {});
+// input (log-probabilities, e.g. log_softmax) and target (probabilities; log-probabilities with log_target) of one
+// shape -> target (log target - input) per element (0 where target = 0), reduced: with BatchMean, KL(target ||
+// exp(input)) per sample.
+Tensor kl_div(const Tensor& input, const Tensor& target, const KLDivOptions& options = {});
+// x1, x2 (N, D) or (D); target (N) or () of 1 (similar) and -1 (dissimilar) -> per row 1 - cos(x1, x2) for 1,
+// max(0, cos(x1, x2) - margin) for -1 (cos with 1e-12 added to each squared norm, as PyTorch), reduced.
+Tensor cosine_embedding_loss(const Tensor& x1, const Tensor& x2, const Tensor& target,
+                             const CosineEmbeddingOptions& options = {});
+// anchor, positive, negative (N, D) or (D) -> max(0, margin + d(a, p) - d(a, n)) per row, d =
+// pairwise_distance(.., p, eps) (with swap, d(a, n) is min(d(a, n), d(p, n))), reduced.
+Tensor triplet_margin_loss(const Tensor& anchor, const Tensor& positive, const Tensor& negative,
+                           const TripletMarginOptions& options = {});
 }  // namespace functional
 
 // Also reachable as nn::cross_entropy, nn::mse_loss, ...
 using functional::binary_cross_entropy;
 using functional::binary_cross_entropy_with_logits;
 using functional::cross_entropy;
+using functional::cosine_embedding_loss;
 using functional::huber_loss;
+using functional::kl_div;
 using functional::l1_loss;
 using functional::mse_loss;
 using functional::nll_loss;
 using functional::smooth_l1_loss;
+using functional::triplet_margin_loss;
 
 class CrossEntropyLoss {
  public:
@@ -171,6 +209,39 @@ class BCEWithLogitsLoss {
 
  private:
   BCEWithLogitsOptions options_;
+};
+
+class KLDivLoss {
+ public:
+  explicit KLDivLoss(KLDivOptions options = {}) : options_(options) {}
+  Tensor operator()(const Tensor& input, const Tensor& target) const {
+    return functional::kl_div(input, target, options_);
+  }
+
+ private:
+  KLDivOptions options_;
+};
+
+class CosineEmbeddingLoss {
+ public:
+  explicit CosineEmbeddingLoss(CosineEmbeddingOptions options = {}) : options_(options) {}
+  Tensor operator()(const Tensor& x1, const Tensor& x2, const Tensor& target) const {
+    return functional::cosine_embedding_loss(x1, x2, target, options_);
+  }
+
+ private:
+  CosineEmbeddingOptions options_;
+};
+
+class TripletMarginLoss {
+ public:
+  explicit TripletMarginLoss(TripletMarginOptions options = {}) : options_(options) {}
+  Tensor operator()(const Tensor& anchor, const Tensor& positive, const Tensor& negative) const {
+    return functional::triplet_margin_loss(anchor, positive, negative, options_);
+  }
+
+ private:
+  TripletMarginOptions options_;
 };
 
 }  // namespace ferry::nn
