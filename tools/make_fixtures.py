@@ -110,14 +110,19 @@ def rnn_case(name, module, input_shape, metadata, with_state):
     write_safetensors(os.path.join(OUT, name + ".safetensors"), tensors, metadata)
 
 
+def randomise_norms(module):
+    """LayerNorm's weight 1 and bias 0 would hide a swapped name: randomise every norm's parameters."""
+    with torch.no_grad():
+        for key, p in module.named_parameters():
+            if "norm" in key:
+                p.copy_(torch.rand_like(p) + 0.5 if key.endswith("weight") else torch.randn_like(p) * 0.1)
+
+
 def encoder_case(name, module, input_shape, metadata, causal=False, padding=False):
     """A TransformerEncoderLayer or TransformerEncoder in training mode (dropout 0: PyTorch's reference path) with an
     optional causal float mask and a key padding mask; the output and the gradients of the input and parameters."""
     torch.manual_seed(abs(hash(name)) % (2 ** 31))
-    with torch.no_grad():  # LayerNorm's weight 1 and bias 0 would hide a swapped name: randomise them
-        for key, p in module.named_parameters():
-            if "norm" in key:
-                p.copy_(torch.rand_like(p) + 0.5 if key.endswith("weight") else torch.randn_like(p) * 0.1)
+    randomise_norms(module)
     tensors = {"param." + key: value.clone() for key, value in module.state_dict().items()}
     x = torch.randn(*input_shape, requires_grad=True)
     batch_first = metadata["batch_first"] == 1
@@ -148,10 +153,7 @@ def decoder_case(name, module, tgt_shape, memory_shape, metadata, masks=()):
     positions of the first sequence; src_key_padding_mask too, the same, for a Transformer). The output and the
     gradients of both inputs and every parameter."""
     torch.manual_seed(abs(hash(name)) % (2 ** 31))
-    with torch.no_grad():  # LayerNorm's weight 1 and bias 0 would hide a swapped name: randomise them
-        for key, p in module.named_parameters():
-            if "norm" in key:
-                p.copy_(torch.rand_like(p) + 0.5 if key.endswith("weight") else torch.randn_like(p) * 0.1)
+    randomise_norms(module)
     tensors = {"param." + key: value.clone() for key, value in module.state_dict().items()}
     transformer = isinstance(module, nn.Transformer)
     tgt = torch.randn(*tgt_shape, requires_grad=True)

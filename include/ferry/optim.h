@@ -59,7 +59,7 @@ class Optimizer {
   // The first group's learning rate (the only one's, without groups).
   double learning_rate() const { return group_learning_rate(0); }
   // Sets every group's learning rate to `lr` (options.lr too).
-  virtual void set_learning_rate(double lr) = 0;
+  virtual void set_learning_rate(double lr);
   // The learning rate before any schedule changed it (PyTorch's param_group["initial_lr"]): the first call records
   // learning_rate(), later calls return that value. Learning-rate schedulers (ferry/lr_scheduler.h) start from it,
   // so that a second scheduler made on this optimizer starts where the first did, not where it moved the rate.
@@ -99,8 +99,10 @@ class Optimizer {
   virtual std::vector<std::string> state_names() const = 0;
   // Whether state_dict() carries a "step" entry per parameter.
   virtual bool counts_steps() const { return false; }
-  // The options the groups fall back on: the derived optimizer's options.lr and options.weight_decay.
+  // The options the groups fall back on: the derived optimizer's options.lr and options.weight_decay, and how
+  // set_learning_rate writes options.lr.
   virtual double default_learning_rate() const = 0;
+  virtual void set_default_learning_rate(double lr) = 0;
   virtual double default_weight_decay() const = 0;
   // For the derived constructor: with one group, the group's own lr and weight_decay become the options (so that
   // group 0's rate and options.lr are one number).
@@ -159,6 +161,7 @@ class SGD : public Optimizer {
  protected:
   std::vector<std::string> state_names() const override { return {"momentum_buffer"}; }
   double default_learning_rate() const override { return options.lr; }
+  void set_default_learning_rate(double lr) override { options.lr = lr; }
   double default_weight_decay() const override { return options.weight_decay; }
 
  private:
@@ -193,7 +196,6 @@ class Adam : public Optimizer {
   Adam(std::vector<Tensor> parameters, const AdamOptions& options = {});
   Adam(std::vector<ParamGroup> groups, const AdamOptions& options = {});
   void step() override;
-  void set_learning_rate(double lr) override;
 
   AdamOptions options;
 
@@ -202,6 +204,7 @@ class Adam : public Optimizer {
   std::vector<std::string> state_names() const override { return {"exp_avg", "exp_avg_sq", "max_exp_avg_sq"}; }
   bool counts_steps() const override { return true; }
   double default_learning_rate() const override { return options.lr; }
+  void set_default_learning_rate(double lr) override { options.lr = lr; }
   double default_weight_decay() const override { return options.weight_decay; }
 
  private:
@@ -254,7 +257,6 @@ class RMSprop : public Optimizer {
       : RMSprop(std::vector<ParamGroup>{ParamGroup{.params = std::move(parameters)}}, options) {}
   RMSprop(std::vector<ParamGroup> groups, const RMSpropOptions& options = {});
   void step() override;
-  void set_learning_rate(double lr) override;
 
   RMSpropOptions options;
 
@@ -262,6 +264,7 @@ class RMSprop : public Optimizer {
   std::vector<std::string> state_names() const override { return {"square_avg", "momentum_buffer", "grad_avg"}; }
   bool counts_steps() const override { return true; }
   double default_learning_rate() const override { return options.lr; }
+  void set_default_learning_rate(double lr) override { options.lr = lr; }
   double default_weight_decay() const override { return options.weight_decay; }
 
  private:
@@ -285,7 +288,6 @@ class Adagrad : public Optimizer {
       : Adagrad(std::vector<ParamGroup>{ParamGroup{.params = std::move(parameters)}}, options) {}
   Adagrad(std::vector<ParamGroup> groups, const AdagradOptions& options = {});
   void step() override;
-  void set_learning_rate(double lr) override;
 
   AdagradOptions options;
 
@@ -293,6 +295,7 @@ class Adagrad : public Optimizer {
   std::vector<std::string> state_names() const override { return {"sum"}; }
   bool counts_steps() const override { return true; }
   double default_learning_rate() const override { return options.lr; }
+  void set_default_learning_rate(double lr) override { options.lr = lr; }
   double default_weight_decay() const override { return options.weight_decay; }
 
  private:

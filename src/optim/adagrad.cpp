@@ -24,11 +24,6 @@ void Adagrad::check_options() {
   FERRY_CHECK(options.eps >= 0, InvalidArgument, "Adagrad: invalid epsilon value: ", options.eps);
 }
 
-void Adagrad::set_learning_rate(double lr) {
-  options.lr = lr;
-  forget_group_learning_rates();
-}
-
 void Adagrad::step() {
   autograd::NoGradGuard no_grad;
   check_step_devices("Adagrad.step");

@@ -24,11 +24,6 @@ Adam::Adam(std::vector<ParamGroup> groups, const AdamOptions& adam, bool decoupl
   check_options();
 }
 
-void Adam::set_learning_rate(double lr) {
-  options.lr = lr;
-  forget_group_learning_rates();
-}
-
 void Adam::check_options() {
   adopt_group_options(options.lr, options.weight_decay);
   FERRY_CHECK(options.lr >= 0, InvalidArgument, "Adam: invalid learning rate: ", options.lr);

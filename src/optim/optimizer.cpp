@@ -91,6 +91,11 @@ void Optimizer::set_group_learning_rate(std::size_t group, double lr) {
   groups_[group].lr = lr;
 }
 
+void Optimizer::set_learning_rate(double lr) {
+  set_default_learning_rate(lr);
+  forget_group_learning_rates();
+}
+
 void Optimizer::forget_group_learning_rates() {
   for (Group& g : groups_) g.lr.reset();  // every group reads options.lr again
 }

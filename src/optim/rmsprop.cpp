@@ -23,11 +23,6 @@ void RMSprop::check_options() {
   FERRY_CHECK(options.alpha >= 0, InvalidArgument, "RMSprop: invalid alpha value: ", options.alpha);
 }
 
-void RMSprop::set_learning_rate(double lr) {
-  options.lr = lr;
-  forget_group_learning_rates();
-}
-
 void RMSprop::step() {
   autograd::NoGradGuard no_grad;
   check_step_devices("RMSprop.step");
