@@ -165,6 +165,39 @@ TEST(Autograd, ReusedInputAccumulatesWithoutAliasing) {
   EXPECT_EQ(c.grad().to_vector<float>(), (std::vector<float>{3, 3}));
 }
 
+// Slices of a non-leaf (narrow, select, chunk) add their gradients into one buffer of the input's shape, in place:
+// the sum must equal the one made slice by slice, and must never write into a gradient another input also holds
+// (add's backward gives one tensor to both of its inputs), whichever of the two reaches the input first.
+TEST(Autograd, SliceGradientsAddUpWithoutAliasing) {
+  for (const bool slices_first : {true, false}) {
+    Tensor x1 = from_vector<float>({1, 2, 3, 4}).requires_grad_();
+    Tensor x2 = from_vector<float>({5, 6, 7, 8}).requires_grad_();
+    const Tensor y1 = x1 * 1.0, y2 = x2 * 1.0;  // non-leaves
+    const Tensor both = (y1 + y2) * from_vector<float>({1, 10, 100, 1000});
+    const Tensor sliced = y1.narrow(0, 1, 2) * 3.0 + y1.select(0, 3) + chunk(y1, 2, 0)[0] * 5.0;  // (2)
+    const Tensor loss = slices_first ? sum(sliced) + sum(both) : sum(both) + sum(sliced);
+    loss.backward();
+    // d/dx1: both (1, 10, 100, 1000), narrow [1, 3) x3, select 3 (x1 each of the 2), chunk [0, 2) x5
+    EXPECT_EQ(x1.grad().to_vector<float>(), (std::vector<float>{1 + 5, 10 + 3 + 5, 100 + 3, 1000 + 2}));
+    EXPECT_EQ(x2.grad().to_vector<float>(), (std::vector<float>{1, 10, 100, 1000})) << slices_first;
+  }
+  // A hook on the sliced view sees its own gradient; retain_graph runs the slices twice.
+  Tensor x = from_vector<float>({1, 2, 3}).requires_grad_();
+  const Tensor y = x * 2.0;
+  Tensor view = y.narrow(0, 1, 2);
+  std::vector<float> seen;
+  view.register_hook([&](const Tensor& g) {
+    seen = g.to_vector<float>();
+    return Tensor();
+  });
+  const Tensor loss = sum(view * from_vector<float>({3, 4})) + sum(y.select(0, 0));
+  loss.backward({}, /*retain_graph=*/true);
+  EXPECT_EQ(seen, (std::vector<float>{3, 4}));
+  EXPECT_EQ(x.grad().to_vector<float>(), (std::vector<float>{2, 6, 8}));
+  loss.backward();
+  EXPECT_EQ(x.grad().to_vector<float>(), (std::vector<float>{4, 12, 16}));
+}
+
 TEST(Autograd, AnomalyModeNamesTheOp) {
   autograd::set_detect_anomaly(true);
   Tensor x = from_vector<float>({-1.f}).requires_grad_();

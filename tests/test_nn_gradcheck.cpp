@@ -23,6 +23,7 @@
 #include "ferry/nn/loss.h"
 #include "ferry/nn/pixel_shuffle.h"
 #include "ferry/nn/pooling.h"
+#include "ferry/nn/rnn.h"
 #include "ferry/nn/sequential.h"
 #include "ferry/ops.h"
 #include "ferry/random.h"
@@ -678,6 +679,65 @@ TEST(NNGradcheck, DistancesEmbeddingLossesAndPixelShuffle) {
                    {random_argument({2, 8, 2, 3}, 97)}, "pixel_shuffle 2");
   check_everywhere([](const std::vector<Tensor>& t) { return F::pixel_unshuffle(t[0], 3); },
                    {random_argument({1, 2, 3, 6}, 98)}, "pixel_unshuffle 3");
+}
+
+// LSTM and GRU (2 layers, bidirectional: the fused step on cpu and sim, the composed one on cuda) against finite
+// differences through the input and both initial states, in float64.
+TEST(NNGradcheck, RecurrentLayers) {
+  for (const bool lstm : {true, false}) {
+    const std::string what = lstm ? "LSTM" : "GRU";
+    check_everywhere(
+        [lstm](const std::vector<Tensor>& a) {
+          ferry::manual_seed(11);
+          const ferry::nn::RNNOptions options{.num_layers = 2, .bidirectional = true};
+          std::shared_ptr<ferry::nn::RNNBase> layer;
+          if (lstm) layer = std::make_shared<ferry::nn::LSTM>(3, 4, options, ferry::TensorOptions{.dtype = DType::Float64});
+          else layer = std::make_shared<ferry::nn::GRU>(3, 4, options, ferry::TensorOptions{.dtype = DType::Float64});
+          layer->to(a[0].device());
+          const ferry::nn::RNNOutput r = layer->forward(a[0], a[1], lstm ? a[2] : Tensor());
+          Tensor out = ferry::add(ferry::sum(ferry::square(r.output)), ferry::sum(r.h_n));
+          return lstm ? ferry::add(out, ferry::sum(ferry::mul(r.c_n, r.c_n))) : out;
+        },
+        {random_argument({5, 2, 3}, 101), random_argument({4, 2, 4}, 102), random_argument({4, 2, 4}, 103, 1, lstm)},
+        what);
+  }
+}
+
+// The fused LSTM and GRU steps (cpu) against the composed ones (the same layer with the fused host kernels off), in
+// float64: the outputs, final states and the gradients of the input, the initial states and every parameter agree
+// to rounding.
+TEST(NNGradcheck, FusedRecurrentStepsMatchTheComposedOnes) {
+  for (const bool lstm : {true, false}) {
+    std::vector<std::vector<double>> runs[2];
+    for (const bool fused : {true, false}) {
+      F::set_fused_host_kernels(fused);
+      ferry::manual_seed(12);
+      const ferry::nn::RNNOptions options{.num_layers = 2, .batch_first = true};
+      std::shared_ptr<ferry::nn::RNNBase> layer;
+      if (lstm) layer = std::make_shared<ferry::nn::LSTM>(3, 5, options, ferry::TensorOptions{.dtype = DType::Float64});
+      else layer = std::make_shared<ferry::nn::GRU>(3, 5, options, ferry::TensorOptions{.dtype = DType::Float64});
+      Tensor x = ferry::randn({2, 7, 3}, {.dtype = DType::Float64}).requires_grad_(true);
+      Tensor h0 = ferry::randn({2, 2, 5}, {.dtype = DType::Float64}).requires_grad_(true);
+      Tensor c0 = lstm ? ferry::randn({2, 2, 5}, {.dtype = DType::Float64}).requires_grad_(true) : Tensor();
+      const ferry::nn::RNNOutput r = layer->forward(x, h0, c0);
+      Tensor loss = ferry::add(ferry::sum(ferry::mul(r.output, ferry::sin(r.output))), ferry::sum(ferry::exp(r.h_n)));
+      if (lstm) loss = ferry::add(loss, ferry::sum(ferry::square(r.c_n)));
+      loss.backward();
+      auto& run = runs[fused ? 0 : 1];
+      run = {r.output.to_vector<double>(), r.h_n.to_vector<double>(), x.grad().to_vector<double>(),
+             h0.grad().to_vector<double>()};
+      if (lstm) {
+        run.push_back(r.c_n.to_vector<double>());
+        run.push_back(c0.grad().to_vector<double>());
+      }
+      for (const Tensor& p : layer->parameters()) run.push_back(p.grad().to_vector<double>());
+    }
+    F::set_fused_host_kernels(true);
+    ASSERT_EQ(runs[0].size(), runs[1].size());
+    for (std::size_t k = 0; k < runs[0].size(); ++k) {
+      expect_near(runs[0][k], runs[1][k], std::string(lstm ? "LSTM" : "GRU") + " result " + std::to_string(k));
+    }
+  }
 }
 
 // gather, scatter_add (both operands; repeated indices; an index smaller than the tensors), cumsum and prod, on

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -31,6 +32,16 @@ struct Node {
   // The tensor this node made, set only when it has hooks or retains its gradient (register_hook, retain_grad):
   // backward runs them on the gradient flowing into this node.
   std::weak_ptr<TensorImpl> output;
+  // Set by narrow (and so select, chunk, split): the view is [start, start + length) of dim `dim` of an input of
+  // shape `from`. backward then adds the gradient into that slice of the input's gradient, made once (zeros) for
+  // every slice of it, instead of `backward` making a zero tensor of the input's whole shape per slice and adding
+  // it: a loop over the L steps of a sequence costs O(L) instead of O(L^2).
+  struct Slice {
+    Shape from;
+    int dim = 0;
+    std::int64_t start = 0, length = 0;
+  };
+  std::optional<Slice> slice;
   Node() = default;
   Node(std::string name, std::vector<Tensor> inputs, std::function<std::vector<Tensor>(const Tensor&)> backward)
       : name(std::move(name)), inputs(std::move(inputs)), backward(std::move(backward)) {}

@@ -173,9 +173,42 @@ Tensor reduce_to_shape(const Tensor& grad, const Shape& shape) {
 }
 
 namespace {
-void accumulate(Tensor& slot, const Tensor& grad) {
-  if (!slot.defined()) slot = grad;
-  else slot = add(slot, grad);
+// A gradient being summed, and whether this backward made it (a sum, or the zeros under slices): only then may
+// more be added in place. A gradient as a node returned it may alias another (add's backward gives one tensor to
+// both inputs), so the first sum into it makes a new tensor.
+struct GradSum {
+  Tensor grad;
+  bool owned = false;
+};
+
+void accumulate(GradSum& slot, const Tensor& grad) {
+  if (!slot.grad.defined()) {
+    slot.grad = grad;
+    slot.owned = false;
+  } else if (slot.owned && grad.shape() == slot.grad.shape() && grad.dtype() == slot.grad.dtype()) {
+    slot.grad.add_(grad);
+  } else {
+    slot.grad = add(slot.grad, grad);
+    slot.owned = true;
+  }
+}
+
+// Adds `grad`, the gradient of a narrow view, into its slice of the input's gradient `slot` (made as zeros of the
+// input's shape by the first slice to arrive; copied first when a node made it).
+void accumulate_slice(GradSum& slot, const Node::Slice& slice, const Tensor& grad) {
+  if (slot.grad.defined() && (slot.grad.dtype() != grad.dtype() || slot.grad.shape() != slice.from)) {
+    Tensor full = zeros(slice.from, {.device = grad.device(), .dtype = grad.dtype()});  // the plain way
+    full.narrow(slice.dim, slice.start, slice.length).copy_(grad);
+    accumulate(slot, full);
+    return;
+  }
+  if (!slot.grad.defined()) {
+    slot.grad = zeros(slice.from, {.device = grad.device(), .dtype = grad.dtype()});
+  } else if (!slot.owned) {
+    slot.grad = slot.grad.clone();
+  }
+  slot.owned = true;
+  slot.grad.narrow(slice.dim, slice.start, slice.length).add_(grad);
 }
 
 // Runs a tensor's register_hook() hooks on its gradient, in order; each may replace it.
@@ -221,7 +254,7 @@ void finish_leaf(const Tensor& leaf, Tensor grad) {
 // Gradient flowing into a leaf, summed until the last node that uses the leaf has run.
 struct LeafSlot {
   Tensor leaf;
-  Tensor grad;
+  GradSum grad;
   int remaining = 0;  // nodes of this backward still to pass their gradient (one count per edge)
 };
 }  // namespace
@@ -286,13 +319,20 @@ void run_backward(const Tensor& root, const Tensor& gradient, bool retain_graph)
     LeafSlot& slot = found->second;
     if (grad.defined()) accumulate(slot.grad, grad);
     if (--slot.remaining == 0) {
-      if (slot.grad.defined()) finish_leaf(slot.leaf, std::move(slot.grad));
+      if (slot.grad.grad.defined()) finish_leaf(slot.leaf, std::move(slot.grad.grad));
       leaves.erase(found);
     }
   };
 
-  std::unordered_map<Node*, Tensor> pending;  // gradient flowing into each node's output
-  pending[root_node] = seed;
+  // After a node's backward: free what the graph held, as it runs once (unless retain_graph).
+  auto release = [retain_graph](Node& node) {
+    if (retain_graph) return;
+    node.inputs.clear();
+    node.backward = nullptr;
+    node.saved.clear();
+  };
+  std::unordered_map<Node*, GradSum> pending;  // gradient flowing into each node's output
+  pending[root_node].grad = seed;
   for (auto it = order.rbegin(); it != order.rend(); ++it) {
     Node* node = it->get();
     auto found = pending.find(node);
@@ -306,11 +346,24 @@ void run_backward(const Tensor& root, const Tensor& gradient, bool retain_graph)
     check_saved_versions(*node);
     std::vector<Tensor> grads;
     {
-      Tensor grad_output = std::move(found->second);
+      Tensor grad_output = std::move(found->second.grad);
       pending.erase(found);
       if (const std::shared_ptr<TensorImpl> output = node->output.lock()) {
         grad_output = run_tensor_hooks(*output, std::move(grad_output));
         if (output->hooks && output->hooks->retains_grad) accumulate_into_grad(Tensor(output), grad_output);
+      }
+      Node* slice_of = node->slice && node->inputs.size() == 1 && node->inputs[0].defined() &&
+                               node->inputs[0].requires_grad()
+                           ? node->inputs[0].impl()->grad_fn.get()
+                           : nullptr;
+      if (slice_of && grad_output.dtype() == node->inputs[0].dtype()) {  // a narrow of a non-leaf: add in place
+        if (g_detect_anomaly && !all_finite(grad_output)) {
+          throw Error(detail::concat("Anomaly: the gradient that '", node->name, "' passes to its input 0 holds ",
+                                     "NaN or Inf (shape ", shape_str(grad_output.shape()), ")"));
+        }
+        accumulate_slice(pending[slice_of], *node->slice, grad_output);
+        release(*node);
+        continue;
       }
       grads = node->backward(grad_output);
     }
@@ -329,11 +382,7 @@ void run_backward(const Tensor& root, const Tensor& gradient, bool retain_graph)
         edge_done(input, std::move(grads[i]));
       }
     }
-    if (!retain_graph) {
-      node->inputs.clear();  // free what the graph held: it runs once
-      node->backward = nullptr;
-      node->saved.clear();
-    }
+    release(*node);
   }
 }
 

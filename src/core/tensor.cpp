@@ -294,12 +294,15 @@ Tensor Tensor::narrow(int d, std::int64_t start, std::int64_t length) const {
   Shape shape = this->shape();
   shape[d] = length;
   Shape from = this->shape();
-  return record_view(*this, make_view(*this, shape, strides(), offset() + start * strides()[d]), "narrow",
-                     [from, d, start, length](const Tensor& g) {
-                       Tensor full_grad = zeros(from, {.device = g.device(), .dtype = g.dtype()});
-                       full_grad.narrow(d, start, length).copy_(g);
-                       return std::vector<Tensor>{full_grad};
-                     });
+  Tensor view = record_view(*this, make_view(*this, shape, strides(), offset() + start * strides()[d]), "narrow",
+                            [from, d, start, length](const Tensor& g) {
+                              Tensor full_grad = zeros(from, {.device = g.device(), .dtype = g.dtype()});
+                              full_grad.narrow(d, start, length).copy_(g);
+                              return std::vector<Tensor>{full_grad};
+                            });
+  // The engine adds a slice's gradient in place where the input is not a leaf (autograd::Node::Slice).
+  if (view.impl()->grad_fn) view.impl()->grad_fn->slice = autograd::Node::Slice{std::move(from), d, start, length};
+  return view;
 }
 
 Tensor Tensor::slice(int d, std::int64_t start, std::int64_t end) const {

@@ -1,6 +1,7 @@
 // rnn.cpp — RNN, LSTM and GRU: PyTorch's recurrences composed of tensor ops. Per layer and direction, the input
 // projections of all L steps are one linear (a GEMM of L * N rows); each step then adds h W_hh^T + b_hh and applies
-// its gates. Autograd differentiates the whole unrolled graph (backpropagation through time).
+// its gates: on cpu and sim an LSTM or GRU step is one fused node (rnn_cells.h), elsewhere a dozen tensor ops.
+// Autograd differentiates the whole unrolled graph (backpropagation through time).
 #include "ferry/nn/rnn.h"
 
 #include <cmath>
@@ -11,6 +12,7 @@
 #include "ferry/nn/init.h"
 #include "ferry/ops.h"
 #include "repr.h"
+#include "rnn_cells.h"
 
 namespace ferry::nn {
 
@@ -74,6 +76,7 @@ void RNNBase::run(const Tensor& x, const Weights& w, bool reverse, Tensor& h, Te
   const std::int64_t L = x.size(0);
   const Tensor projected = functional::linear(x, w.w_ih, w.b_ih);  // (L, N, G * H): every step's x W_ih^T + b_ih
   steps.assign(static_cast<std::size_t>(L), Tensor());
+  const bool fused = detail::use_fused_rnn_cells(x.device(), x.dtype());  // on cpu and sim (rnn_cells.h)
   for (std::int64_t s = 0; s < L; ++s) {
     const std::int64_t t = reverse ? L - 1 - s : s;
     const Tensor xt = projected.select(0, t);                      // (N, G * H)
@@ -82,12 +85,22 @@ void RNNBase::run(const Tensor& x, const Weights& w, bool reverse, Tensor& h, Te
       case Cell::Tanh: h = tanh(add(xt, ht)); break;
       case Cell::Relu: h = relu(add(xt, ht)); break;
       case Cell::LSTM: {
+        if (fused) {  // one node: the same values, one pass each way
+          const Tensor hc = detail::lstm_cell(xt, ht, c);  // (2, N, H)
+          h = hc.select(0, 0);
+          c = hc.select(0, 1);
+          break;
+        }
         const std::vector<Tensor> g = chunk(add(xt, ht), 4, 1);  // i, f, g, o
         c = add(mul(sigmoid(g[1]), c), mul(sigmoid(g[0]), tanh(g[2])));
         h = mul(sigmoid(g[3]), tanh(c));
         break;
       }
       case Cell::GRU: {
+        if (fused) {
+          h = detail::gru_cell(xt, ht, h);
+          break;
+        }
         const std::vector<Tensor> xg = chunk(xt, 3, 1), hg = chunk(ht, 3, 1);  // r, z, n
         const Tensor r = sigmoid(add(xg[0], hg[0])), z = sigmoid(add(xg[1], hg[1]));
         const Tensor n = tanh(add(xg[2], mul(r, hg[2])));
