@@ -2,9 +2,10 @@
 # tests/install/test_consumer.sh BUILD_DIR — ferry as another project's dependency (docs/library.md): installs
 # BUILD_DIR into a scratch prefix with `cmake --install`, builds examples/ against it with find_package(ferry)
 # as an outside project would, then trains with examples/train_mlp, classifies with examples/classify, trains
-# examples/char_transformer (a small GPT, then an LSTM char-rnn) on the README for 30 steps each, and
-# checks that `ferry eval` (the installed one) reads the same accuracy from the same checkpoint. Also: bad
-# command lines exit 2 with one line. Skips with a reason where Fashion-MNIST is absent.
+# examples/char_transformer (a small GPT, then an LSTM char-rnn) on the README for 30 steps each, teaches
+# examples/seq2seq's Transformer to reverse digits, and checks that `ferry eval` (the installed one) reads the
+# same accuracy from the same checkpoint. Also: bad command lines exit 2 with one line. Skips with a reason where
+# Fashion-MNIST is absent.
 set -u
 
 build_dir="$(cd "${1:?usage: test_consumer.sh BUILD_DIR}" && pwd)"
@@ -90,6 +91,21 @@ train_chars() {
 train_chars "char_transformer" gpt                             # a small GPT
 train_chars "char_transformer --model lstm" lstm --model lstm --context 32 --lr 1e-2  # a char-rnn: BPTT over 32 steps
 
+# seq2seq: an encoder-decoder Transformer learns to reverse 6 digits in 150 steps; greedy decoding of 100 new
+# sequences must reverse at least 90 % of them.
+if "$scratch/build/seq2seq" --device cpu --steps 150 --length 6 --log-every 50 --eval 100 \
+     >"$scratch/seq2seq.out" 2>"$scratch/seq2seq.err"; then
+  right="$(sed -n 's/^greedy decoding of 100 new sequences: reversed right \([0-9.]*\) of sequences.*/\1/p' \
+           "$scratch/seq2seq.out")"
+  if awk -v r="$right" 'BEGIN { exit !(r != "" && r >= 0.9) }'; then
+    ok "seq2seq: nn::Transformer reverses $right of 100 new 6-digit sequences after 150 steps"
+  else
+    fail "seq2seq: reversed '$right' of the sequences: $(tail -c 800 "$scratch/seq2seq.out")"
+  fi
+else
+  fail "seq2seq: $(tail -c 600 "$scratch/seq2seq.err")"
+fi
+
 # Bad command lines: status 2 and one line on stderr.
 expect_usage_error() {
   local what="$1"
@@ -106,6 +122,7 @@ expect_usage_error "train_mlp --epochs 0" "$scratch/build/train_mlp" --epochs 0
 expect_usage_error "classify without a checkpoint" "$scratch/build/classify"
 expect_usage_error "char_transformer --dim 10 --heads 3" "$scratch/build/char_transformer" --dim 10 --heads 3
 expect_usage_error "char_transformer --model rnn" "$scratch/build/char_transformer" --model rnn
+expect_usage_error "seq2seq --length 1" "$scratch/build/seq2seq" --length 1
 expect_usage_error "classify --device cuda:7" "$scratch/build/classify" "$checkpoint" --device cuda:7
 
 finish test_consumer
