@@ -26,6 +26,7 @@
 #include <string_view>
 #include <vector>
 
+#include "example_cli.h"
 #include "ferry/ferry.h"
 #include "ferry/lr_scheduler.h"
 #include "ferry/nn/activation.h"
@@ -130,21 +131,6 @@ class CharRnn : public nn::Module {
   std::shared_ptr<nn::Linear> head;
 };
 
-std::int64_t whole(std::string_view option, const std::string& text, std::int64_t least) {
-  std::size_t used = 0;
-  long long value = 0;
-  try {
-    value = std::stoll(text, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  if (used != text.size() || value < least) {
-    throw ferry::InvalidArgument(std::string(option) + " wants a whole number >= " + std::to_string(least) +
-                                 ", not '" + text + "'");
-  }
-  return value;
-}
-
 Options parse(int argc, char** argv) {
   Options o;
   for (int i = 1; i < argc; ++i) {
@@ -163,21 +149,17 @@ Options parse(int argc, char** argv) {
     if (arg == "--text") o.text = value;
     else if (arg == "--model") o.model = value;
     else if (arg == "--device") o.device = value;
-    else if (arg == "--steps") o.steps = whole(arg, value, 1);
-    else if (arg == "--batch") o.batch = whole(arg, value, 1);
-    else if (arg == "--context") o.context = whole(arg, value, 2);
-    else if (arg == "--dim") o.dim = whole(arg, value, 1);
-    else if (arg == "--heads") o.heads = whole(arg, value, 1);
-    else if (arg == "--layers") o.layers = whole(arg, value, 1);
-    else if (arg == "--log-every") o.log_every = whole(arg, value, 1);
-    else if (arg == "--sample") o.sample = whole(arg, value, 0);
-    else if (arg == "--seed") o.seed = whole(arg, value, 0);
-    else if (arg == "--lr") {
-      char* end = nullptr;
-      o.lr = std::strtod(value.c_str(), &end);
-      if (end != value.c_str() + value.size() || !(o.lr > 0))
-        throw ferry::InvalidArgument("--lr wants a number > 0, not '" + value + "'");
-    } else {
+    else if (arg == "--steps") o.steps = example::whole(arg, value, 1);
+    else if (arg == "--batch") o.batch = example::whole(arg, value, 1);
+    else if (arg == "--context") o.context = example::whole(arg, value, 2);
+    else if (arg == "--dim") o.dim = example::whole(arg, value, 1);
+    else if (arg == "--heads") o.heads = example::whole(arg, value, 1);
+    else if (arg == "--layers") o.layers = example::whole(arg, value, 1);
+    else if (arg == "--log-every") o.log_every = example::whole(arg, value, 1);
+    else if (arg == "--sample") o.sample = example::whole(arg, value, 0);
+    else if (arg == "--seed") o.seed = example::whole(arg, value, 0);
+    else if (arg == "--lr") o.lr = example::positive_number(arg, value);
+    else {
       throw ferry::InvalidArgument("unknown option " + std::string(arg) + " (see --help)");
     }
   }
@@ -290,18 +272,5 @@ int run(const Options& o) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  // One line on stderr; status 2 for bad input, 1 otherwise, as the `ferry` command line does.
-  const auto say = [](const std::exception& e, int status) {
-    std::cerr << "char_transformer: " << e.what() << "\n";
-    return status;
-  };
-  try {
-    return run(parse(argc, argv));
-  } catch (const ferry::InvalidArgument& e) {
-    return say(e, 2);
-  } catch (const ferry::DeviceUnavailable& e) {
-    return say(e, 2);
-  } catch (const std::exception& e) {
-    return say(e, 1);
-  }
+  return example::guarded_main("char_transformer", [&] { return run(parse(argc, argv)); });
 }

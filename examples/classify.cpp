@@ -15,6 +15,7 @@
 #include "ferry/checkpoint.h"
 #include "ferry/dataloader.h"
 #include "ferry/dataset.h"
+#include "example_cli.h"
 #include "ferry/ferry.h"
 #include "ferry/idx.h"
 #include "ferry/trainer.h"
@@ -106,19 +107,5 @@ int run(const Options& options) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  // One line on stderr; status 2 for bad input (a wrong option, a device this machine lacks), 1 otherwise,
-  // as the `ferry` command line does.
-  const auto say = [](const std::exception& e, int status) {
-    std::cerr << "classify: " << e.what() << "\n";
-    return status;
-  };
-  try {
-    return run(parse(argc, argv));
-  } catch (const ferry::InvalidArgument& e) {
-    return say(e, 2);
-  } catch (const ferry::DeviceUnavailable& e) {
-    return say(e, 2);
-  } catch (const std::exception& e) {
-    return say(e, 1);
-  }
+  return example::guarded_main("classify", [&] { return run(parse(argc, argv)); });
 }

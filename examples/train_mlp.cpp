@@ -14,6 +14,7 @@
 #include "ferry/checkpoint.h"
 #include "ferry/dataloader.h"
 #include "ferry/dataset.h"
+#include "example_cli.h"
 #include "ferry/ferry.h"
 #include "ferry/idx.h"
 #include "ferry/nn/loss.h"
@@ -32,20 +33,6 @@ struct Options {
   std::string out = "mlp.safetensors";
 };
 
-// A whole number >= 1 from the command line, or InvalidArgument naming the option.
-std::int64_t positive(std::string_view option, const std::string& text) {
-  std::size_t used = 0;
-  long long value = 0;
-  try {
-    value = std::stoll(text, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  if (used != text.size() || value < 1)
-    throw ferry::InvalidArgument(std::string(option) + " wants a whole number >= 1, not '" + text + "'");
-  return value;
-}
-
 Options parse(int argc, char** argv) {
   Options options;
   for (int i = 1; i < argc; ++i) {
@@ -58,8 +45,8 @@ Options parse(int argc, char** argv) {
     if (i + 1 == argc) throw ferry::InvalidArgument(std::string(arg) + " needs a value (see --help)");
     const std::string value = argv[++i];
     if (arg == "--device") options.device = value;
-    else if (arg == "--epochs") options.epochs = positive(arg, value);
-    else if (arg == "--train-images") options.train_images = positive(arg, value);
+    else if (arg == "--epochs") options.epochs = example::whole(arg, value, 1);
+    else if (arg == "--train-images") options.train_images = example::whole(arg, value, 1);
     else if (arg == "--data") options.data = value;
     else if (arg == "--out") options.out = value;
     else throw ferry::InvalidArgument("unknown option " + std::string(arg) + " (see --help)");
@@ -135,19 +122,5 @@ int run(const Options& options) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  // One line on stderr; status 2 for bad input (a wrong option, a device this machine lacks), 1 otherwise,
-  // as the `ferry` command line does.
-  const auto say = [](const std::exception& e, int status) {
-    std::cerr << "train_mlp: " << e.what() << "\n";
-    return status;
-  };
-  try {
-    return run(parse(argc, argv));
-  } catch (const ferry::InvalidArgument& e) {
-    return say(e, 2);
-  } catch (const ferry::DeviceUnavailable& e) {
-    return say(e, 2);
-  } catch (const std::exception& e) {
-    return say(e, 1);
-  }
+  return example::guarded_main("train_mlp", [&] { return run(parse(argc, argv)); });
 }
