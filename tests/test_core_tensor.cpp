@@ -230,7 +230,7 @@ TEST(CoreTensor, DtypeConversion) {
   EXPECT_EQ(promote_types(DType::Int64, DType::Float32), DType::Float32);
 }
 
-// The cpu keeps freed blocks of 1 MiB and more for the next request of the same size (no fresh pages every
+// The cpu keeps freed blocks of 64 KiB and more for the next request of the same size (no fresh pages every
 // training step): they count as reserved, not allocated, and empty_cache() gives them back. (Under
 // AddressSanitizer the cache is off: every block is freed at once and reserved stays equal to allocated.)
 TEST(CoreTensor, CpuReusesLargeBlocksAndEmptyCacheReleasesThem) {
