@@ -1,7 +1,7 @@
 // rnn_cells.cpp — the fused LSTM and GRU steps (see the header). Forward keeps the activated gates (and tanh(c')
 // for the LSTM) for backward, so backward computes no transcendental function. The sigmoid is the backend's
 // (1 / (1 + e^-x), e^x from vec_math.h in float), tanh std::tanh as the backend's, and the sums in the composed
-// order, so the forward gives the composed step's values.
+// order, so the forward gives the composed step's values up to rounding (the compiler may fuse a multiply-add).
 #include "rnn_cells.h"
 
 #include <cmath>
