@@ -12,4 +12,9 @@ inline void check_floating(const char* op, const Tensor& t, const char* what = "
               dtype_name(t.dtype()));
 }
 
+// InvalidArgument unless 0 <= p <= 1 (PyTorch's message): every dropout layer and function.
+inline void check_dropout_probability(double p) {
+  FERRY_CHECK(p >= 0 && p <= 1, InvalidArgument, "dropout probability has to be between 0 and 1, but got ", p);
+}
+
 }  // namespace ferry::nn

@@ -835,7 +835,7 @@ Tensor softmax(const Tensor& input, int dim) { return ferry::softmax(input, dim)
 Tensor log_softmax(const Tensor& input, int dim) { return ferry::log_softmax(input, dim); }
 
 Tensor dropout(const Tensor& input, double p, bool training) {
-  FERRY_CHECK(p >= 0 && p <= 1, InvalidArgument, "dropout probability has to be between 0 and 1, but got ", p);
+  check_dropout_probability(p);
   if (!training || p == 0) return input;
   check_floating("dropout", input, "input");
   Tensor keep_scaled;  // 0 or 1/(1-p), the input's shape
@@ -854,7 +854,7 @@ Tensor dropout(const Tensor& input, double p, bool training) {
 namespace {
 // One draw per (sample, channel) of a (N, C, ...) input: a (N, C, 1, ...) mask of 0 and 1/(1-p), broadcast.
 Tensor feature_dropout(const Tensor& input, double p, bool training) {
-  FERRY_CHECK(p >= 0 && p <= 1, InvalidArgument, "dropout probability has to be between 0 and 1, but got ", p);
+  check_dropout_probability(p);
   if (!training || p == 0) return input;
   check_floating("dropout", input);
   Shape mask_shape(input.shape().size(), 1);

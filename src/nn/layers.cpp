@@ -11,6 +11,7 @@
 #include "ferry/nn/pooling.h"
 #include "ferry/nn/sequential.h"
 #include "ferry/ops.h"
+#include "checks.h"
 #include "repr.h"
 
 namespace ferry::nn {
@@ -49,19 +50,19 @@ Tensor Flatten::forward(const Tensor& input) { return input.flatten(start_dim, e
 std::string Flatten::extra_repr() const { return ferry::detail::concat("start_dim=", start_dim, ", end_dim=", end_dim); }
 
 Dropout::Dropout(double p) : p(p) {
-  FERRY_CHECK(p >= 0 && p <= 1, InvalidArgument, "dropout probability has to be between 0 and 1, but got ", p);
+  check_dropout_probability(p);
 }
 Tensor Dropout::forward(const Tensor& input) { return functional::dropout(input, p, is_training()); }
 std::string Dropout::extra_repr() const { return "p=" + python_float(p) + ", inplace=False"; }
 
 Dropout2d::Dropout2d(double p) : p(p) {
-  FERRY_CHECK(p >= 0 && p <= 1, InvalidArgument, "dropout probability has to be between 0 and 1, but got ", p);
+  check_dropout_probability(p);
 }
 Tensor Dropout2d::forward(const Tensor& input) { return functional::dropout2d(input, p, is_training()); }
 std::string Dropout2d::extra_repr() const { return "p=" + python_float(p) + ", inplace=False"; }
 
 Dropout1d::Dropout1d(double p) : p(p) {
-  FERRY_CHECK(p >= 0 && p <= 1, InvalidArgument, "dropout probability has to be between 0 and 1, but got ", p);
+  check_dropout_probability(p);
 }
 Tensor Dropout1d::forward(const Tensor& input) { return functional::dropout1d(input, p, is_training()); }
 std::string Dropout1d::extra_repr() const { return "p=" + python_float(p) + ", inplace=False"; }
