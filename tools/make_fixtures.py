@@ -23,7 +23,8 @@ import torch.nn.functional as F
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 OUT = os.path.join(HERE, "..", "tests", "fixtures", "nn")
-DTYPES = {np.dtype("float32"): "F32", np.dtype("float64"): "F64", np.dtype("int64"): "I64", np.dtype("bool"): "BOOL"}
+DTYPES = {np.dtype("float32"): "F32", np.dtype("float64"): "F64", np.dtype("int64"): "I64", np.dtype("bool"): "BOOL",
+          np.dtype("float16"): "F16"}
 
 
 def write_safetensors(path, tensors, metadata):
@@ -31,10 +32,13 @@ def write_safetensors(path, tensors, metadata):
     offset = 0
     blobs = []
     for name, value in tensors.items():
+        bfloat16 = isinstance(value, torch.Tensor) and value.dtype == torch.bfloat16  # numpy has no bfloat16: its bits
+        if bfloat16:
+            value = value.view(torch.int16)
         array = value.detach().cpu().numpy() if isinstance(value, torch.Tensor) else np.asarray(value)
         array = np.array(array, order="C", copy=True)  # keeps 0-d tensors 0-d (ascontiguousarray would not)
         data = array.astype(array.dtype.newbyteorder("<")).tobytes()
-        header[name] = {"dtype": DTYPES[array.dtype], "shape": list(array.shape),
+        header[name] = {"dtype": "BF16" if bfloat16 else DTYPES[array.dtype], "shape": list(array.shape),
                         "data_offsets": [offset, offset + len(data)]}
         blobs.append(data)
         offset += len(data)
@@ -509,6 +513,27 @@ def optim_case(name, make, steps=6, shape=(4, 3)):
     write_safetensors(os.path.join(OUT, name + ".safetensors"), tensors, settings)
 
 
+def half_case():
+    """float32 -> float16 and bfloat16 as PyTorch rounds them (tests/test_half.cpp)."""
+    g = torch.Generator().manual_seed(16)
+    edges = [0.0, -0.0, 1.0, -1.0, 1 / 3, 0.1, 65504.0, 65519.0, 65520.0, 65536.0, -70000.0, 2.0 ** -14,
+             2.0 ** -24, 2.0 ** -25, 2.0 ** -25 * 1.0000001, 1.5 * 2.0 ** -24, 2.5 * 2.0 ** -24, 2.0 ** -26, 1e-8,
+             3.0e38, 3.3895e38, 3.4e38, float("inf"), float("-inf"), 1.0 + 2.0 ** -11, 1.0 + 3 * 2.0 ** -11,
+             1.0 + 2.0 ** -8, 1.0 + 3 * 2.0 ** -8, 1.0 + 2.0 ** -8 + 2.0 ** -20, 2049.0, 2051.0, 257.0, 259.0]
+    # Spread over float32's exponents, so that subnormal, normal and overflowing float16s all occur.
+    spread = torch.randn(20000, generator=g) * torch.pow(2.0, torch.randint(-40, 40, (20000,), generator=g).float())
+    # Exact ties of float16 (11 significant bits, then a 1) and of bfloat16 (8, then a 1).
+    whole = torch.randint(1024, 2048, (2000,), generator=g).double()
+    scale = torch.pow(2.0, torch.randint(-24, 6, (2000,), generator=g).double())
+    ties16 = ((whole + 0.5) * scale).float()
+    whole8 = torch.randint(128, 256, (2000,), generator=g).double()
+    ties8 = ((whole8 + 0.5) * torch.pow(2.0, torch.randint(-120, 120, (2000,), generator=g).double())).float()
+    values = torch.cat([torch.tensor(edges, dtype=torch.float32), spread, ties16, ties8])
+    write_safetensors(os.path.join(OUT, "half_conversions.safetensors"),
+                      {"float32": values, "float16": values.to(torch.float16), "bfloat16": values.to(torch.bfloat16)},
+                      {"torch": torch.__version__})
+
+
 def main():
     os.makedirs(OUT, exist_ok=True)
     torch.set_num_threads(1)
@@ -696,6 +721,8 @@ def main():
     optim_case("adagrad", plain(torch.optim.Adagrad, "adagrad", lr=0.1))
     optim_case("adagrad_decay_init_wd", plain(torch.optim.Adagrad, "adagrad", lr=0.1, lr_decay=0.05,
                                               weight_decay=0.01, initial_accumulator_value=0.2, eps=1e-8))
+
+    half_case()
 
     total = sum(os.path.getsize(os.path.join(OUT, f)) for f in os.listdir(OUT))
     print(f"wrote {len(os.listdir(OUT))} fixtures to {os.path.normpath(OUT)} ({total / 1e6:.2f} MB), torch {torch.__version__}")

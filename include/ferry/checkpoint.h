@@ -61,5 +61,10 @@ CheckpointContents read_checkpoint_contents(const std::string& path);
 
 // The tensors of a safetensors file as host tensors, by name (for `ferry inspect`, tools, tests).
 nn::NamedTensors read_tensors(const std::string& path, std::map<std::string, std::string>* metadata = nullptr);
+// Writes tensors (any device, any dtype; e.g. a model's state_dict() after to(DType::BFloat16)) to a safetensors
+// file that PyTorch's safetensors.torch.load_file reads, atomically as write_safetensors does. Names must be
+// unique and not "__metadata__" (InvalidArgument).
+void write_tensors(const std::string& path, const nn::NamedTensors& tensors,
+                   const std::map<std::string, std::string>& metadata = {});
 
 }  // namespace ferry

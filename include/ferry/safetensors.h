@@ -19,7 +19,8 @@ namespace ferry {
 //               {"__metadata__": {"k": "v", ...},
 //                "name": {"dtype": "F32", "shape": [2, 3], "data_offsets": [0, 24]}, ...}
 //   the rest  the data buffer; data_offsets are relative to its start, tensors tile it exactly
-// dtypes: F32 = Float32, F64 = Float64, I32 = Int32, I64 = Int64, U8 = UInt8, BOOL = Bool.
+// dtypes: F32 = Float32, F64 = Float64, F16 = Float16, BF16 = BFloat16, I32 = Int32, I64 = Int64, U8 = UInt8,
+// BOOL = Bool.
 
 inline constexpr std::uint64_t kSafetensorsMaxHeaderBytes = 100'000'000;  // the reference's limit
 
@@ -44,7 +45,7 @@ struct SafetensorsFile {
   const SafetensorsEntry& at(std::string_view name) const;
 };
 
-// The safetensors name of a dtype: "F32", "F64", "I32", "I64", "U8", "BOOL".
+// The safetensors name of a dtype: "F32", "F64", "F16", "BF16", "I32", "I64", "U8", "BOOL".
 std::string_view safetensors_dtype_name(DType dtype);
 
 // Parses and validates a whole file held in memory. Pure: touches nothing but [data, data + size).

@@ -164,6 +164,8 @@ template Tensor from_vector<std::int32_t>(const std::vector<std::int32_t>&, cons
 template Tensor from_vector<std::int64_t>(const std::vector<std::int64_t>&, const Shape&, const TensorOptions&);
 template Tensor from_vector<std::uint8_t>(const std::vector<std::uint8_t>&, const Shape&, const TensorOptions&);
 template Tensor from_vector<bool>(const std::vector<bool>&, const Shape&, const TensorOptions&);
+template Tensor from_vector<Float16>(const std::vector<Float16>&, const Shape&, const TensorOptions&);
+template Tensor from_vector<BFloat16>(const std::vector<BFloat16>&, const Shape&, const TensorOptions&);
 
 Tensor scalar_tensor(double value, const TensorOptions& options) { return full({}, value, options); }
 

@@ -826,6 +826,7 @@ void check_matmul_dtypes(const Tensor& a, const Tensor& b, const char* op) {
               dtype_name(a.dtype()), " and ", dtype_name(b.dtype()));
   FERRY_CHECK(is_floating(a.dtype()), DTypeMismatch, op, ": expected float32 or float64 operands, got ",
               dtype_name(a.dtype()));
+  if (is_storage_only(a.dtype())) throw_storage_only(a.dtype(), op);
 }
 }  // namespace
 

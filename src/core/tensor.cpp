@@ -654,6 +654,7 @@ T Tensor::item() const {
   FERRY_CHECK(numel() == 1, InvalidArgument, "item(): a Tensor with ", numel(),
               " elements cannot be converted to a scalar (shape ", shape_str(shape()), ")");
   const Tensor host = detail::host_copy(*this, "item()");
+  if (is_storage_only(host.dtype())) return host.to(DType::Float32).item<T>();  // exact: every 16-bit value is a float
   if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
     if (host.dtype() == DType::Float32 || host.dtype() == DType::Float64) {  // the conversion op's NaN and range rules
       const Tensor converted = host.to(dtype_of<T>());
@@ -668,6 +669,8 @@ T Tensor::item() const {
     case DType::Int64: return static_cast<T>(*static_cast<const std::int64_t*>(p));
     case DType::UInt8: return static_cast<T>(*static_cast<const std::uint8_t*>(p));
     case DType::Bool: return static_cast<T>(*static_cast<const bool*>(p));
+    case DType::Float16:
+    case DType::BFloat16: break;  // converted above
   }
   throw InternalError("item(): unknown dtype");
 }
@@ -696,6 +699,8 @@ FERRY_INSTANTIATE_VALUES(std::int32_t)
 FERRY_INSTANTIATE_VALUES(std::int64_t)
 FERRY_INSTANTIATE_VALUES(std::uint8_t)
 template bool Tensor::item<bool>() const;
+template std::vector<Float16> Tensor::to_vector<Float16>() const;
+template std::vector<BFloat16> Tensor::to_vector<BFloat16>() const;
 
 
 // --- autograd accessors -------------------------------------------------------------------------

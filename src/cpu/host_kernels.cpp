@@ -167,9 +167,17 @@ template <typename T>
 // To bool: != 0 (NaN is true). Floating to integer truncates through int64 (as the CUDA backend and PyTorch
 // do: -1.5 -> uint8 is 255), so a negative value into an unsigned type wraps instead of being undefined; NaN
 // and values beyond int64 give int64's minimum, what x86's conversion gives, instead of undefined behaviour.
+// The 16-bit storage types convert through float (a float64 into float16 rounds twice, as PyTorch's does).
+template <typename T>
+constexpr bool kStorageOnly = std::is_same_v<T, Float16> || std::is_same_v<T, BFloat16>;
+
 template <typename Out, typename T>
 Out cast_to(T v) {
-  if constexpr (std::is_same_v<Out, bool>) {
+  if constexpr (kStorageOnly<T>) {
+    return cast_to<Out>(static_cast<float>(v));
+  } else if constexpr (kStorageOnly<Out>) {
+    return Out(cast_to<float>(v));
+  } else if constexpr (std::is_same_v<Out, bool>) {
     return v != T(0);
   } else if constexpr (std::is_integral_v<Out> && std::is_floating_point_v<T>) {
     constexpr T kLimit = T(9223372036854775807.0);  // 2^63
@@ -253,7 +261,7 @@ bool binary_fast(BinaryOp op, const KernelTensor& out, const KernelTensor& a, co
 // --- fill / arange / random -----------------------------------------------------------------------
 
 void HostKernels::fill(const KernelTensor& out, double value, const Stream&) {
-  dispatch(out.dtype, [&](auto tag_T) {
+  dispatch_with_storage(out.dtype, [&](auto tag_T) {
     using T = typename decltype(tag_T)::type;
     const T v = cast_to<T>(value);
     const auto s = coalesce<1>(out, {&out});
@@ -269,7 +277,7 @@ void HostKernels::fill(const KernelTensor& out, double value, const Stream&) {
 }
 
 void HostKernels::arange(const KernelTensor& out, double start, double step, const Stream&) {
-  dispatch(out.dtype, [&](auto tag_T) {
+  dispatch_with_storage(out.dtype, [&](auto tag_T) {
     using T = typename decltype(tag_T)::type;
     T* o = out.ptr<T>();
     const std::int64_t n = out.numel();
@@ -281,7 +289,7 @@ void HostKernels::random(const KernelTensor& out, RandomKind kind, double low, d
                          std::uint64_t offset, const Stream&) {
   FERRY_ASSERT(out.is_contiguous(), "random() writes contiguous tensors");
   const std::int64_t n = out.numel();
-  dispatch(out.dtype, [&](auto tag_T) {
+  dispatch_with_storage(out.dtype, [&](auto tag_T) {
     using T = typename decltype(tag_T)::type;
     T* o = out.ptr<T>();
     // Integer draws: [low, high) with high > low (checked by randint); the other kinds have no range.
@@ -303,9 +311,9 @@ void HostKernels::random(const KernelTensor& out, RandomKind kind, double low, d
 
 void HostKernels::unary(UnaryOp op, const KernelTensor& out, const KernelTensor& in, const Stream&) {
   if (op == UnaryOp::Copy) {
-    dispatch(out.dtype, [&](auto tag_O) {
+    dispatch_with_storage(out.dtype, [&](auto tag_O) {
     using O = typename decltype(tag_O)::type;
-      dispatch(in.dtype, [&](auto tag_I) {
+      dispatch_with_storage(in.dtype, [&](auto tag_I) {
     using I = typename decltype(tag_I)::type;
         const auto s = coalesce<2>(out, {&out, &in});
         strided_for<2>(s, [&](std::int64_t n, auto off, auto st) {

@@ -42,8 +42,21 @@ void dispatch_dtype(DType dtype, F&& body) {
     case DType::Int64: body(TypeTag<std::int64_t>{}); return;
     case DType::UInt8: body(TypeTag<std::uint8_t>{}); return;
     case DType::Bool: body(TypeTag<bool>{}); return;
+    case DType::Float16:
+    case DType::BFloat16: throw_storage_only(dtype, "");
   }
   throw InternalError("cuda: unknown dtype in dispatch");
+}
+
+// Every dtype, the 16-bit storage types included: for the kernels that only move and convert values
+// (conversions, fill, arange, random draws), through cast_to.
+template <typename F>
+void dispatch_with_storage(DType dtype, F&& body) {
+  switch (dtype) {
+    case DType::Float16: body(TypeTag<Float16>{}); return;
+    case DType::BFloat16: body(TypeTag<BFloat16>{}); return;
+    default: dispatch_dtype(dtype, static_cast<F&&>(body));
+  }
 }
 
 template <typename F>
@@ -52,6 +65,7 @@ void dispatch_float(DType dtype, const char* op, F&& body) {
     case DType::Float32: body(TypeTag<float>{}); return;
     case DType::Float64: body(TypeTag<double>{}); return;
     default:
+      if (is_storage_only(dtype)) throw_storage_only(dtype, op);
       throw DTypeMismatch(detail::concat(op, ": expected float32 or float64, got ", dtype_name(dtype)));
   }
 }
@@ -61,9 +75,17 @@ void dispatch_float(DType dtype, const char* op, F&& body) {
 // To bool: != 0 (NaN is true). Floating to integer truncates through int64, so out-of-range values
 // wrap the way the cpu's conversions do on x86 instead of saturating; NaN and values beyond int64 give
 // int64's minimum, as on the cpu (the GPU's own conversion would give 0 for NaN and clamp the others).
+// The 16-bit storage types convert through float (a float64 into float16 rounds twice, as on the cpu).
+template <typename T>
+inline constexpr bool kStorageOnly = std::is_same_v<T, Float16> || std::is_same_v<T, BFloat16>;
+
 template <typename O, typename T>
 __host__ __device__ __forceinline__ O cast_to(T v) {
-  if constexpr (std::is_same_v<O, bool>) {
+  if constexpr (kStorageOnly<T>) {
+    return cast_to<O>(static_cast<float>(v));
+  } else if constexpr (kStorageOnly<O>) {
+    return O(cast_to<float>(v));
+  } else if constexpr (std::is_same_v<O, bool>) {
     return v != T(0);
   } else if constexpr (std::is_integral_v<O> && std::is_floating_point_v<T>) {
     constexpr T kLimit = T(9223372036854775807.0);  // 2^63

@@ -78,7 +78,7 @@ unsigned grid_for(std::int64_t n, int blocks_per_multiprocessor) {
 void launch_fill(const KernelTensor& out, double value, cudaStream_t stream) {
   const std::int64_t n = out.numel();
   if (n == 0) return;
-  dispatch_dtype(out.dtype, [&](auto tag) {
+  dispatch_with_storage(out.dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
     const T v = cast_to<T>(value);
     using Map = FillMap<T>;
@@ -106,7 +106,7 @@ void launch_arange(const KernelTensor& out, double start, double step, cudaStrea
   const std::int64_t n = out.numel();
   if (n == 0) return;
   const std::int64_t stride = out.ndim > 0 ? out.strides[0] : 1;
-  dispatch_dtype(out.dtype, [&](auto tag) {
+  dispatch_with_storage(out.dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
     arange_kernel<T><<<grid_for(n, 8), kElementwiseThreads, 0, stream>>>(static_cast<T*>(out.data), n, stride, start,
                                                                          step);
@@ -121,7 +121,7 @@ void launch_random(const KernelTensor& out, RandomKind kind, double low, double 
   if (n == 0) return;
   // [low, high) of an Integer draw has at most 2^32 values (checked by randint)
   const std::uint64_t range = kind == RandomKind::Integer ? static_cast<std::uint64_t>(high - low) : 0;
-  dispatch_dtype(out.dtype, [&](auto tag) {
+  dispatch_with_storage(out.dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
     random_kernel<T><<<grid_for(n, 16), kElementwiseThreads, 0, stream>>>(static_cast<T*>(out.data), n, kind, low,
                                                                           high, range, seed, offset);

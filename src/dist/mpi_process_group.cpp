@@ -45,6 +45,8 @@ MPI_Datatype mpi_type(DType dtype) {
     case DType::Int64: return MPI_INT64_T;
     case DType::UInt8:
     case DType::Bool: return MPI_UINT8_T;
+    case DType::Float16:
+    case DType::BFloat16: return MPI_UINT16_T;  // moved, never reduced (check_reducible)
   }
   return MPI_BYTE;
 }
@@ -116,7 +118,9 @@ void add_into(DType dtype, void* destination, const void* source, std::int64_t c
     case DType::Int32: add_into<std::int32_t>(destination, source, count); break;
     case DType::Int64: add_into<std::int64_t>(destination, source, count); break;
     case DType::UInt8: add_into<std::uint8_t>(destination, source, count); break;
-    case DType::Bool: FERRY_ASSERT(false, "bool tensors are not reduced");
+    case DType::Bool:
+    case DType::Float16:
+    case DType::BFloat16: FERRY_ASSERT(false, dtype_name(dtype), " tensors are not reduced");
   }
 }
 

@@ -40,14 +40,14 @@ struct SafetensorsDType {
 };
 constexpr SafetensorsDType kSafetensorsDTypes[] = {
     {"BOOL", DType::Bool},     {"U8", DType::UInt8},      {"I8", std::nullopt},
-    {"I16", std::nullopt},     {"U16", std::nullopt},     {"F16", std::nullopt},
-    {"BF16", std::nullopt},    {"I32", DType::Int32},     {"U32", std::nullopt},
+    {"I16", std::nullopt},     {"U16", std::nullopt},     {"F16", DType::Float16},
+    {"BF16", DType::BFloat16},    {"I32", DType::Int32},     {"U32", std::nullopt},
     {"F32", DType::Float32},   {"F64", DType::Float64},   {"I64", DType::Int64},
     {"U64", std::nullopt},     {"C64", std::nullopt},     {"F8_E5M2", std::nullopt},
     {"F8_E4M3", std::nullopt}, {"F8_E8M0", std::nullopt}, {"F4", std::nullopt},
     {"F6_E2M3", std::nullopt}, {"F6_E3M2", std::nullopt},
 };
-constexpr std::string_view kSupportedDTypeList = "F32, F64, I32, I64, U8, BOOL";
+constexpr std::string_view kSupportedDTypeList = "F32, F64, F16, BF16, I32, I64, U8, BOOL";
 
 const SafetensorsDType* find_safetensors_dtype(std::string_view name) {
   for (const SafetensorsDType& entry : kSafetensorsDTypes)

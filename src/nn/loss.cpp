@@ -21,6 +21,7 @@ void check_class_loss(const char* op, const Tensor& input, const Tensor& target,
   check_same_device(op, {&input, &target, &weight});
   FERRY_CHECK(is_floating(input.dtype()), DTypeMismatch, op, ": expected float32 or float64 input, got ",
               dtype_name(input.dtype()));
+  if (is_storage_only(input.dtype())) throw_storage_only(input.dtype(), op);
   FERRY_CHECK(target.dtype() == DType::Int64 || target.dtype() == DType::Int32, DTypeMismatch, op,
               ": expected int64 class indices as target, got ", dtype_name(target.dtype()));
   FERRY_CHECK(input.dim() == 2, ShapeMismatch, op, ": expected input (N, C), got shape ", shape_str(input.shape()));
@@ -129,6 +130,7 @@ void check_pair(const char* op, const Tensor& input, const Tensor& target) {
   check_same_device(op, {&input, &target});
   FERRY_CHECK(is_floating(input.dtype()), DTypeMismatch, op, ": expected a float32 or float64 input, got ",
               dtype_name(input.dtype()));
+  if (is_storage_only(input.dtype())) throw_storage_only(input.dtype(), op);
   FERRY_CHECK(input.shape() == target.shape(), ShapeMismatch, op, ": expected input and target of one shape, got ",
               shape_str(input.shape()), " and ", shape_str(target.shape()));
 }
@@ -216,6 +218,7 @@ void check_rows(const char* op, std::initializer_list<const Tensor*> rows) {
   for (const Tensor* t : rows) {
     FERRY_CHECK(is_floating(t->dtype()), DTypeMismatch, op, ": expected float32 or float64 inputs, got ",
                 dtype_name(t->dtype()));
+    if (is_storage_only(t->dtype())) throw_storage_only(t->dtype(), op);
     FERRY_CHECK(t->shape() == first.shape() && (t->dim() == 1 || t->dim() == 2), ShapeMismatch, op,
                 ": expected inputs of one shape, (N, D) or (D), got ", shape_str(first.shape()), " and ",
                 shape_str(t->shape()));

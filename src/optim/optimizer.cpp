@@ -45,6 +45,9 @@ Optimizer::Optimizer(std::vector<ParamGroup> groups) {
     FERRY_CHECK(parameters_[i].is_leaf(), InvalidArgument, "optimizer: can't optimize a non-leaf Tensor (parameter ", i, ")");
     FERRY_CHECK(is_floating(parameters_[i].dtype()), InvalidArgument, "optimizer: parameter ", i,
                 " is not floating point (", dtype_name(parameters_[i].dtype()), ")");
+    if (is_storage_only(parameters_[i].dtype())) {  // a model made half for saving, then handed to an optimizer
+      throw_storage_only(parameters_[i].dtype(), detail::concat("optimizer: parameter ", i));
+    }
     const auto [it, fresh] = first_seen.emplace(parameters_[i].impl(), i);
     FERRY_CHECK(fresh, InvalidArgument, "optimizer: parameters ", it->second, " and ", i,  // PyTorch refuses it too
                 " are the same tensor (in groups ", group_of_[it->second], " and ", group_of_[i],

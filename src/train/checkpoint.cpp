@@ -105,6 +105,14 @@ void save_checkpoint(const std::string& path, const nn::Module& model, const opt
   write_safetensors(path, file);
 }
 
+void write_tensors(const std::string& path, const nn::NamedTensors& tensors,
+                   const std::map<std::string, std::string>& metadata) {
+  SafetensorsFile file;
+  file.metadata = metadata;
+  for (const auto& [name, tensor] : tensors) file.entries.push_back(to_entry(name, tensor));
+  write_safetensors(path, file);
+}
+
 nn::NamedTensors read_tensors(const std::string& path, std::map<std::string, std::string>* metadata) {
   const SafetensorsFile file = read_safetensors(path);
   nn::NamedTensors tensors;

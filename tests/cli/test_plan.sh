@@ -82,6 +82,8 @@ expect_error() {
 # The sheet's numbers, one subcommand each.
 expect_json '{"bytes": 4000000}' plan bytes --shape 1000x1000 --dtype float32                            # Ex 2.1
 expect_json '{"bytes": 16}' plan bytes --shape 1000x1000 --shape 2x2  # an option given twice: its last value
+expect_json '{"bytes": 2000000}' plan bytes --shape 1000x1000 --dtype bfloat16  # 16-bit storage: half the bytes
+expect_json '{"seconds": 0.000125}' plan transfer --shape 1000x1000 --dtype half --link 16GB/s
 expect_json '{"seconds": 0.00025}' plan transfer --bytes 4MB --link 16GB/s                              # Ex 2.2
 expect_json '{"seconds": 0.00025}' plan transfer --shape 1000x1000 --dtype float32 --link 16GB/s        # Ex 2.2
 expect_json '{"speedup": 250}' plan speedup --gpu-clock 1.5GHz --gpu-cores 8000 --cpu-clock 3GHz --cpu-cores 16  # Ex 2.3

@@ -122,6 +122,7 @@ struct TypeInfo {
   MPI_Datatype mpi = MPI_DATATYPE_NULL;
   std::size_t bytes = 0;
   bool floating = false;
+  bool reducible = true;  // false: moved (broadcast, all-gather) but not summed by the emulator
 };
 
 bool type_info(ncclDataType_t type, TypeInfo& info) {
@@ -131,6 +132,8 @@ bool type_info(ncclDataType_t type, TypeInfo& info) {
     case ncclInt32: info = {MPI_INT32_T, 4, false}; return true;
     case ncclInt64: info = {MPI_INT64_T, 8, false}; return true;
     case ncclUint8: info = {MPI_UINT8_T, 1, false}; return true;
+    case ncclFloat16:
+    case ncclBfloat16: info = {MPI_UINT16_T, 2, true, false}; return true;  // ferry moves them, never reduces them
     default: return false;
   }
 }
@@ -232,7 +235,8 @@ ncclResult_t check_collective(const char* op, ncclComm_t comm, std::shared_ptr<C
     warn("%s: the communicator was aborted%s", op);
     return ncclInvalidUsage;
   }
-  if (!type_info(type, info)) {
+  const bool reduction = std::strcmp(op, "ncclAllReduce") == 0 || std::strcmp(op, "ncclReduceScatter") == 0;
+  if (!type_info(type, info) || (reduction && !info.reducible)) {
     warn("%s: datatype %s not supported by the emulated NCCL", op, std::to_string(static_cast<int>(type)));
     return ncclInvalidArgument;
   }

@@ -22,6 +22,8 @@
 #include "ferry/ops.h"
 #include "ferry/random.h"
 
+#include "../test_helpers.h"
+
 namespace ferry {
 namespace {
 
@@ -170,6 +172,29 @@ TEST(Collectives, BroadcastAllGatherReduceScatterAndBarrier) {
   g.barrier();
 }
 
+// The 16-bit storage types move as 2-byte elements, on cpu and through sim's staging; a reduction of them is
+// refused before any rank sends a byte (each rank refuses alone: no collective starts).
+TEST(Collectives, HalfTensorsAreBroadcastAndGatheredNotReduced) {
+  for (dist::ProcessGroup* group : {g_cpu, g_sim}) {
+    dist::ProcessGroup& g = *group;
+    const Device device = group == g_cpu ? kCPU : Device::parse("sim:0");
+    SCOPED_TRACE(device.str());
+    const int n = g.world_size(), root = 0;
+    const Tensor values = div(arange(0, 100, 1, {.dtype = DType::Float32}), 3.0);
+    for (const DType dtype : {DType::Float16, DType::BFloat16}) {
+      Tensor b = (g.rank() == root ? values : zeros({100})).to(dtype).to(device);
+      g.broadcast(b, root);
+      EXPECT_TRUE(testing::all_close(b.to(kCPU), values.to(dtype), 0, 0));
+      Tensor mine = full({4}, g.rank() + 0.5, {.device = device, .dtype = dtype});
+      Tensor gathered = zeros({4 * n}, {.device = device, .dtype = dtype});
+      g.all_gather(gathered, mine);
+      const std::vector<float> all = gathered.to_vector<float>();
+      for (int i = 0; i < 4 * n; ++i) EXPECT_EQ(all[static_cast<std::size_t>(i)], static_cast<float>(i / 4) + 0.5f);
+      EXPECT_THROW(g.all_reduce(b), DTypeMismatch);
+    }
+  }
+  g_cpu->barrier();
+}
 
 // --- ranks that disagree ----------------------------------------------------------------------------------
 

@@ -140,7 +140,8 @@ void add_bytes_command(CLI::App& plan) {
   command->add_option("--shape", options->shape, "Tensor shape: 1000x1000, 4,4 or (2, 3, 4); () is a scalar")
       ->required()
       ->type_name("SHAPE");
-  command->add_option("--dtype", options->dtype, "Element type: float32, float64, int32, int64, uint8, bool")
+  command->add_option("--dtype", options->dtype,
+                      "Element type: float32, float64, float16, bfloat16, int32, int64, uint8, bool")
       ->capture_default_str()
       ->type_name("DTYPE");
   command->callback([options] {
