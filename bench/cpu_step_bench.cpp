@@ -216,12 +216,58 @@ std::pair<Timing, Timing> time_both(FerryRun& ferry_run, TorchRun& torch_run, co
   return {ferry_run.recorder.result(s.warmup), torch_run.recorder.result(s.warmup)};
 }
 
+// float32 <-> float16 / bfloat16 of a (4096, 4096) tensor (64 MiB of float32), ferry and libtorch alternating
+// conversion by conversion; medians. Bandwidth counts the bytes read and written.
+void time_conversions(const Settings& s) {
+  const std::int64_t n = 4096;
+  const ferry::Tensor fx = ferry::randn({n, n});
+  const torch::Tensor tx = torch::randn({n, n});
+  struct Case {
+    const char* name;
+    ferry::DType ferry_to;
+    torch::ScalarType torch_to;
+    bool widen;  // from the 16-bit tensor back to float32
+  };
+  const Case cases[] = {{"f32->f16", ferry::DType::Float16, torch::kHalf, false},
+                        {"f16->f32", ferry::DType::Float16, torch::kHalf, true},
+                        {"f32->bf16", ferry::DType::BFloat16, torch::kBFloat16, false},
+                        {"bf16->f32", ferry::DType::BFloat16, torch::kBFloat16, true}};
+  std::printf("%-10s %12s %12s %10s   (GB/s ferry / libtorch; bytes read + written)\n", "convert", "ferry ms",
+              "libtorch ms", "ratio");
+  for (const Case& c : cases) {
+    const ferry::Tensor fsource = c.widen ? fx.to(c.ferry_to) : fx;
+    const torch::Tensor tsource = c.widen ? tx.to(c.torch_to) : tx;
+    const ferry::DType fto = c.widen ? ferry::DType::Float32 : c.ferry_to;
+    const torch::ScalarType tto = c.widen ? torch::kFloat : c.torch_to;
+    std::vector<double> f, t;
+    for (int i = 0; i < s.warmup + s.steps; ++i) {
+      const auto run_ferry = [&] {
+        const auto start = Clock::now();
+        const ferry::Tensor out = fsource.to(fto);
+        if (i >= s.warmup) f.push_back(ms_since(start));
+      };
+      const auto run_torch = [&] {
+        const auto start = Clock::now();
+        const torch::Tensor out = tsource.to(tto);
+        if (i >= s.warmup) t.push_back(ms_since(start));
+      };
+      if (i % 2 == 0) run_torch(), run_ferry();
+      else run_ferry(), run_torch();
+    }
+    const double bytes = static_cast<double>(n * n) * (4 + 2);
+    const double fm = median(f), tm = median(t);
+    std::printf("%-10s %12.2f %12.2f %10.2f   (%.1f / %.1f)\n", c.name, fm, tm, fm / tm, bytes / fm / 1e6,
+                bytes / tm / 1e6);
+  }
+}
+
 void usage() {
   std::puts(
-      "cpu_step_bench [--threads N] [--warmup N] [--steps N] [--workload mlp|cnn|fmnist|all] [--mlp-batch N]\n"
+      "cpu_step_bench [--threads N] [--warmup N] [--steps N] [--workload mlp|cnn|fmnist|all|convert] [--mlp-batch N]\n"
       "               [--cnn-batch N] [--fmnist-batch N] [--breakdown] [--only ferry|libtorch]\n"
       "Times one SGD training step of DESIGN.md's mlp, cnn and fmnist workloads in ferry and libtorch (cpu),\n"
-      "on random data of the workload's shape (ferry train times the real fmnist epoch).");
+      "on random data of the workload's shape (ferry train times the real fmnist epoch). --workload convert times\n"
+      "float32 <-> float16 / bfloat16 conversions of a 64 MiB tensor instead.");
 }
 
 }  // namespace
@@ -277,6 +323,10 @@ int main(int argc, char** argv) {
   std::printf("cpu_step_bench: %d thread(s) each (OpenMP %d, libtorch %d), %d warmup + %d timed steps, medians,\n"
               "the two libraries alternating step by step\n",
               s.threads, omp_get_max_threads(), torch::get_num_threads(), s.warmup, s.steps);
+  if (s.workload == "convert") {
+    time_conversions(s);
+    return 0;
+  }
   std::printf("%-8s %6s %12s %12s %10s   %s\n", "workload", "batch", "ferry ms", "libtorch ms", "ratio", "losses (first -> last)");
   struct Row {
     std::string name;

@@ -66,14 +66,37 @@ TEST(Half, EveryFloat16PatternConvertsToFloatExactlyAndBack) {
     const float x = static_cast<float>(Float16::from_bits(bits));
     const bool nan = (bits & 0x7c00u) == 0x7c00u && (bits & 0x3ffu) != 0;
     ASSERT_EQ(std::isnan(x), nan) << std::hex << p;
+#if defined(__FLT16_MANT_DIG__)
+    ASSERT_EQ(bits_of(x), bits_of(compiler_float(bits))) << std::hex << p;  // NaNs too: quiet, payload kept
+#endif
     if (nan) {
       EXPECT_EQ(Float16(x).bits, (bits & 0x8000u) | 0x7e00u) << std::hex << p;  // a quiet NaN, sign kept
       continue;
     }
     ASSERT_EQ(Float16(x).bits, bits) << std::hex << p;
-#if defined(__FLT16_MANT_DIG__)
-    ASSERT_EQ(bits_of(x), bits_of(compiler_float(bits))) << std::hex << p;
-#endif
+  }
+}
+
+// Tensors take the vectorised conversions on the cpu (eight lanes at once, then a scalar tail): every pattern,
+// NaNs with payloads too, gives the scalar conversion's bits on every device.
+TEST(Half, TensorConversionsGiveTheScalarBitsForEveryPattern) {
+  std::vector<Float16> patterns(65536);
+  std::vector<float> floats;
+  for (std::uint32_t p = 0; p <= 0xffffu; ++p) patterns[p] = Float16::from_bits(static_cast<std::uint16_t>(p));
+  for (std::uint64_t b = 0; b <= 0xffffffffu; b += 65521) floats.push_back(float_of(static_cast<std::uint32_t>(b)));
+  for (const std::uint32_t nan : {0x7fc00000u, 0x7fc02000u, 0xffc12345u, 0x7f800001u, 0x7fbfffffu})
+    floats.push_back(float_of(nan));
+  for (const Device& device : available_devices()) {
+    if (device.index != 0) continue;
+    SCOPED_TRACE(device.str());
+    const std::vector<float> wide = from_vector(patterns, {.device = device}).to(DType::Float32).to_vector<float>();
+    for (std::uint32_t p = 0; p <= 0xffffu; ++p)
+      ASSERT_EQ(bits_of(wide[p]), bits_of(static_cast<float>(patterns[p]))) << std::hex << p;
+    // from element 3: a start that is not a multiple of eight lanes, so both loops run
+    const Tensor source = from_vector(floats, {.device = device}).narrow(0, 3, static_cast<std::int64_t>(floats.size()) - 3);
+    const std::vector<Float16> narrow = source.to(DType::Float16).to_vector<Float16>();
+    for (std::size_t i = 0; i < narrow.size(); ++i)
+      ASSERT_EQ(narrow[i].bits, Float16(floats[i + 3]).bits) << floats[i + 3] << " (0x" << std::hex << bits_of(floats[i + 3]) << ")";
   }
 }
 

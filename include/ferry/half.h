@@ -65,12 +65,15 @@ FERRY_HALF_HOST_DEVICE inline std::uint16_t float_to_half_bits(float value) {
   return static_cast<std::uint16_t>(sign | result);
 }
 
-// binary16 -> float: exact (every binary16 value is a float).
+// binary16 -> float: exact (every binary16 value is a float). A NaN keeps its sign and payload and comes out
+// quiet, as the hardware's conversion (F16C, the GPU's cvt) and PyTorch's give it.
 FERRY_HALF_HOST_DEVICE inline float half_bits_to_float(std::uint16_t half) {
   const std::uint32_t sign = static_cast<std::uint32_t>(half & 0x8000u) << 16;
   std::uint32_t exponent = (half >> 10) & 0x1fu;
   std::uint32_t mantissa = half & 0x3ffu;
-  if (exponent == 0x1fu) return float_from_bits(sign | 0x7f800000u | (mantissa << 13));  // inf, NaN
+  if (exponent == 0x1fu) {  // inf, or NaN (made quiet)
+    return float_from_bits(sign | 0x7f800000u | (mantissa << 13) | (mantissa != 0 ? 0x400000u : 0u));
+  }
   if (exponent == 0) {
     if (mantissa == 0) return float_from_bits(sign);  // +-0
     exponent = 113;  // a subnormal, mantissa * 2^-24: shift until the leading 1 reaches bit 10

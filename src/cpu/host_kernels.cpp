@@ -17,6 +17,7 @@
 #include "../core/philox.h"
 #include "blas_threads.h"
 #include "dispatch.h"
+#include "half_convert.h"
 #include "max_pool_2x2.h"
 #include "strided.h"
 #include "vec_math.h"
@@ -324,6 +325,12 @@ void HostKernels::unary(UnaryOp op, const KernelTensor& out, const KernelTensor&
               std::memcpy(o, x, static_cast<std::size_t>(n) * sizeof(O));
               return;
             }
+          }
+          if constexpr (std::is_same_v<O, Float16> && std::is_same_v<I, float>) {
+            if (st[0] == 1 && st[1] == 1) return narrow_to_half(o, x, n);
+          }
+          if constexpr (std::is_same_v<O, float> && std::is_same_v<I, Float16>) {
+            if (st[0] == 1 && st[1] == 1) return widen_from_half(o, x, n);
           }
           for (std::int64_t i = 0; i < n; ++i) o[i * st[0]] = cast_to<O>(x[i * st[1]]);
         });
