@@ -3,6 +3,7 @@
 the mlp, as its metadata says) and evaluate it on Fashion-MNIST's test set; the accuracy must equal `ferry eval`'s.
 
 Usage: /usr/bin/python3 tools/interop_check.py fmnist.safetensors [--data DIR] [--expect ACCURACY] [--save-weights F]
+                                              [--save-weights-bf16 F]
 Needs Debian's python3-torch (or any torch); parses safetensors with json + numpy, no other package.
 """
 import argparse
@@ -38,9 +39,12 @@ def write_safetensors(path, tensors):
     """A state_dict as safetensors without metadata: what safetensors.torch.save_file(model.state_dict()) writes."""
     header, blobs, offset = {}, [], 0
     for name, tensor in tensors.items():
-        array = tensor.detach().cpu().contiguous().numpy()
+        tensor = tensor.detach().cpu().contiguous()
+        bfloat16 = tensor.dtype == torch.bfloat16  # numpy has no bfloat16: its 16-bit patterns, named BF16
+        array = tensor.view(torch.int16).numpy() if bfloat16 else tensor.numpy()
         blob = array.tobytes()
-        header[name] = {"dtype": NAMES[array.dtype], "shape": list(array.shape), "data_offsets": [offset, offset + len(blob)]}
+        dtype = "BF16" if bfloat16 else NAMES[array.dtype]
+        header[name] = {"dtype": dtype, "shape": list(array.shape), "data_offsets": [offset, offset + len(blob)]}
         blobs.append(blob)
         offset += len(blob)
     text = json.dumps(header).encode()
@@ -81,6 +85,9 @@ def main():
     parser.add_argument("--expect", type=float, help="ferry's test accuracy (0-1); exit 1 if PyTorch's differs")
     parser.add_argument("--save-weights", help="also write PyTorch's state_dict there as weights-only safetensors "
                         "(for `ferry eval --model`)")
+    parser.add_argument("--save-weights-bf16", help="also write the state_dict in bfloat16 there (floating tensors "
+                        "rounded; what a half-precision release of the model holds) and print the accuracy of the "
+                        "rounded weights as test_accuracy_bf16")
     args = parser.parse_args()
 
     tensors, metadata = read_safetensors(args.checkpoint)
@@ -100,10 +107,22 @@ def main():
     # The same float32 arithmetic as ferry's loader: (x * (1/255) - mean) * (1/std).
     x = (images * np.float32(1 / 255) - np.float32(0.2860)) * np.float32(1 / 0.3530)
     x = torch.from_numpy(x).unsqueeze(1)
-    with torch.no_grad():
-        predictions = torch.cat([model(x[i : i + 1000]).argmax(1) for i in range(0, len(x), 1000)])
-    accuracy = (predictions == labels).float().mean().item()
-    print(json.dumps({"test_accuracy": accuracy, "model": name, "tensors": len(weights), "epoch": metadata.get("epoch")}))
+
+    def test_accuracy(net):
+        with torch.no_grad():
+            predictions = torch.cat([net(x[i : i + 1000]).argmax(1) for i in range(0, len(x), 1000)])
+        return (predictions == labels).float().mean().item()
+
+    accuracy = test_accuracy(model)
+    result = {"test_accuracy": accuracy, "model": name, "tensors": len(weights), "epoch": metadata.get("epoch")}
+    if args.save_weights_bf16:
+        rounded = {k: v.to(torch.bfloat16) if v.is_floating_point() else v for k, v in model.state_dict().items()}
+        write_safetensors(args.save_weights_bf16, rounded)
+        twin = MODELS[name]()  # float32 arithmetic on the rounded weights: what ferry does after widening them
+        twin.load_state_dict({k: v.float() if v.dtype == torch.bfloat16 else v for k, v in rounded.items()})
+        twin.eval()
+        result["test_accuracy_bf16"] = test_accuracy(twin)
+    print(json.dumps(result))
     if args.expect is not None and abs(accuracy - args.expect) > 1e-4:
         print(f"PyTorch's accuracy {accuracy:.4f} differs from ferry's {args.expect:.4f}", file=sys.stderr)
         return 1

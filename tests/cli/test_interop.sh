@@ -2,7 +2,8 @@
 # tests/cli/test_interop.sh PATH/TO/FERRY — a ferry checkpoint in PyTorch (issue 6, point 6): tools/interop_check.py
 # loads it into PyTorch's own nn.Sequential with strict names and evaluates Fashion-MNIST's 10000 test images; the
 # accuracy must be ferry eval's, for the fmnist CNN (BatchNorm buffers included) and the mlp. And back: PyTorch's
-# state_dict written as weights-only safetensors gives the same accuracy in `ferry eval --model`. Skips with a reason
+# state_dict written as weights-only safetensors gives the same accuracy in `ferry eval --model`, and so does its
+# bfloat16 copy (against PyTorch's accuracy with the rounded weights). Skips with a reason
 # where Debian's python3-torch is absent. Not here: layer-by-layer parity (tests/test_nn_parity.cpp, fixtures).
 set -u
 
@@ -35,8 +36,10 @@ for model in fmnist mlp; do
     continue
   fi
   weights="$scratch/$model.torch.safetensors"
+  weights_bf16="$scratch/$model.torch.bf16.safetensors"
   if "$python" "$root/tools/interop_check.py" "$checkpoint" --data "$data_dir" --expect "$accuracy" \
-       --save-weights "$weights" >"$scratch/$model.torch.json" 2>"$scratch/$model.torch.err" &&
+       --save-weights "$weights" --save-weights-bf16 "$weights_bf16" \
+       >"$scratch/$model.torch.json" 2>"$scratch/$model.torch.err" &&
      grep -q "\"model\": \"$model\"" "$scratch/$model.torch.json"; then
     ok "$model after 40 steps: PyTorch $(head -c 200 "$scratch/$model.torch.json"), ferry eval $accuracy"
   else
@@ -50,6 +53,16 @@ for model in fmnist mlp; do
     ok "$model: PyTorch's weights-only file in ferry eval --model $model: $back"
   else
     fail "$model: ferry eval of PyTorch's weights gave '$back', not $accuracy: $(tail -c 600 "$scratch/$model.back.err")"
+  fi
+  # PyTorch's weights in bfloat16 (a half-precision release of the model): ferry widens them exactly as PyTorch's
+  # .float() does, so its accuracy is PyTorch's on the rounded weights.
+  torch_bf16="$("$python" -c 'import json, sys; print(json.load(sys.stdin)["test_accuracy_bf16"])' <"$scratch/$model.torch.json")"
+  back_bf16="$("$FERRY" eval --checkpoint "$weights_bf16" --model "$model" --device cpu --data "$data_dir" --json \
+               2>"$scratch/$model.bf16.err" | "$python" -c 'import json, sys; print(json.load(sys.stdin)["test_accuracy"])')"
+  if [[ -n "$back_bf16" ]] && "$python" -c "import sys; sys.exit(abs($back_bf16 - $torch_bf16) > 1e-4)"; then
+    ok "$model: PyTorch's bfloat16 weights in ferry eval --model $model: $back_bf16 (PyTorch $torch_bf16, float32 $accuracy)"
+  else
+    fail "$model: ferry eval of PyTorch's bfloat16 weights gave '$back_bf16', PyTorch '$torch_bf16': $(tail -c 600 "$scratch/$model.bf16.err")"
   fi
 done
 # A weights-only file of one model read as the other: the mismatch is named, one line, exit 1.
