@@ -11,6 +11,7 @@ void register_devices_command(CLI::App& app);
 void register_train_command(CLI::App& app);
 void register_eval_command(CLI::App& app);
 void register_inspect_command(CLI::App& app);
+void register_convert_command(CLI::App& app);
 void register_bench_command(CLI::App& app);
 void register_bench_allreduce(CLI::App& bench);  // `ferry bench allreduce` (bench_allreduce.cpp)
 void register_bench_golden(CLI::App& bench);     // `ferry bench golden` (bench_golden.cpp)

@@ -1,5 +1,5 @@
-// eval_command.cpp — `ferry eval` (a checkpoint's test accuracy) and `ferry inspect` (what a
-// safetensors file holds). A malformed file is one error line and a non-zero status.
+// eval_command.cpp — `ferry eval` (a checkpoint's test accuracy), `ferry inspect` (what a safetensors file holds)
+// and `ferry convert` (a copy in another floating dtype). A malformed file is one error line and a non-zero status.
 #include <fmt/format.h>
 
 #include <cmath>
@@ -139,5 +139,47 @@ void register_inspect_command(CLI::App& app) {
                  e["shape"].dump(), e["bytes"].get<std::int64_t>());
     fmt::print("{} tensors, {} bytes\n", tensors.size(), total);
     for (const auto& [key, value] : metadata) fmt::print("  {} = {}\n", key, value);
+  });
+}
+
+void register_convert_command(CLI::App& app) {
+  static std::string path, output, dtype_text;
+  static bool json = false;
+  auto* cmd = app.add_subcommand(
+      "convert",
+      "Write a copy of a safetensors file with its floating tensors in another dtype: bfloat16 or float16 halve a\n"
+      "float32 file (for a release, for `ferry eval`, or for PyTorch), float32 widens one back exactly. Names,\n"
+      "integer and bool tensors, and the metadata are kept. A converted training checkpoint still evaluates; resume\n"
+      "from the float32 original (the optimizer's state would be rounded too).\n"
+      "Example: ferry convert fmnist.safetensors --dtype bfloat16 --output fmnist.bf16.safetensors");
+  cmd->add_option("file", path, "A .safetensors file")->required();
+  cmd->add_option("--dtype", dtype_text, "float32 | float64 | float16 (half) | bfloat16 (bf16)")->required();
+  cmd->add_option("--output", output, "The file to write (atomically: it may be FILE itself)")->required();
+  cmd->add_flag("--json", json, "Print one JSON object: tensors, converted, dtype, bytes_before, bytes_after");
+  cmd->callback([] {
+    const ferry::DType dtype = ferry::parse_dtype(dtype_text);
+    FERRY_CHECK(ferry::is_floating(dtype), InvalidArgument, "--dtype: convert writes floating tensors, and ",
+                ferry::dtype_name(dtype), " is not floating (float32, float64, float16, bfloat16)");
+    check_writable(output, "--output");
+    std::map<std::string, std::string> metadata;
+    const ferry::nn::NamedTensors tensors = ferry::read_tensors(path, &metadata);
+    ferry::nn::NamedTensors converted;
+    std::int64_t count = 0, before = 0, after = 0;
+    for (const auto& [name, t] : tensors) {
+      const bool change = ferry::is_floating(t.dtype()) && t.dtype() != dtype;
+      converted.emplace_back(name, change ? t.to(dtype) : t);
+      count += change ? 1 : 0;
+      before += static_cast<std::int64_t>(t.nbytes());
+      after += static_cast<std::int64_t>(converted.back().second.nbytes());
+    }
+    ferry::write_tensors(output, converted, metadata);
+    if (json) {
+      fmt::print("{}\n", nlohmann::json{{"tensors", tensors.size()}, {"converted", count},
+                                        {"dtype", ferry::dtype_name(dtype)}, {"bytes_before", before},
+                                        {"bytes_after", after}}.dump());
+      return;
+    }
+    fmt::print("{} -> {}: {} of {} tensors to {}, {} -> {} bytes of tensor data\n", path, output, count,
+               tensors.size(), ferry::dtype_name(dtype), before, after);
   });
 }

@@ -83,9 +83,10 @@ int main(int argc, char** argv) {
   app.fallthrough(false);
   // The sim device's settings in the environment (FERRY_SIM_LINK, FERRY_SIM_DEVICES) are read at its first use, so a
   // bad value went unnoticed by a command that used no sim device (train --device cpu, eval, plan). Checked here,
-  // after the command line is parsed and before any command runs, like an option (exit 2). inspect reads a file only.
+  // after the command line is parsed and before any command runs, like an option (exit 2). inspect and convert read
+  // and write files only.
   app.parse_complete_callback([&app] {
-    if (app.got_subcommand("inspect")) return;
+    if (app.got_subcommand("inspect") || app.got_subcommand("convert")) return;
     (void)ferry::sim_link_bandwidth();  // throws InvalidArgument for a bad FERRY_SIM_LINK or FERRY_SIM_DEVICES
   });
   register_devices_command(app);
@@ -94,6 +95,7 @@ int main(int argc, char** argv) {
   register_train_command(app);
   register_eval_command(app);
   register_inspect_command(app);
+  register_convert_command(app);
   // A first word that is no command: say so and list them (CLI11 alone says "A subcommand is required").
   if (argc > 1 && argv[1][0] != '-') {
     std::string names;
