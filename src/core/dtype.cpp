@@ -33,9 +33,10 @@ DType parse_dtype(std::string_view name) {
 }
 
 void throw_storage_only(DType dtype, std::string_view op) {
+  const char* enumerator = dtype == DType::Float16 ? "Float16" : "BFloat16";
   throw DTypeMismatch(detail::concat(op, op.empty() ? "" : ": ", dtype_name(dtype), " is a storage type in ferry: ",
                                      "tensors of it convert, move and save, but ops compute in float32; write ",
-                                     "x.to(DType::Float32) first (and .to(DType::", dtype == DType::Float16 ? "Float16" : "BFloat16",
+                                     "x.to(DType::Float32) first (and .to(DType::", enumerator,
                                      ") after, to store the result at 2 bytes an element)"));
 }
 

@@ -1,6 +1,7 @@
 // convert.cu — dtype conversion on the GPU (UnaryOp::Copy between dtypes, Tensor::to(dtype)): every
-// pair of the eight dtypes (the 16-bit ones through float, ferry/half.h), each value cast as the cpu casts it (to bool: != 0; floating to integer:
-// truncation through int64). Not here: same-dtype copies (a memcpy, unary.cu).
+// pair of the eight dtypes (the 16-bit ones through float, ferry/half.h), each value cast as the cpu
+// casts it (to bool: != 0; floating to integer: truncation through int64). Not here: same-dtype copies
+// (a memcpy, unary.cu).
 #include <cuda_runtime.h>
 
 #include "elementwise.cuh"
