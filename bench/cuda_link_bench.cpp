@@ -1,6 +1,6 @@
 // cuda_link_bench.cpp — what ferry's cuda backend achieves on the measures of ANCHORS.md: host->device
 // from pageable and pinned memory (4 MB, 256 MB), device->host, device->device, add over 3 x 256 MB,
-// fp32 GEMM 4096 and 8192. Medians of CUDA-event timings; prints one JSON object on stdout.
+// float32 -> bfloat16 / float16 of 256 MB, fp32 GEMM 4096 and 8192. Medians of CUDA-event timings; prints one JSON object on stdout.
 // Not here: PyTorch's side (bench/torch_link_bench.py) and the table of ratios (scripts/gpu-check).
 #include <cuda_runtime_api.h>
 
@@ -98,6 +98,11 @@ int main() {
       measures["d2d_256MB"] = rate(median_ms(compute, 3, 20, [&] { Tensor c = device.clone(); }), 2 * bytes);
       const Tensor other = ferry::rand({256 * kMB / 4}, {.device = kCuda});
       measures["add_3x256MB"] = rate(median_ms(compute, 3, 20, [&] { Tensor c = ferry::add(device, other); }), 3 * bytes);
+      // float32 -> 16-bit storage (ferry/half.h's conversions in the elementwise map): 256 MB read, 128 MB written
+      measures["to_bf16_256MB"] =
+          rate(median_ms(compute, 3, 20, [&] { Tensor h = device.to(ferry::DType::BFloat16); }), 1.5 * bytes);
+      measures["to_f16_256MB"] =
+          rate(median_ms(compute, 3, 20, [&] { Tensor h = device.to(ferry::DType::Float16); }), 1.5 * bytes);
     }
     for (const std::int64_t n : {std::int64_t{4096}, std::int64_t{8192}}) {
       const Tensor a = ferry::randn({n, n}, {.device = kCuda}), b = ferry::randn({n, n}, {.device = kCuda});

@@ -53,6 +53,9 @@ def main():
     measures["d2d_256MB"] = rate(median_ms(3, 20, lambda: device.clone()), 2 * nbytes)
     other = torch.rand(256 * MB // 4, device="cuda")
     measures["add_3x256MB"] = rate(median_ms(3, 20, lambda: torch.add(device, other)), 3 * nbytes)
+    # float32 -> 16-bit storage: 256 MB read, 128 MB written
+    measures["to_bf16_256MB"] = rate(median_ms(3, 20, lambda: device.to(torch.bfloat16)), 1.5 * nbytes)
+    measures["to_f16_256MB"] = rate(median_ms(3, 20, lambda: device.to(torch.float16)), 1.5 * nbytes)
     for n in (4096, 8192):
         a = torch.randn(n, n, device="cuda")
         b = torch.randn(n, n, device="cuda")
