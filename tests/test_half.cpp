@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "ferry/checkpoint.h"
+#include "ferry/nn/linear.h"
 #include "ferry/safetensors.h"
 #include "test_helpers.h"
 
@@ -274,6 +275,25 @@ TEST(Half, OpsAskForAConversionFirst) {
   const Tensor mixed = add(a, ones({2, 2}));
   EXPECT_EQ(mixed.dtype(), DType::Float32);
   EXPECT_EQ(mixed.to_vector<float>(), std::vector<float>(4, 2.0f));
+}
+
+TEST(Half, AModuleConvertedToThemSavesAndRunsAgainInFloat32) {
+  manual_seed(5);
+  nn::Linear layer(6, 3);
+  const Tensor x = randn({4, 6});
+  const Tensor weight = layer.weight.detach().clone();
+  layer.to(DType::BFloat16);
+  EXPECT_EQ(layer.weight.dtype(), DType::BFloat16);
+  EXPECT_EQ(layer.parameter_count(), 21);
+  try {
+    (void)layer(x.to(DType::BFloat16));
+    ADD_FAILURE() << "a bfloat16 Linear ran";
+  } catch (const DTypeMismatch& e) {
+    EXPECT_NE(std::string(e.what()).find("bfloat16 is a storage type"), std::string::npos) << e.what();
+  }
+  layer.to(DType::Float32);
+  EXPECT_TRUE(testing::all_close(layer.weight, weight.to(DType::BFloat16).to(DType::Float32), 0, 0));
+  EXPECT_EQ(layer(x).dtype(), DType::Float32);
 }
 
 TEST(Half, SafetensorsHoldThemAtTwoBytesAnElement) {

@@ -103,7 +103,8 @@ class Module {
   // rule). Returns the bytes moved: the sum of nbytes() of what was not already there.
   std::size_t to(Device device, bool non_blocking = false);
   // Converts floating parameters, gradients and buffers to `dtype` (integer buffers such as
-  // num_batches_tracked keep theirs).
+  // num_batches_tracked keep theirs). Float16 and BFloat16 are storage: a model converted to them saves and
+  // loads at 2 bytes a parameter, and runs again after to(DType::Float32).
   void to(DType dtype);
   // The device of the parameters and buffers. Throws InvalidArgument when they are spread over
   // several devices or the module holds none.
