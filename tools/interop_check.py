@@ -2,8 +2,8 @@
 """interop_check.py — load a `ferry train` checkpoint into PyTorch's equivalent nn.Sequential (the fmnist CNN or
 the mlp, as its metadata says) and evaluate it on Fashion-MNIST's test set; the accuracy must equal `ferry eval`'s.
 
-Usage: /usr/bin/python3 tools/interop_check.py fmnist.safetensors [--data DIR] [--expect ACCURACY] [--save-weights F]
-                                              [--save-weights-bf16 F]
+Usage: /usr/bin/python3 tools/interop_check.py fmnist.safetensors [--data DIR] [--expect ACCURACY] [--limit-test N]
+                                              [--save-weights F] [--save-weights-bf16 F]
 Needs Debian's python3-torch (or any torch); parses safetensors with json + numpy, no other package.
 """
 import argparse
@@ -83,6 +83,8 @@ def main():
     parser.add_argument("checkpoint")
     parser.add_argument("--data", default="/usr/share/datasets/fashion-mnist")
     parser.add_argument("--expect", type=float, help="ferry's test accuracy (0-1); exit 1 if PyTorch's differs")
+    parser.add_argument("--limit-test", type=int, help="score only the first N test images (as `ferry eval "
+                        "--limit-test N`)")
     parser.add_argument("--save-weights", help="also write PyTorch's state_dict there as weights-only safetensors "
                         "(for `ferry eval --model`)")
     parser.add_argument("--save-weights-bf16", help="also write the state_dict in bfloat16 there (floating tensors "
@@ -104,6 +106,10 @@ def main():
 
     images = read_idx(f"{args.data}/t10k-images-idx3-ubyte.gz").astype(np.float32)
     labels = torch.from_numpy(read_idx(f"{args.data}/t10k-labels-idx1-ubyte.gz").astype(np.int64))
+    if args.limit_test is not None:
+        if args.limit_test < 1:
+            parser.error(f"--limit-test must be at least 1, got {args.limit_test}")
+        images, labels = images[: args.limit_test], labels[: args.limit_test]
     # The same float32 arithmetic as ferry's loader: (x * (1/255) - mean) * (1/std).
     x = (images * np.float32(1 / 255) - np.float32(0.2860)) * np.float32(1 / 0.3530)
     x = torch.from_numpy(x).unsqueeze(1)

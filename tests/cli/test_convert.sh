@@ -13,8 +13,12 @@ if [[ ! -f "$data_dir/t10k-images-idx3-ubyte.gz" ]]; then
   echo "SKIP: Fashion-MNIST not found in $data_dir (apt-get install dataset-fashion-mnist)"
   exit 0
 fi
+images=2500  # the first 2500 test images score every file (ferry eval --limit-test): the same images each time
 json_field() { python3 -c "import json, sys; print(json.load(sys.stdin)[\"$1\"])"; }
-accuracy() { "$FERRY" eval --checkpoint "$1" --device cpu --data "$data_dir" --json 2>>"$scratch/eval.err" | json_field test_accuracy; }
+accuracy() {
+  "$FERRY" eval --checkpoint "$1" --limit-test "$images" --device cpu --data "$data_dir" --json 2>>"$scratch/eval.err" |
+    json_field test_accuracy
+}
 
 original="$scratch/fmnist.safetensors"
 if ! "$FERRY" train --device cpu --max-steps 40 --data "$data_dir" --checkpoint "$original" --json \

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # tests/cli/test_interop.sh PATH/TO/FERRY — a ferry checkpoint in PyTorch (issue 6, point 6): tools/interop_check.py
-# loads it into PyTorch's own nn.Sequential with strict names and evaluates Fashion-MNIST's 10000 test images; the
-# accuracy must be ferry eval's, for the fmnist CNN (BatchNorm buffers included) and the mlp. And back: PyTorch's
-# state_dict written as weights-only safetensors gives the same accuracy in `ferry eval --model`, and so does its
-# bfloat16 copy (against PyTorch's accuracy with the rounded weights). Skips with a reason
-# where Debian's python3-torch is absent. Not here: layer-by-layer parity (tests/test_nn_parity.cpp, fixtures).
+# loads it into PyTorch's own nn.Sequential with strict names and evaluates the first 2500 of Fashion-MNIST's test
+# images (both sides --limit-test, to keep the sanitized run short); the accuracy must be ferry eval's, for the
+# fmnist CNN (BatchNorm buffers included) and the mlp. And back: PyTorch's state_dict written as weights-only
+# safetensors gives the same accuracy in `ferry eval --model`, and so does its bfloat16 copy (against PyTorch's
+# accuracy with the rounded weights). Skips with a reason where Debian's python3-torch is absent. Not here:
+# layer-by-layer parity (tests/test_nn_parity.cpp, fixtures).
 set -u
 
 FERRY="${1:?usage: test_interop.sh path/to/ferry}"
@@ -22,6 +23,7 @@ if [[ ! -f "$data_dir/t10k-images-idx3-ubyte.gz" ]]; then
   exit 0
 fi
 
+images=2500  # of the 10000 test images: every accuracy below is over the same first 2500
 for model in fmnist mlp; do
   checkpoint="$scratch/$model.safetensors"
   if ! "$FERRY" train --device cpu --model "$model" --max-steps 40 --data "$data_dir" --checkpoint "$checkpoint" --json \
@@ -29,7 +31,8 @@ for model in fmnist mlp; do
     fail "$model: ferry train: $(tail -c 600 "$scratch/$model.train.err")"
     continue
   fi
-  accuracy="$("$FERRY" eval --checkpoint "$checkpoint" --device cpu --data "$data_dir" --json 2>"$scratch/$model.eval.err" |
+  accuracy="$("$FERRY" eval --checkpoint "$checkpoint" --limit-test "$images" --device cpu --data "$data_dir" --json \
+                2>"$scratch/$model.eval.err" |
               "$python" -c 'import json, sys; print(json.load(sys.stdin)["test_accuracy"])')"
   if [[ -z "$accuracy" ]]; then
     fail "$model: ferry eval: $(tail -c 600 "$scratch/$model.eval.err")"
@@ -37,7 +40,7 @@ for model in fmnist mlp; do
   fi
   weights="$scratch/$model.torch.safetensors"
   weights_bf16="$scratch/$model.torch.bf16.safetensors"
-  if "$python" "$root/tools/interop_check.py" "$checkpoint" --data "$data_dir" --expect "$accuracy" \
+  if "$python" "$root/tools/interop_check.py" "$checkpoint" --data "$data_dir" --limit-test "$images" --expect "$accuracy" \
        --save-weights "$weights" --save-weights-bf16 "$weights_bf16" \
        >"$scratch/$model.torch.json" 2>"$scratch/$model.torch.err" &&
      grep -q "\"model\": \"$model\"" "$scratch/$model.torch.json"; then
@@ -47,7 +50,8 @@ for model in fmnist mlp; do
     continue
   fi
   # And back: PyTorch's own state_dict (weights only, no ferry metadata) evaluated by ferry eval --model.
-  back="$("$FERRY" eval --checkpoint "$weights" --model "$model" --device cpu --data "$data_dir" --json \
+  back="$("$FERRY" eval --checkpoint "$weights" --limit-test "$images" --model "$model" --device cpu \
+          --data "$data_dir" --json \
           2>"$scratch/$model.back.err" | "$python" -c 'import json, sys; print(json.load(sys.stdin)["test_accuracy"])')"
   if [[ -n "$back" && "$back" == "$accuracy" ]]; then
     ok "$model: PyTorch's weights-only file in ferry eval --model $model: $back"
@@ -57,7 +61,8 @@ for model in fmnist mlp; do
   # PyTorch's weights in bfloat16 (a half-precision release of the model): ferry widens them exactly as PyTorch's
   # .float() does, so its accuracy is PyTorch's on the rounded weights.
   torch_bf16="$("$python" -c 'import json, sys; print(json.load(sys.stdin)["test_accuracy_bf16"])' <"$scratch/$model.torch.json")"
-  back_bf16="$("$FERRY" eval --checkpoint "$weights_bf16" --model "$model" --device cpu --data "$data_dir" --json \
+  back_bf16="$("$FERRY" eval --checkpoint "$weights_bf16" --limit-test "$images" --model "$model" --device cpu \
+               --data "$data_dir" --json \
                2>"$scratch/$model.bf16.err" | "$python" -c 'import json, sys; print(json.load(sys.stdin)["test_accuracy"])')"
   if [[ -n "$back_bf16" ]] && "$python" -c "import sys; sys.exit(abs($back_bf16 - $torch_bf16) > 1e-4)"; then
     ok "$model: PyTorch's bfloat16 weights in ferry eval --model $model: $back_bf16 (PyTorch $torch_bf16, float32 $accuracy)"

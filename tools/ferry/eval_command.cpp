@@ -17,6 +17,7 @@
 void register_eval_command(CLI::App& app) {
   static std::string checkpoint, device_text = "auto", data = ferry::kDefaultFashionMnistDir, model_option;
   static bool json = false;
+  static std::int64_t limit_test = -1;
   auto* cmd = app.add_subcommand("eval", "Test accuracy of a model on Fashion-MNIST's 10000 test images: a `ferry train`\n"
                                          "checkpoint, or a weights-only safetensors file (a PyTorch state_dict of the\n"
                                          "same model, saved with safetensors) with --model.\n"
@@ -27,6 +28,8 @@ void register_eval_command(CLI::App& app) {
                   "fmnist | mlp: the model a weights-only file holds (default fmnist); a ferry checkpoint names its own");
   cmd->add_option("--device", device_text, "auto | cpu | cuda[:N] | sim[:N]")->capture_default_str();
   cmd->add_option("--data", data, "Folder with the Fashion-MNIST idx files (.gz, or uncompressed)")->capture_default_str();
+  cmd->add_option("--limit-test", limit_test, "Score only the first N test images (quick checks; as ferry train's)")
+      ->check(whole_number_at_least(1));
   cmd->add_flag("--json", json,
                 "Print one JSON object: {\"device\", \"model\", \"test_accuracy\", \"per_class\": [{\"class\",\n"
                 "\"images\", \"accuracy\"}], \"confusion\": 10 rows (true class) of 10 counts (predicted class)}");
@@ -68,7 +71,9 @@ void register_eval_command(CLI::App& app) {
       }
     }
     model->to(device);
-    ferry::DataLoader loader(ferry::load_fashion_mnist(data, false),
+    ferry::Dataset test_set = ferry::load_fashion_mnist(data, false);
+    if (limit_test > 0 && limit_test < test_set.size()) test_set = ferry::take(test_set, limit_test);
+    ferry::DataLoader loader(std::move(test_set),
                              {.batch_size = 1000, .shuffle = false, .placement = ferry::Placement::Resident, .device = device});
     // One pass, one read: the confusion matrix (row = the true class, column = the guess), from which the rest.
     const ferry::Tensor confusion = ferry::confusion_matrix(*model, loader, 10);
