@@ -298,5 +298,36 @@ TEST(DistributedDataParallel, ParametersWithoutGradientsKeepNoneAndMisuseIsNamed
   EXPECT_THROW(dist::DistributedDataParallel(*small_mlp(3, Device{DeviceType::Sim, 0}), *group), DeviceMismatch);
 }
 
+// Compressed gradients on one rank: divided by 1 and summed over one rank, so each is its float32 gradient rounded to
+// the 16-bit type once (and widened back), on cpu and through sim's staging; 2 bytes a gradient cross the wire.
+// A dtype that is neither 16-bit nor the gradients' own is refused, naming it.
+TEST(DistributedDataParallel, CompressedGradientsOnOneRankAreTheGradientsRounded) {
+  SKIP_WITHOUT_MPI();
+  for (const Device device : {kCPU, Device{DeviceType::Sim, 0}}) {
+    auto group = dist::init_process_group({.backend = dist::CommBackend::MPI, .device = device});
+    for (const DType dtype : {DType::BFloat16, DType::Float16}) {
+      SCOPED_TRACE(::testing::Message() << dtype_name(dtype) << " on " << device.str());
+      auto model = small_mlp(3, device);
+      auto reference = small_mlp(3, device);  // the same seed: the same parameters
+      dist::DistributedDataParallel ddp(*model, *group, {.allreduce_dtype = dtype});
+      EXPECT_EQ(ddp.stats().gradient_bytes, 2 * model->parameter_count());
+      const Tensor x = randn({4, 6}).to(device);
+      sum(square((*model)(x))).backward();
+      ddp.finish_gradient_sync();
+      sum(square((*reference)(x))).backward();
+      for (std::size_t i = 0; i < model->parameters().size(); ++i) {
+        const Tensor rounded = reference->parameters()[i].grad().to(dtype).to(DType::Float32);
+        EXPECT_TRUE(testing::all_close(model->parameters()[i].grad().cpu(), rounded.cpu(), 0, 0)) << "parameter " << i;
+      }
+    }
+    auto model = small_mlp(3, device);
+    const std::string text =
+        message_of([&] { dist::DistributedDataParallel(*model, *group, {.allreduce_dtype = DType::Int32}); });
+    EXPECT_NE(text.find("allreduce_dtype int32"), std::string::npos) << text;
+    dist::DistributedDataParallel same(*model, *group, {.allreduce_dtype = DType::Float32});  // as they are
+    EXPECT_EQ(same.stats().gradient_bytes, 4 * model->parameter_count());
+  }
+}
+
 }  // namespace
 }  // namespace ferry

@@ -61,6 +61,9 @@ struct TrainOptions {
   // writes checkpoints and metrics (pass the other ranks a silent `out`). nullptr: one process.
   dist::ProcessGroup* process_group = nullptr;
   std::int64_t bucket_bytes = 25 * 1024 * 1024;  // bytes per gradient bucket (PyTorch's 25 MiB)
+  // The dtype gradients cross the wire in: Float32 as computed, BFloat16 / Float16 compressed (half the bytes;
+  // DDPOptions::allreduce_dtype says what that rounds).
+  DType allreduce_dtype = DType::Float32;
   std::int64_t check_replicas_every = 0;         // steps between replica checks; 0: each epoch end and the stop
   // Only algorithms that sum in a fixed order, for the run (ferry/determinism.h): what a cuda run needs to give the
   // same bits twice and to --resume bit for bit. Also on when the process-wide switch is, or when the checkpoint
@@ -104,6 +107,7 @@ struct TrainResult {
   std::string comm_backend;                   // "mpi", "nccl"
   std::int64_t parameters = 0;                // P, elements
   std::int64_t gradient_bytes_per_step = 0;   // bytes all-reduced per step on each rank (every bucket)
+  DType allreduce_dtype = DType::Float32;     // what those bytes hold
   std::int64_t collectives = 0;               // collectives this rank took part in
   std::int64_t collective_bytes = 0;          // their payload in all, bytes
   double collective_s = 0;                    // launch to completion, summed (overlaps compute)

@@ -107,7 +107,7 @@ std::vector<std::int64_t> gather(ProcessGroup& group, const std::vector<std::int
 // difference two more (hashes per entry, rank 0's description of the first that differs), then InvalidArgument
 // on every rank.
 void verify_same_model(ProcessGroup& group, const std::vector<std::pair<std::string, Tensor>>& entries,
-                       std::int64_t parameters) {
+                       std::int64_t parameters, DType wire_dtype) {
   std::vector<std::int64_t> hashes;
   std::uint64_t total = 0xcbf29ce484222325ull;
   for (const auto& [name, t] : entries) {
@@ -117,14 +117,22 @@ void verify_same_model(ProcessGroup& group, const std::vector<std::pair<std::str
   }
   const auto count = static_cast<std::int64_t>(entries.size());
   const int n = group.world_size();
-  const std::vector<std::int64_t> summary =
-      gather(group, {parameters, count - parameters, static_cast<std::int64_t>(total)}, "DDP model check");
+  constexpr int kSummary = 4;  // parameters, buffers, hash of their structure, the gradients' dtype on the wire
+  const std::vector<std::int64_t> summary = gather(
+      group, {parameters, count - parameters, static_cast<std::int64_t>(total), static_cast<std::int64_t>(wire_dtype)},
+      "DDP model check");
   bool same = true;
   std::int64_t common = count;  // entries every rank has
   for (int r = 0; r < n; ++r) {
-    const std::int64_t* theirs = &summary[static_cast<std::size_t>(3 * r)];
+    const std::int64_t* theirs = &summary[static_cast<std::size_t>(kSummary * r)];
     same = same && theirs[0] == summary[0] && theirs[1] == summary[1] && theirs[2] == summary[2];
     common = std::min(common, theirs[0] + theirs[1]);
+  }
+  for (int r = 1; same && r < n; ++r) {
+    const std::int64_t theirs = summary[static_cast<std::size_t>(kSummary * r + 3)];
+    FERRY_CHECK(theirs == summary[3], InvalidArgument, "DistributedDataParallel: allreduce_dtype is ",
+                dtype_name(static_cast<DType>(summary[3])), " on rank 0 but ", dtype_name(static_cast<DType>(theirs)),
+                " on rank ", r, " (of ", n, "); every rank must all-reduce its gradients in the same dtype");
   }
   if (same) return;
   // Every rank saw the same summary, so every rank takes this path and calls the same collectives.
@@ -159,7 +167,8 @@ void verify_same_model(ProcessGroup& group, const std::vector<std::pair<std::str
   std::string counts;
   for (int r = 0; r < n; ++r) {
     counts += fmt::format("{}rank {}: {} parameters and {} buffers", r == 0 ? "" : "; ", r,
-                          summary[static_cast<std::size_t>(3 * r)], summary[static_cast<std::size_t>(3 * r + 1)]);
+                          summary[static_cast<std::size_t>(kSummary * r)],
+                          summary[static_cast<std::size_t>(kSummary * r + 1)]);
   }
   throw InvalidArgument(fmt::format(
       "DistributedDataParallel: the ranks built different models ({}). Every rank must build the same model before "
@@ -172,6 +181,7 @@ void verify_same_model(ProcessGroup& group, const std::vector<std::pair<std::str
 struct DistributedDataParallel::Bucket {
   std::vector<std::size_t> parameters;  // indices into parameters_
   Tensor flat;                          // (elements) the bucket's gradients end to end, on the device
+  Tensor wire;                          // (elements) flat / N in allreduce_dtype, when that differs; else undefined
   std::size_t pending = 0;              // parameters whose gradient has not arrived this step
   bool launched = false;
   Work work;
@@ -188,6 +198,17 @@ DistributedDataParallel::DistributedDataParallel(nn::Module& module, ProcessGrou
     parameters_.push_back(p);
     names_.push_back(name);
   }
+  // 16-bit compression, or the gradients as they are (allreduce_dtype unset, or every parameter's own dtype).
+  const std::optional<DType> asked = options.allreduce_dtype;
+  compress_ = asked && (*asked == DType::BFloat16 || *asked == DType::Float16);
+  wire_dtype_ = asked ? *asked : parameters_.empty() ? DType::Float32 : parameters_.front().dtype();
+  for (std::size_t i = 0; i < parameters_.size(); ++i) {
+    const DType own = parameters_[i].dtype();
+    FERRY_CHECK(compress_ ? is_floating(own) : !asked || own == *asked, InvalidArgument,
+                "DistributedDataParallel: allreduce_dtype ", dtype_name(wire_dtype_), ": parameter '", names_[i],
+                "' has ", dtype_name(own), " gradients, which are all-reduced as they are or compressed to bfloat16 or "
+                "float16");
+  }
   // Before anything moves: a different model on some rank would make the broadcast and the buckets mismatch.
   std::vector<Tensor> state = parameters_;
   const std::vector<std::pair<std::string, Tensor>> buffers = module.named_buffers();
@@ -196,7 +217,7 @@ DistributedDataParallel::DistributedDataParallel(nn::Module& module, ProcessGrou
     std::vector<std::pair<std::string, Tensor>> entries;
     for (std::size_t i = 0; i < parameters_.size(); ++i) entries.emplace_back(names_[i], parameters_[i]);
     for (const auto& entry : buffers) entries.push_back(entry);
-    verify_same_model(group, entries, static_cast<std::int64_t>(parameters_.size()));
+    verify_same_model(group, entries, static_cast<std::int64_t>(parameters_.size()), wire_dtype_);
   }
   plan_ = plan_buckets(parameters_, options.bucket_bytes);
   ready_.assign(parameters_.size(), 0);
@@ -213,8 +234,11 @@ DistributedDataParallel::DistributedDataParallel(nn::Module& module, ProcessGrou
       elements += parameters_[i].numel();
     }
     bucket->flat = zeros({elements}, {.device = group.device(), .dtype = parameters_[bucket->parameters[0]].dtype()});
+    if (compress_ && bucket->flat.dtype() != wire_dtype_) {
+      bucket->wire = zeros({elements}, {.device = group.device(), .dtype = wire_dtype_});
+    }
     bucket->pending = bucket->parameters.size();
-    stats_.gradient_bytes += static_cast<std::int64_t>(bucket->flat.nbytes());
+    stats_.gradient_bytes += static_cast<std::int64_t>((bucket->wire.defined() ? bucket->wire : bucket->flat).nbytes());
     buckets_.push_back(std::move(bucket));
   }
 
@@ -277,7 +301,15 @@ void DistributedDataParallel::launch_ready_buckets() {
 void DistributedDataParallel::launch(std::size_t b) {
   Bucket& bucket = *buckets_[b];
   bucket.launched = true;
-  bucket.work = group_.all_reduce_async(bucket.flat, ReduceOp::Avg, fmt::format("gradient bucket {}", b));
+  const std::string label = fmt::format("gradient bucket {}", b);
+  if (bucket.wire.defined()) {
+    // Divided before the rounding, as PyTorch's compress hooks: a float16 sum of N gradients then stays in range.
+    if (group_.world_size() > 1) bucket.flat.mul_(1.0 / group_.world_size());
+    bucket.wire.copy_(bucket.flat);
+    bucket.work = group_.all_reduce_async(bucket.wire, ReduceOp::Sum, label);
+  } else {
+    bucket.work = group_.all_reduce_async(bucket.flat, ReduceOp::Avg, label);
+  }
   stats_.buckets_reduced += 1;
 }
 
@@ -323,7 +355,10 @@ void DistributedDataParallel::finish_gradient_sync() {
     bucket.pending = 0;
   }
   launch_ready_buckets();
-  for (auto& bucket : buckets_) bucket->work.wait();
+  for (auto& bucket : buckets_) {
+    bucket->work.wait();
+    if (bucket->wire.defined()) bucket->flat.copy_(bucket->wire);  // widened back: exact
+  }
   used_work.wait();
   std::vector<std::int32_t> ranks_used(got_gradient_.begin(), got_gradient_.end());
   if (used.defined()) {

@@ -14,6 +14,7 @@
 
 #include "../core/internal.h"
 #include "backends.h"
+#include "half_sum.h"
 #include "ferry/backend.h"
 #include "ferry/ledger.h"
 #include "operation.h"
@@ -46,7 +47,7 @@ MPI_Datatype mpi_type(DType dtype) {
     case DType::UInt8:
     case DType::Bool: return MPI_UINT8_T;
     case DType::Float16:
-    case DType::BFloat16: return MPI_UINT16_T;  // moved, never reduced (check_reducible)
+    case DType::BFloat16: return MPI_UINT16_T;  // their bits; a reduction of them uses ferry's own op (half_sum)
   }
   return MPI_BYTE;
 }
@@ -80,8 +81,20 @@ void copy_back(const HostView& view, const char* label) {
 }
 
 void scale_for_avg(const HostView& view, ReduceOp op, int world_size) {
+  if (op != ReduceOp::Avg || world_size == 1) return;
   Tensor host = view.host;
-  if (op == ReduceOp::Avg && world_size > 1) host.mul_(1.0 / world_size);
+  if (!is_storage_only(host.dtype())) {
+    host.mul_(1.0 / world_size);
+    return;
+  }
+  // A 16-bit sum is divided in float32 and rounded once more, as PyTorch's x.div_(n) on a bfloat16 tensor does.
+  host.copy_(host.to(DType::Float32).mul_(1.0 / world_size));
+}
+
+// MPI_Op functions for the 16-bit sums: MPI knows the buffers as uint16 (their bits), ferry adds them as numbers.
+template <typename T>
+void mpi_half_sum(void* in, void* inout, int* length, MPI_Datatype*) {
+  detail::add_into_half(static_cast<T*>(inout), static_cast<const T*>(in), *length);
 }
 
 // One non-blocking MPI call (Iallreduce, Ibcast, Iallgather, Ireduce_scatter_block, Ibarrier).
@@ -118,9 +131,13 @@ void add_into(DType dtype, void* destination, const void* source, std::int64_t c
     case DType::Int32: add_into<std::int32_t>(destination, source, count); break;
     case DType::Int64: add_into<std::int64_t>(destination, source, count); break;
     case DType::UInt8: add_into<std::uint8_t>(destination, source, count); break;
-    case DType::Bool:
     case DType::Float16:
-    case DType::BFloat16: FERRY_ASSERT(false, dtype_name(dtype), " tensors are not reduced");
+      detail::add_into_half(static_cast<Float16*>(destination), static_cast<const Float16*>(source), count);
+      break;
+    case DType::BFloat16:
+      detail::add_into_half(static_cast<BFloat16*>(destination), static_cast<const BFloat16*>(source), count);
+      break;
+    case DType::Bool: FERRY_ASSERT(false, "bool tensors are not reduced");
   }
 }
 
@@ -342,6 +359,8 @@ class MpiProcessGroup final : public ProcessGroup {
     ring_tags_ = std::max(1, tag_upper_bound / kTagStride - 1);
     FERRY_CHECK(world_size <= kTagStride / 2, InvalidArgument, "The mpi backend supports at most ", kTagStride / 2,
                 " ranks, got ", world_size);
+    FERRY_COMM_CHECK(MPI_Op_create(&mpi_half_sum<Float16>, 1, &float16_sum_));
+    FERRY_COMM_CHECK(MPI_Op_create(&mpi_half_sum<BFloat16>, 1, &bfloat16_sum_));
   }
 
   ~MpiProcessGroup() override {
@@ -361,7 +380,10 @@ class MpiProcessGroup final : public ProcessGroup {
     }
     int finalized = 0;
     MPI_Finalized(&finalized);
-    if (!finalized) MPI_Comm_free(&comm_);
+    if (finalized) return;
+    MPI_Comm_free(&comm_);
+    MPI_Op_free(&float16_sum_);
+    MPI_Op_free(&bfloat16_sum_);
   }
 
   CommBackend backend() const override { return CommBackend::MPI; }
@@ -388,7 +410,7 @@ class MpiProcessGroup final : public ProcessGroup {
     request->reduce = op;
     fill(*request, "all_reduce", "MPI_Iallreduce", label, bytes);
     FERRY_COMM_CHECK(MPI_Iallreduce(MPI_IN_PLACE, request->result.data(), mpi_count("all_reduce", count),
-                                    mpi_type(tensor.dtype()), MPI_SUM, comm_, &request->request));
+                                    mpi_type(tensor.dtype()), sum_op(tensor.dtype()), comm_, &request->request));
     return launch(request);
   }
 
@@ -424,7 +446,7 @@ class MpiProcessGroup final : public ProcessGroup {
     fill(*request, "reduce_scatter", "MPI_Ireduce_scatter_block", label, static_cast<std::int64_t>(input.nbytes()));
     FERRY_COMM_CHECK(MPI_Ireduce_scatter_block(request->input.data(), request->result.data(),
                                                mpi_count("reduce_scatter", output.numel()), mpi_type(input.dtype()),
-                                               MPI_SUM, comm_, &request->request));
+                                               sum_op(input.dtype()), comm_, &request->request));
     return launch(request);
   }
 
@@ -436,6 +458,11 @@ class MpiProcessGroup final : public ProcessGroup {
   }
 
  private:
+  // MPI's sum, or ferry's for the 16-bit types (MPI has none for them).
+  MPI_Op sum_op(DType dtype) const {
+    return dtype == DType::Float16 ? float16_sum_ : dtype == DType::BFloat16 ? bfloat16_sum_ : MPI_SUM;
+  }
+
   // An all-reduce of `tensor` made of point-to-point messages, its shared fields set; the tag base (+ its step)
   // follows the same sequence on every rank, since collectives are launched in the same order.
   template <typename AllReduce>
@@ -472,6 +499,7 @@ class MpiProcessGroup final : public ProcessGroup {
   }
 
   MPI_Comm comm_;
+  MPI_Op float16_sum_ = MPI_OP_NULL, bfloat16_sum_ = MPI_OP_NULL;
   std::shared_ptr<ProgressEngine> engine_;
   std::int64_t ring_sequence_ = 0;  // the same on every rank: collectives are launched in the same order
   std::int64_t ring_tags_ = 1;  // point-to-point all-reduces with distinct tags before they repeat

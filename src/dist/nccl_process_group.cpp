@@ -62,7 +62,7 @@ ncclDataType_t nccl_type(DType dtype) {
     case DType::Int64: return ncclInt64;
     case DType::UInt8:
     case DType::Bool: return ncclUint8;
-    case DType::Float16: return ncclFloat16;  // moved, never reduced (check_reducible)
+    case DType::Float16: return ncclFloat16;  // NCCL sums these in float32 and rounds at each hop
     case DType::BFloat16: return ncclBfloat16;
   }
   return ncclUint8;

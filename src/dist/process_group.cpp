@@ -247,7 +247,6 @@ void ProcessGroup::check_tensor(const char* op, const char* what, const Tensor& 
 namespace {
 void check_reducible(const char* op, const Tensor& tensor, ReduceOp reduce) {
   FERRY_CHECK(tensor.dtype() != DType::Bool, InvalidArgument, op, "(): cannot reduce bool tensors; use uint8");
-  if (is_storage_only(tensor.dtype())) throw_storage_only(tensor.dtype(), op);  // broadcast and gather move them
   FERRY_CHECK(reduce != ReduceOp::Avg || is_floating(tensor.dtype()), InvalidArgument, op,
               "(): avg needs a floating dtype, got ", dtype_name(tensor.dtype()), "; use sum");
 }

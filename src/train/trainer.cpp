@@ -271,7 +271,8 @@ TrainResult train(nn::Module& model, const Dataset& train_set, const Dataset& te
   if (group) {
     FERRY_CHECK(test_set.size() >= group->world_size(), InvalidArgument, "The test set (", test_set.size(),
                 " images) is smaller than the ", group->world_size(), " ranks that evaluate it");
-    ddp = std::make_unique<dist::DistributedDataParallel>(model, *group, dist::DDPOptions{.bucket_bytes = o.bucket_bytes});
+    ddp = std::make_unique<dist::DistributedDataParallel>(
+        model, *group, dist::DDPOptions{.bucket_bytes = o.bucket_bytes, .allreduce_dtype = o.allreduce_dtype});
   }
   DataLoader test_loader(group ? dist::DistributedSampler::shard(test_set, group->world_size(), group->rank())
                                : test_set,
@@ -305,7 +306,8 @@ TrainResult train(nn::Module& model, const Dataset& train_set, const Dataset& te
         << " backend), global batch " << o.batch_size << " = " << group->world_size() << " x "
         << sampler->local_batch() << " per rank, gradients in " << ddp->plan().buckets.size() << " bucket"
         << (ddp->plan().buckets.size() == 1 ? "" : "s") << " of at most " << o.bucket_bytes << " bytes ("
-        << ddp->stats().gradient_bytes << " bytes all-reduced per step)\n";
+        << ddp->stats().gradient_bytes << " bytes all-reduced per step"
+        << (o.allreduce_dtype == DType::Float32 ? "" : detail::concat(", in ", dtype_name(o.allreduce_dtype))) << ")\n";
   }
 
   std::ofstream metrics;
@@ -647,6 +649,7 @@ TrainResult train(nn::Module& model, const Dataset& train_set, const Dataset& te
     result.world_size = world;
     result.comm_backend = std::string(dist::comm_backend_name(group->backend()));
     result.gradient_bytes_per_step = ddp->stats().gradient_bytes;
+    result.allreduce_dtype = ddp->allreduce_dtype();
     result.collectives = totals.collectives - ledger_start.collectives;
     result.collective_bytes = totals.collective_bytes - ledger_start.collective_bytes;
     result.collective_s = (totals.collective_ms - ledger_start.collective_ms) / 1e3;

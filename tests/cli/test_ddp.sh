@@ -44,6 +44,22 @@ PY
   fi
 done
 
+# bfloat16 in ferry beside float32 in raw MPI (the same elements): checked, and the 16-bit sum is the faster from 1 MB
+if mpi 2 "$FERRY" bench allreduce --dtype bfloat16 --min-bytes 1KiB --max-bytes 4MiB --factor 8 --repeats 1 \
+     --warmup 1 --max-seconds 0.05 --json >"$scratch/bench_bf16.json" 2>"$scratch/bench_bf16.err" &&
+   python3 -c '
+import json, sys
+j = json.loads(open(sys.argv[1]).read())
+assert j["dtype"] == "bfloat16" and j["raw_dtype"] == "float32" and j["correct"], j
+assert [p["count"] for p in j["points"]] == [512, 4096, 32768, 262144, 2097152], j["points"]
+ratio = j["points"][-1]["ratio"]
+print(f"  bfloat16 vs float32, same elements, 4 MB: {ratio:.2f}x")
+' "$scratch/bench_bf16.json"; then
+  ok "mpirun -np 2 ferry bench allreduce --dtype bfloat16: every 16-bit sum correct, raw MPI's float32 beside it"
+else
+  fail "bench allreduce --dtype bfloat16: $(tail -c 600 "$scratch/bench_bf16.err") $(head -c 600 "$scratch/bench_bf16.json")"
+fi
+
 data_dir="${FERRY_DATA:-/usr/share/datasets/fashion-mnist}"  # gpu-check points it at its copy
 if [[ ! -f "$data_dir/train-images-idx3-ubyte.gz" ]]; then
   echo "SKIP (training parts): Fashion-MNIST not found in $data_dir (apt-get install dataset-fashion-mnist)"
@@ -59,7 +75,7 @@ else
   fail "single-process run: $(tail -c 600 "$scratch/single.err")"
 fi
 
-compare() { python3 "$(dirname "${BASH_SOURCE[0]}")/compare_safetensors.py" "$1" "$2"; }  # ||a - b|| / ||b|| <= 1e-5
+compare() { python3 "$(dirname "${BASH_SOURCE[0]}")/compare_safetensors.py" "$@"; }  # A B [BOUND]: ||a - b|| / ||b|| <= 1e-5
 
 for n in 2 4; do
   if mpi "$n" "$FERRY" "${common[@]}" --ddp --check-replicas-every 1 --checkpoint "$scratch/ddp$n.safetensors" \
@@ -81,6 +97,22 @@ assert j["collective_bytes"] >= 4 * j["gradient_bytes_per_step"], j
     fail "mpirun -np $n ferry train --ddp: $(tail -c 800 "$scratch/ddp$n.err")"
   fi
 done
+
+# --- --allreduce-dtype bfloat16: half the gradient bytes on the wire, each averaged gradient rounded; after 4 steps the
+# parameters (and momentum) stay within 1 % of one process's, and the replicas identical -----------------------------
+if mpi 2 "$FERRY" "${common[@]}" --ddp --allreduce-dtype bfloat16 --check-replicas-every 1 \
+     --checkpoint "$scratch/bf16.safetensors" >"$scratch/bf16.json" 2>"$scratch/bf16.err" &&
+   python3 -c '
+import json, sys
+b, d = (json.loads(open(f).read()) for f in sys.argv[1:3])
+assert b["allreduce_dtype"] == "bfloat16" and b["gradient_bytes_per_step"] == 2 * b["parameters"], b
+assert b["collectives"] == d["collectives"] and b["collective_bytes"] < d["collective_bytes"], (b, d)
+assert b["replica_checks"] >= 5, b
+' "$scratch/bf16.json" "$scratch/ddp2.json" && compare "$scratch/bf16.safetensors" "$scratch/single.safetensors" 1e-2; then
+  ok "mpirun -np 2 --ddp --allreduce-dtype bfloat16: 2 bytes a gradient, replicas identical, within 1 % of one process"
+else
+  fail "--allreduce-dtype bfloat16: $(tail -c 600 "$scratch/bf16.err") $(head -c 600 "$scratch/bf16.json")"
+fi
 
 # --- --accumulate 4 under --ddp: each rank's 32 images in 4 micro-batches, the first 3 backward passes under no_sync:
 # the one process's parameters still, and the same collectives as the run without accumulation ---------------------
@@ -164,7 +196,8 @@ fi
 # --- ranks started with different options: every rank stops before training, naming the option and both values
 # (another --seed trained silently on the wrong samples; another --batch made the collectives differ and crash) ---
 for differing in "--seed 1:--seed 2:--seed is 1 on rank 0 but 2 on rank 1" \
-                 "--batch 64:--batch 32:--batch is 64 on rank 0 but 32 on rank 1"; do
+                 "--batch 64:--batch 32:--batch is 64 on rank 0 but 32 on rank 1" \
+                 "--allreduce-dtype float32:--allreduce-dtype bfloat16:--allreduce-dtype is float32 on rank 0 but bfloat16"; do
   IFS=: read -r rank0_option rank1_option expected <<<"$differing"
   base=(train --ddp --model mlp --device cpu --max-steps 2 --limit-train 256 --limit-test 64 --data "$data_dir")
   rc=0

@@ -9,8 +9,9 @@
 // current device index at init, as every process emulates the same cards); nranks/rank/root/datatype/op
 // checked (ncclInvalidArgument); count 0 does nothing; in place allowed (recvbuff == sendbuff for all-reduce
 // and broadcast, at this rank's slice for all-gather and reduce-scatter); avg pre-multiplies floating inputs
-// by 1/nranks and divides integer sums, as NCCL's kernels do; an aborted communicator's queued collectives do
-// nothing. Not modelled: the types and ops ferry does not use (half, bfloat16, fp8, 32/64-bit unsigned,
+// by 1/nranks and divides integer sums, as NCCL's kernels do; half and bfloat16 are summed in float32 and rounded
+// back after each addition; an aborted communicator's queued collectives do
+// nothing. Not modelled: the types and ops ferry does not use (fp8, 32/64-bit unsigned,
 // int8; prod, min, max: refused with ncclInvalidArgument), groups, ncclCommInitRankConfig and the rest of the
 // API; counts over 2^31 - 1 (MPI's int count: refused); a communicator spans MPI_COMM_WORLD (or one rank).
 // Waiting: a collective is posted (a non-blocking MPI collective) when its stream is flushed up to it and stays
@@ -45,6 +46,7 @@
 #include <vector>
 
 #include "emulator.h"
+#include "ferry/half.h"
 
 namespace {
 
@@ -122,7 +124,6 @@ struct TypeInfo {
   MPI_Datatype mpi = MPI_DATATYPE_NULL;
   std::size_t bytes = 0;
   bool floating = false;
-  bool reducible = true;  // false: moved (broadcast, all-gather) but not summed by the emulator
 };
 
 bool type_info(ncclDataType_t type, TypeInfo& info) {
@@ -133,7 +134,7 @@ bool type_info(ncclDataType_t type, TypeInfo& info) {
     case ncclInt64: info = {MPI_INT64_T, 8, false}; return true;
     case ncclUint8: info = {MPI_UINT8_T, 1, false}; return true;
     case ncclFloat16:
-    case ncclBfloat16: info = {MPI_UINT16_T, 2, true, false}; return true;  // ferry moves them, never reduces them
+    case ncclBfloat16: info = {MPI_UINT16_T, 2, true}; return true;  // their bits; summed by sum_op's own op
     default: return false;
   }
 }
@@ -150,9 +151,42 @@ void with_type(ncclDataType_t type, Fn&& fn) {
   }
 }
 
+// The 16-bit types as numbers: widened to float32, rounded back to nearest even (ferry/half.h).
+template <typename Fn>
+void with_half_type(ncclDataType_t type, Fn&& fn) {
+  if (type == ncclFloat16) fn(ferry::Float16{});
+  if (type == ncclBfloat16) fn(ferry::BFloat16{});
+}
+
+template <typename T>
+void half_sum(void* in, void* inout, int* length, MPI_Datatype*) {
+  const T* a = static_cast<const T*>(in);
+  T* b = static_cast<T*>(inout);
+  for (int i = 0; i < *length; ++i) b[i] = T(static_cast<float>(a[i]) + static_cast<float>(b[i]));
+}
+
+// MPI's sum for the type, or the emulator's own op for the 16-bit types (made once, after MPI_Init).
+MPI_Op sum_op(ncclDataType_t type) {
+  static MPI_Op float16 = MPI_OP_NULL, bfloat16 = MPI_OP_NULL;
+  if (type != ncclFloat16 && type != ncclBfloat16) return MPI_SUM;
+  if (float16 == MPI_OP_NULL) {
+    MPI_Op_create(&half_sum<ferry::Float16>, 1, &float16);
+    MPI_Op_create(&half_sum<ferry::BFloat16>, 1, &bfloat16);
+  }
+  return type == ncclFloat16 ? float16 : bfloat16;
+}
+
 // ncclAvg on floating types: each input times 1/nranks, then summed (NCCL's pre-multiplied sum).
 std::vector<unsigned char> premultiplied(const void* data, std::size_t count, ncclDataType_t type, int size) {
   std::vector<unsigned char> out;
+  with_half_type(type, [&](auto zero) {
+    using T = decltype(zero);
+    out.resize(count * sizeof(T));
+    const T* in = static_cast<const T*>(data);
+    T* o = reinterpret_cast<T*>(out.data());
+    const float scale = 1.0f / static_cast<float>(size);
+    for (std::size_t i = 0; i < count; ++i) o[i] = T(static_cast<float>(in[i]) * scale);
+  });
   with_type(type, [&](auto zero) {
     using T = decltype(zero);
     out.resize(count * sizeof(T));
@@ -235,8 +269,7 @@ ncclResult_t check_collective(const char* op, ncclComm_t comm, std::shared_ptr<C
     warn("%s: the communicator was aborted%s", op);
     return ncclInvalidUsage;
   }
-  const bool reduction = std::strcmp(op, "ncclAllReduce") == 0 || std::strcmp(op, "ncclReduceScatter") == 0;
-  if (!type_info(type, info) || (reduction && !info.reducible)) {
+  if (!type_info(type, info)) {
     warn("%s: datatype %s not supported by the emulated NCCL", op, std::to_string(static_cast<int>(type)));
     return ncclInvalidArgument;
   }
@@ -450,7 +483,8 @@ ncclResult_t ncclAllReduce(const void* sendbuff, void* recvbuff, size_t count, n
     run_mpi(
         c, "ncclAllReduce",
         [&](MPI_Request* r) {
-          return MPI_Iallreduce(MPI_IN_PLACE, data->data(), static_cast<int>(count), t.mpi, MPI_SUM, c->mpi, r);
+          return MPI_Iallreduce(MPI_IN_PLACE, data->data(), static_cast<int>(count), t.mpi, sum_op(datatype), c->mpi,
+                                r);
         },
         [=] {
           std::memcpy(recvbuff, data->data(), data->size());
@@ -545,7 +579,7 @@ ncclResult_t ncclReduceScatter(const void* sendbuff, void* recvbuff, size_t recv
         c, "ncclReduceScatter",
         [&](MPI_Request* r) {
           return MPI_Ireduce_scatter_block(b->input->data(), b->result.data(), static_cast<int>(recvcount), t.mpi,
-                                           MPI_SUM, c->mpi, r);
+                                           sum_op(datatype), c->mpi, r);
         },
         [=] {
           std::memcpy(recvbuff, b->result.data(), b->result.size());

@@ -84,7 +84,7 @@ TEST(EmulatedNccl, RefusesWhatNcclRefuses) {
 
   float* buffer = device_copy(std::vector<float>{1, 2, 3, 4});
   EXPECT_EQ(ncclAllReduce(buffer, buffer, 4, ncclFloat32, ncclSum, nullptr, nullptr), ncclInvalidArgument);
-  EXPECT_EQ(ncclAllReduce(buffer, buffer, 4, ncclFloat16, ncclSum, comm, nullptr), ncclInvalidArgument);
+  EXPECT_EQ(ncclAllReduce(buffer, buffer, 4, ncclUint32, ncclSum, comm, nullptr), ncclInvalidArgument);  // not emulated
   EXPECT_EQ(ncclAllReduce(buffer, buffer, 4, ncclFloat32, ncclMax, comm, nullptr), ncclInvalidArgument);
   EXPECT_EQ(ncclAllReduce(nullptr, buffer, 4, ncclFloat32, ncclSum, comm, nullptr), ncclInvalidArgument);
   EXPECT_EQ(ncclAllReduce(nullptr, nullptr, 0, ncclFloat32, ncclSum, comm, nullptr), ncclSuccess);  // nothing to do
@@ -296,6 +296,29 @@ TEST(EmulatedNccl, FerrysProcessGroupOrdersCollectivesAfterTheComputeStream) {
   group->barrier();
   const ferry::Tensor zc = z.cpu();
   for (int k = 0; k < 4; ++k) EXPECT_EQ(zc.data<float>()[k], (nf + 1) / 2) << k;
+}
+
+// float16 and bfloat16 through ferry's NCCL group: NCCL sums them natively (float32 arithmetic, rounded back); avg
+// pre-multiplies by 1/N. Values whose sums and averages are exact in both types.
+TEST(EmulatedNccl, FerrysProcessGroupSumsHalfTensors) {
+  const World w = start();
+  int cards = 1;
+  cudaGetDeviceCount(&cards);
+  if (w.size > cards) GTEST_SKIP() << "one card per rank: FERRY_EMU_DEVICES >= ranks";
+  const ferry::Device device(ferry::DeviceType::CUDA, w.rank);
+  auto group = ferry::dist::init_process_group({.backend = ferry::dist::CommBackend::NCCL, .device = device,
+                                                .timeout_s = 60});
+  const float nf = static_cast<float>(w.size);
+  for (const ferry::DType dtype : {ferry::DType::Float16, ferry::DType::BFloat16}) {
+    SCOPED_TRACE(ferry::dtype_name(dtype));
+    ferry::Tensor x = ferry::full({1000}, 2.0 * (w.rank + 1), {.device = device, .dtype = dtype});
+    group->all_reduce(x, ferry::dist::ReduceOp::Sum);
+    EXPECT_EQ(x.dtype(), dtype);
+    for (float v : x.to_vector<float>()) ASSERT_EQ(v, nf * (nf + 1)) << "sum";
+    ferry::Tensor y = ferry::full({1000}, 2.0 * (w.rank + 1), {.device = device, .dtype = dtype});
+    group->all_reduce(y, ferry::dist::ReduceOp::Avg);
+    for (float v : y.to_vector<float>()) ASSERT_EQ(v, nf + 1) << "avg";
+  }
 }
 
 }  // namespace

@@ -3,7 +3,7 @@
 // doubling, MPI's own, the ring), every dtype, Sum and Avg, on cpu tensors and on the sim device's staged ones;
 // every element checked on every rank, and the replicas compared bit for bit. Also what ranks that disagree get:
 // tensors of different sizes (an error, not a corrupted heap), different models under DDP (refused), and DDP's
-// parameters that no rank used (their .grad left alone). Not here: one rank (tests/test_dist.cpp), training
+// parameters that no rank used (their .grad left alone); 16-bit sums and DDP's compressed gradients. Not here: one rank (tests/test_dist.cpp), training
 // (tests/cli/test_ddp.sh).
 #include <gtest/gtest.h>
 
@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "ferry/autograd.h"
@@ -172,9 +173,8 @@ TEST(Collectives, BroadcastAllGatherReduceScatterAndBarrier) {
   g.barrier();
 }
 
-// The 16-bit storage types move as 2-byte elements, on cpu and through sim's staging; a reduction of them is
-// refused before any rank sends a byte (each rank refuses alone: no collective starts).
-TEST(Collectives, HalfTensorsAreBroadcastAndGatheredNotReduced) {
+// The 16-bit storage types move as 2-byte elements, on cpu and through sim's staging.
+TEST(Collectives, HalfTensorsAreBroadcastAndGathered) {
   for (dist::ProcessGroup* group : {g_cpu, g_sim}) {
     dist::ProcessGroup& g = *group;
     const Device device = group == g_cpu ? kCPU : Device::parse("sim:0");
@@ -190,10 +190,89 @@ TEST(Collectives, HalfTensorsAreBroadcastAndGatheredNotReduced) {
       g.all_gather(gathered, mine);
       const std::vector<float> all = gathered.to_vector<float>();
       for (int i = 0; i < 4 * n; ++i) EXPECT_EQ(all[static_cast<std::size_t>(i)], static_cast<float>(i / 4) + 0.5f);
-      EXPECT_THROW(g.all_reduce(b), DTypeMismatch);
     }
   }
   g_cpu->barrier();
+}
+
+// float16 and bfloat16 sums through every algorithm (64 KiB is 32768 of them), on cpu and staged from sim: the
+// pattern's sums are small integers, exact in both; Avg is that sum divided in float32 and rounded once more;
+// reduce_scatter sums with the same op.
+TEST(Collectives, HalfTensorsAreSummedOnEveryAlgorithmPath) {
+  for (dist::ProcessGroup* group : {g_cpu, g_sim}) {
+    dist::ProcessGroup& g = *group;
+    const Device device = group == g_cpu ? kCPU : Device::parse("sim:0");
+    const int n = g.world_size();
+    for (const DType dtype : {DType::Float16, DType::BFloat16}) {
+      const double half_ulp = dtype == DType::BFloat16 ? 1.0 / 256 : 1.0 / 2048;  // relative
+      for (std::int64_t count : {std::int64_t{1}, std::int64_t{1000}, std::int64_t{32767}, std::int64_t{32768},
+                                 std::int64_t{300001}, std::int64_t{1} << 20}) {
+        SCOPED_TRACE(::testing::Message() << count << " " << dtype_name(dtype) << " on " << device.str() << ", rank "
+                                        << g.rank() << " of " << n);
+        Tensor t = pattern(count, dtype, g.rank(), device);
+        g.all_reduce(t, dist::ReduceOp::Sum);
+        EXPECT_EQ(t.dtype(), dtype);
+        EXPECT_EQ(wrong_sums(t, n), 0);
+        Tensor a = pattern(count, dtype, g.rank(), device);
+        g.all_reduce(a, dist::ReduceOp::Avg);
+        const std::vector<double> got = a.to(kCPU).to(DType::Float64).to_vector<double>();
+        std::int64_t wrong = 0;
+        for (std::size_t i = 0; i < got.size(); ++i) {
+          const double want = expected_sum(static_cast<std::int64_t>(i), n) / n;
+          if (std::abs(got[i] - want) > half_ulp * std::abs(want)) ++wrong;
+        }
+        EXPECT_EQ(wrong, 0);
+      }
+      Tensor slices = arange(0, 3.0 * n, 1, {.dtype = DType::Float32}).to(dtype).to(device);
+      Tensor out = zeros({3}, {.device = device, .dtype = dtype});
+      g.reduce_scatter(out, slices, dist::ReduceOp::Sum);
+      const std::vector<float> got = out.to_vector<float>();
+      for (int i = 0; i < 3; ++i) EXPECT_EQ(got[static_cast<std::size_t>(i)], static_cast<float>(n * (3 * g.rank() + i)));
+    }
+  }
+  g_cpu->barrier();
+}
+
+// Values whose 16-bit sums round: every addition is done in float32 and rounded back, so on 2 ranks each element is
+// exactly dtype(float(a) + float(b)), and on N ranks within N - 1 roundings of the exact sum; every rank holds the
+// same bits (the ring's all-gather, doubling's partners adding the same two values).
+TEST(Collectives, HalfSumsRoundOnceAnAdditionAndEveryRankAgrees) {
+  dist::ProcessGroup& g = *g_cpu;
+  const int n = g.world_size();
+  for (const DType dtype : {DType::Float16, DType::BFloat16}) {
+    const double half_ulp = dtype == DType::BFloat16 ? 1.0 / 256 : 1.0 / 2048;
+    for (std::int64_t count : {std::int64_t{1000}, std::int64_t{300001}}) {
+      SCOPED_TRACE(::testing::Message() << count << " " << dtype_name(dtype) << " on rank " << g.rank() << " of " << n);
+      const Tensor mine = div(awkward(count, g.rank()), 100.0).to(dtype);  // within float16's range summed
+      Tensor inputs = zeros({n * count}, {.dtype = dtype});
+      g.all_gather(inputs, mine);
+      Tensor t = mine.clone();
+      g.all_reduce(t, dist::ReduceOp::Sum);
+      Tensor everyone = zeros({n * count}, {.dtype = dtype});
+      g.all_gather(everyone, t);
+      const auto* bits = static_cast<const std::uint16_t*>(everyone.data_ptr());
+      for (int r = 1; r < n; ++r) {
+        EXPECT_EQ(std::memcmp(bits, bits + r * count, static_cast<std::size_t>(count) * 2), 0) << "rank " << r;
+      }
+      const std::vector<float> x = inputs.to_vector<float>();
+      const std::vector<float> got = t.to_vector<float>();
+      // On 2 ranks, one addition and one rounding: dtype(float(a) + float(b)) itself.
+      std::vector<float> pairs(static_cast<std::size_t>(count));
+      for (std::size_t i = 0; n == 2 && i < pairs.size(); ++i) pairs[i] = x[i] + x[static_cast<std::size_t>(count) + i];
+      const std::vector<float> rounded = from_vector(pairs).to(dtype).to_vector<float>();
+      std::int64_t wrong = 0;
+      for (std::int64_t i = 0; i < count; ++i) {
+        const auto at = static_cast<std::size_t>(i);
+        double exact = 0, magnitude = 0;
+        for (int r = 0; r < n; ++r) {
+          exact += x[static_cast<std::size_t>(r * count) + at];
+          magnitude += std::abs(x[static_cast<std::size_t>(r * count) + at]);
+        }
+        if (n == 2 ? got[at] != rounded[at] : std::abs(got[at] - exact) > (n - 1) * half_ulp * magnitude) ++wrong;
+      }
+      EXPECT_EQ(wrong, 0);
+    }
+  }
 }
 
 // --- ranks that disagree ----------------------------------------------------------------------------------
@@ -359,6 +438,75 @@ TEST(DistributedDataParallel, NoSyncAccumulatesLocallyAndTheNextStepAveragesTheS
     }
   }
   ddp.check_replicas();
+}
+
+// Gradients compressed to bfloat16 or float16 on the wire (DDPOptions::allreduce_dtype, PyTorch's compress hooks):
+// half the bytes; each rank's gradient divided by N and rounded, the rounded values summed with a rounding per
+// addition, the result widened back. On 2 ranks that is exactly dtype(dtype(g0 / 2) + dtype(g1 / 2)); on N, within
+// N roundings of the float32 average. Replicas stay identical. Ranks that ask for different dtypes are refused.
+TEST(DistributedDataParallel, CompressedGradientsHalveTheBytesAndRoundTheAverage) {
+  auto g = dist::init_process_group({.device = kCPU, .timeout_s = 30});
+  const int n = g->world_size();
+  const auto batch = [](int rank) {
+    manual_seed(static_cast<std::uint64_t>(200 + rank));
+    return randn({8, 5});
+  };
+  for (const DType dtype : {DType::BFloat16, DType::Float16}) {
+    SCOPED_TRACE(::testing::Message() << dtype_name(dtype) << " on rank " << g->rank() << " of " << n);
+    const double half_ulp = dtype == DType::BFloat16 ? 1.0 / 256 : 1.0 / 2048;
+    manual_seed(9);
+    nn::Linear model(5, 7);
+    dist::DistributedDataParallel ddp(model, *g, {.bucket_bytes = 64, .allreduce_dtype = dtype});
+    EXPECT_EQ(ddp.allreduce_dtype(), dtype);
+    EXPECT_EQ(ddp.stats().gradient_bytes, 2 * (5 * 7 + 7)) << "2 bytes a gradient on the wire";
+    sum(square(ddp(batch(g->rank())))).backward();
+    ddp.finish_gradient_sync();
+    // Every rank's own float32 gradients, computed again without DDP.
+    manual_seed(9);
+    nn::Linear reference(5, 7);
+    std::vector<std::vector<Tensor>> per_rank;
+    for (int r = 0; r < n; ++r) {
+      for (const Tensor& p : reference.parameters()) p.set_grad(Tensor());
+      sum(square(reference(batch(r)))).backward();
+      per_rank.emplace_back();
+      for (const Tensor& p : reference.parameters()) per_rank.back().push_back(p.grad().clone());
+    }
+    const auto params = model.parameters();
+    for (std::size_t k = 0; k < params.size(); ++k) {
+      const std::vector<float> got = params[k].grad().to_vector<float>();
+      std::vector<std::vector<float>> g_r;
+      for (int r = 0; r < n; ++r) g_r.push_back(per_rank[static_cast<std::size_t>(r)][k].to_vector<float>());
+      std::vector<float> exact_pair(got.size());
+      if (n == 2) {  // dtype(dtype(g0 / 2) + dtype(g1 / 2)), widened
+        const std::vector<float> h0 = mul(per_rank[0][k], 0.5).to(dtype).to_vector<float>();
+        const std::vector<float> h1 = mul(per_rank[1][k], 0.5).to(dtype).to_vector<float>();
+        for (std::size_t i = 0; i < got.size(); ++i) exact_pair[i] = h0[i] + h1[i];
+        exact_pair = from_vector(exact_pair).to(dtype).to_vector<float>();
+      }
+      std::int64_t wrong = 0;
+      for (std::size_t i = 0; i < got.size(); ++i) {
+        double mean = 0, magnitude = 0;
+        for (int r = 0; r < n; ++r) {
+          mean += g_r[static_cast<std::size_t>(r)][i] / n;
+          magnitude += std::abs(g_r[static_cast<std::size_t>(r)][i]) / n;
+        }
+        if (n == 2 ? got[i] != exact_pair[i] : std::abs(got[i] - mean) > 2 * n * half_ulp * magnitude) ++wrong;
+      }
+      EXPECT_EQ(wrong, 0) << "parameter " << k;
+    }
+    EXPECT_NO_THROW(ddp.check_replicas());
+  }
+  // Rank 0 compresses, the others do not: refused on every rank before any gradient moves.
+  nn::Linear model(5, 7);
+  const std::optional<DType> asked = g->rank() == 0 ? std::optional<DType>(DType::BFloat16) : std::nullopt;
+  try {
+    dist::DistributedDataParallel ddp(model, *g, {.allreduce_dtype = asked});
+    ADD_FAILURE() << "DDP accepted bfloat16 on rank 0 and float32 elsewhere";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("allreduce_dtype is bfloat16 on rank 0 but float32 on rank 1"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 }  // namespace

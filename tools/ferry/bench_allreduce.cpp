@@ -1,6 +1,7 @@
 // bench_allreduce.cpp — `ferry bench allreduce` under mpirun -np N: ferry's all-reduce from 1 KB to 256 MB,
 // time, algbw and busbw as nccl-tests define them, every size's result checked, raw MPI_Allreduce timed in the
-// same run for the ratio. Not here: the collectives themselves (ferry/dist/process_group.h).
+// same run for the ratio. With --dtype bfloat16 | float16, ferry's 16-bit sum beside raw MPI's float32 sum of the
+// same number of elements: what compressing gradients saves. Not here: the collectives (ferry/dist/process_group.h).
 #include <fmt/format.h>
 #include <unistd.h>
 
@@ -32,6 +33,7 @@ using Clock = std::chrono::steady_clock;
 struct AllReduceOptions {
   std::string device = "cpu";
   std::string backend = "auto";
+  std::string dtype = "float32";  // ferry's; raw MPI always sums float32 (the same element count)
   std::string min_bytes = "1KiB", max_bytes = "256MiB";  // powers of two, as nccl-tests
   int factor = 2;               // size multiplier between points
   int iterations = 20;          // timed all-reduces per run, at most
@@ -44,7 +46,7 @@ struct AllReduceOptions {
 };
 
 struct Point {
-  std::int64_t bytes = 0, count = 0;
+  std::int64_t bytes = 0, count = 0;  // ferry's bytes; raw MPI moves count x 4
   double seconds = 0, raw_seconds = 0;  // s per all-reduce, best run, slowest rank
   std::int64_t wrong = 0, raw_wrong = 0;  // elements that differ from the expected sum
   std::string algorithm;                  // the one ferry chose for this size (the ledger's record)
@@ -87,19 +89,21 @@ double time_calls(int iterations, Run&& run) {
 Point measure(ferry::dist::ProcessGroup& group, std::int64_t bytes, const AllReduceOptions& o) {
   Point p;
   p.bytes = bytes;
-  p.count = std::max<std::int64_t>(1, bytes / 4);
+  const ferry::DType dtype = ferry::parse_dtype(o.dtype);
+  p.count = std::max<std::int64_t>(1, bytes / static_cast<std::int64_t>(ferry::element_size(dtype)));
   const int n = group.world_size(), rank = group.rank();
   ferry::Tensor host = ferry::empty({p.count});  // float32, host: the pattern, and raw MPI's buffer
-  ferry::Tensor data = ferry::empty({p.count}, {.device = group.device()});
+  ferry::Tensor data = ferry::empty({p.count}, {.device = group.device(), .dtype = dtype});
   auto* h = host.data<float>();
 
-  // Correctness first: one all-reduce of the pattern on each path, every element checked.
+  // Correctness first: one all-reduce of the pattern on each path, every element checked (its sums are small
+  // integers: exact in the 16-bit types too).
   fill_pattern(h, p.count, rank);
   data.copy_(host);
   group.all_reduce(data);
   const std::vector<ferry::CollectiveRecord> records = ferry::Ledger::global().collectives();
   if (!records.empty()) p.algorithm = records.back().algorithm;
-  p.wrong = wrong_on_any_rank(count_wrong(data.cpu().data<float>(), p.count, n));
+  p.wrong = wrong_on_any_rank(count_wrong(data.cpu().to(ferry::DType::Float32).data<float>(), p.count, n));
   fill_pattern(h, p.count, rank);
   MPI_Allreduce(MPI_IN_PLACE, h, static_cast<int>(p.count), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
   p.raw_wrong = wrong_on_any_rank(count_wrong(h, p.count, n));
@@ -134,6 +138,9 @@ void run(const AllReduceOptions& o) {
               o.min_bytes, " and ", o.max_bytes);
   FERRY_CHECK(max_bytes <= 4LL << 30, InvalidArgument, "--max-bytes is at most 4 GiB, got ", o.max_bytes);
   FERRY_CHECK(o.factor >= 2, InvalidArgument, "--factor must be >= 2, got ", o.factor);
+  const ferry::DType dtype = ferry::parse_dtype(o.dtype);
+  FERRY_CHECK(dtype == ferry::DType::Float32 || dtype == ferry::DType::BFloat16 || dtype == ferry::DType::Float16,
+              InvalidArgument, "--dtype ", o.dtype, ": the bench sums float32, bfloat16 or float16");
   FERRY_CHECK(o.iterations >= 1 && o.repeats >= 1 && o.warmup >= 0, InvalidArgument,
               "--iters and --repeats must be >= 1 and --warmup >= 0");
   auto group = ferry::dist::init_process_group({.backend = ferry::dist::parse_comm_backend(o.backend),
@@ -161,16 +168,19 @@ void run(const AllReduceOptions& o) {
   std::vector<double> large_ratios;
   std::int64_t wrong = 0;
   Json rows = Json::array();
+  const bool compressed = dtype != ferry::DType::Float32;
   std::string text = fmt::format(
-      "all-reduce (sum, float32) over {} ranks, {} backend, {} tensors; best of {} runs per size.\n"
-      "algbw = bytes / time; busbw = algbw x 2(N-1)/N (nccl-tests); raw = MPI_Allreduce on host memory, same run.\n"
+      "all-reduce (sum, {}) over {} ranks, {} backend, {} tensors; best of {} runs per size.\n"
+      "algbw = bytes / time; busbw = algbw x 2(N-1)/N (nccl-tests); raw = MPI_Allreduce on host memory, same run{}.\n"
       "{:>10} {:>10} {:>18} {:>10} {:>10} {:>10} | {:>10} {:>10} | {:>6} {:>6}\n",
-      n, backend, device, o.repeats, "size", "count", "ferry's algorithm", "time", "algbw", "busbw", "raw time",
-      "raw busbw", "ratio", "check");
+      ferry::dtype_name(dtype), n, backend, device, o.repeats,
+      compressed ? ", float32, the same count of elements (twice the bytes); ratio = raw time / ferry's time" : "",
+      "size", "count", "ferry's algorithm", "time", "algbw", "busbw", "raw time", "raw busbw", "ratio", "check");
   for (const Point& p : points) {
-    const double algbw = static_cast<double>(p.bytes) / p.seconds, raw_algbw = static_cast<double>(p.bytes) / p.raw_seconds;
+    const double raw_bytes = 4.0 * static_cast<double>(p.count);  // float32
+    const double algbw = static_cast<double>(p.bytes) / p.seconds, raw_algbw = raw_bytes / p.raw_seconds;
     const double busbw = algbw * bus_factor(n), raw_busbw = raw_algbw * bus_factor(n);
-    const double ratio = p.seconds > 0 ? p.raw_seconds / p.seconds : 0;  // = busbw / raw busbw
+    const double ratio = p.seconds > 0 ? p.raw_seconds / p.seconds : 0;  // float32: = busbw / raw busbw
     if (p.bytes >= 1000000) large_ratios.push_back(ratio);
     wrong += p.wrong + p.raw_wrong;
     text += fmt::format("{:>10} {:>10} {:>18} {:>10} {:>10} {:>10} | {:>10} {:>10} | {:>6.2f} {:>6}\n",
@@ -184,9 +194,17 @@ void run(const AllReduceOptions& o) {
                     {"busbw", busbw}, {"raw_seconds", p.raw_seconds}, {"raw_algbw", raw_algbw},
                     {"raw_busbw", raw_busbw}, {"ratio", ratio}, {"wrong", p.wrong}, {"raw_wrong", p.raw_wrong}});
   }
-  Json object{{"world_size", n}, {"backend", backend}, {"device", device}, {"dtype", "float32"}, {"op", "sum"},
-              {"points", rows}, {"correct", wrong == 0}};
-  if (!large_ratios.empty()) {
+  Json object{{"world_size", n}, {"backend", backend}, {"device", device}, {"dtype", ferry::dtype_name(dtype)},
+              {"raw_dtype", "float32"}, {"op", "sum"}, {"points", rows}, {"correct", wrong == 0}};
+  if (compressed && !large_ratios.empty()) {  // the speedup of the 16-bit sum over float32's, same elements
+    std::sort(large_ratios.begin(), large_ratios.end());
+    const double median = large_ratios[large_ratios.size() / 2];
+    object["speedup_min_ge_1MB"] = large_ratios.front();
+    object["speedup_median_ge_1MB"] = median;
+    text += fmt::format("sizes >= 1 MB: {} in ferry against float32 in raw MPI, same elements: {:.2f}x to {:.2f}x "
+                        "faster (median {:.2f}x)\n",
+                        ferry::dtype_name(dtype), large_ratios.front(), large_ratios.back(), median);
+  } else if (!large_ratios.empty()) {
     std::sort(large_ratios.begin(), large_ratios.end());
     const double median = large_ratios[large_ratios.size() / 2];
     object["ratio_min_ge_1MB"] = large_ratios.front();
@@ -214,6 +232,10 @@ void register_bench_allreduce(CLI::App& bench) {
       "Run it under mpirun: OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun -np 2 ferry bench allreduce");
   command->add_option("--device", o->device, "Where the tensors live: cpu, sim[:N], cuda[:N]")->capture_default_str();
   command->add_option("--backend", o->backend, "auto | mpi | nccl")->capture_default_str();
+  command->add_option("--dtype", o->dtype,
+                      "float32 | bfloat16 | float16: ferry's dtype (a 16-bit run is timed against raw MPI's float32 sum\n"
+                      "of the same elements: what DDP's --allreduce-dtype saves)")
+      ->capture_default_str();
   command->add_option("--min-bytes", o->min_bytes, "Smallest size")->capture_default_str();
   command->add_option("--max-bytes", o->max_bytes, "Largest size")->capture_default_str();
   // Checked as they are read, before mpirun's ranks start their collectives.

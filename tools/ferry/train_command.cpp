@@ -49,6 +49,7 @@ struct TrainArgs {
   std::string ddp_backend = "auto";
   double bucket_mb = 25;        // MiB
   double ddp_timeout_s = ferry::dist::kDefaultTimeoutSeconds;
+  std::string allreduce_dtype = "float32";
   ferry::TrainOptions options;
 };
 
@@ -223,15 +224,18 @@ void warn_if_ranks_without_ddp() {
 
 // Data-parallel part of the report: what the all-reduces carried and cost, against Exercise 4.1's figure.
 void print_ddp_report(const ferry::TrainResult& r, std::FILE* out) {
-  const auto plan = ferry::cost::allreduce_bytes(r.parameters, ferry::DType::Float32, r.world_size);
+  const auto plan = ferry::cost::allreduce_bytes(r.parameters, r.allreduce_dtype, r.world_size);
   const std::int64_t steps = std::max<std::int64_t>(r.steps, 1);
   const double ring_per_step = 2.0 * (r.world_size - 1) / r.world_size * static_cast<double>(r.gradient_bytes_per_step);
+  const std::string dtype(ferry::dtype_name(r.allreduce_dtype));
+  const std::size_t size = ferry::element_size(r.allreduce_dtype);
   fmt::print(out, "\nData-parallel over {} ranks ({} backend):\n", r.world_size, r.comm_backend);
-  fmt::print(out, "  gradients  {} bytes all-reduced per step on each rank = P x 4 bytes, P = {} parameters\n",
-             r.gradient_bytes_per_step, r.parameters);
-  fmt::print(out, "  Exercise 4.1 (ferry plan allreduce --params {} --gpus {}): 2 x P x 4 = {} bytes per iteration; "
-                  "a ring sends 2(N-1)/N x P x 4 = {:.0f} bytes from each rank\n",
-             r.parameters, r.world_size, plan.bytes, plan.bytes_ring_per_gpu);
+  fmt::print(out, "  gradients  {} bytes all-reduced per step on each rank = P x {} bytes ({}), P = {} parameters\n",
+             r.gradient_bytes_per_step, size, dtype, r.parameters);
+  fmt::print(out, "  Exercise 4.1 (ferry plan allreduce --params {} --gpus {}{}): 2 x P x {} = {} bytes per iteration; "
+                  "a ring sends 2(N-1)/N x P x {} = {:.0f} bytes from each rank\n",
+             r.parameters, r.world_size, size == 4 ? "" : " --dtype " + dtype, size, plan.bytes, size,
+             plan.bytes_ring_per_gpu);
   fmt::print(out, "  measured: a ring over these buckets sends {:.0f} bytes per step from each rank ({:.3f} x the plan)\n",
              ring_per_step, plan.bytes_ring_per_gpu > 0 ? ring_per_step / plan.bytes_ring_per_gpu : 0.0);
   fmt::print(out, "  ledger: {} collectives, {} bytes of payload, {:.2f} s launch to completion in all "
@@ -287,6 +291,7 @@ void print_results(const ferry::TrainResult& r, const TrainArgs& a, std::FILE* o
                                  {"world_size", r.world_size}, {"comm_backend", r.comm_backend},
                                  {"parameters", r.parameters},
                                  {"gradient_bytes_per_step", r.gradient_bytes_per_step},
+                                 {"allreduce_dtype", ferry::dtype_name(r.allreduce_dtype)},
                                  {"collectives", r.collectives}, {"collective_bytes", r.collective_bytes},
                                  {"collective_s", r.collective_s}, {"t_comm_s", r.t_comm_s},
                                  {"replica_checks", r.replica_checks},
@@ -458,12 +463,16 @@ void register_train_command(CLI::App& app) {
   cmd->add_flag("--ddp", a.ddp,
                 "Data-parallel under mpirun -np N: --batch is the global batch B (N must divide it), each rank\n"
                 "trains on B/N, gradients are averaged across ranks; rank 0 alone prints and checkpoints");
-  // The next four only matter with --ddp: given without it, they are refused (see the callback).
+  // The next five only matter with --ddp: given without it, they are refused (see the callback).
   cmd->add_option("--ddp-backend", a.ddp_backend, "With --ddp: auto | mpi | nccl (nccl: cuda, one GPU per rank)")
       ->capture_default_str();
   cmd->add_option("--bucket-mb", a.bucket_mb, "With --ddp: gradient bucket size in MiB (PyTorch's default 25)")
       ->capture_default_str()
       ->check(number_above_zero());
+  cmd->add_option("--allreduce-dtype", a.allreduce_dtype,
+                  "With --ddp: float32 | bfloat16 | float16: the dtype gradients cross the wire in; the 16-bit ones\n"
+                  "halve the bytes of every all-reduce and round each averaged gradient (PyTorch's bf16_compress_hook)")
+      ->capture_default_str();
   cmd->add_option("--ddp-timeout", a.ddp_timeout_s,
                   "With --ddp: seconds a rank waits for a collective before it stops with an error")
       ->capture_default_str()
@@ -499,13 +508,19 @@ void register_train_command(CLI::App& app) {
     FERRY_CHECK(o.optimizer != "adamw" || cmd->count("--momentum") == 0, InvalidArgument,
                 "--momentum is SGD's; AdamW's moments use beta1 0.9 and beta2 0.999 (leave --momentum out)");
     o.placement = ferry::parse_placement(a.placement);
+    o.allreduce_dtype = ferry::parse_dtype(a.allreduce_dtype);
+    FERRY_CHECK(o.allreduce_dtype == ferry::DType::Float32 || o.allreduce_dtype == ferry::DType::BFloat16 ||
+                    o.allreduce_dtype == ferry::DType::Float16,
+                InvalidArgument, "--allreduce-dtype ", a.allreduce_dtype,
+                ": gradients cross the wire as float32 (as computed), bfloat16 or float16");
     ferry::check_train_options(o);  // before the data is read: a bad --lr costs nothing
     FERRY_CHECK(!a.ddp || o.graphs != "on", InvalidArgument,
                 "--graphs on: a data-parallel run (--ddp) steps eagerly, its all-reduces started from hooks during "
                 "backward; use --graphs auto or off");
     // Options that only a data-parallel run reads: without --ddp they would be accepted and ignored.
     if (!a.ddp) {
-      for (const char* flag : {"--ddp-backend", "--bucket-mb", "--ddp-timeout", "--check-replicas-every"}) {
+      for (const char* flag :
+           {"--ddp-backend", "--bucket-mb", "--allreduce-dtype", "--ddp-timeout", "--check-replicas-every"}) {
         FERRY_CHECK(cmd->count(flag) == 0, InvalidArgument, flag, " ", cmd->get_option(flag)->as<std::string>(),
                     " applies to a data-parallel run: it needs --ddp (under mpirun -np N)");
       }
@@ -586,6 +601,7 @@ void register_train_command(CLI::App& app) {
           {"--log-every", std::to_string(o.log_every)},
           {"--check-replicas-every", std::to_string(o.check_replicas_every)},
           {"--bucket-mb", ferry::metadata_text(a.bucket_mb)}, {"--deterministic", o.deterministic ? "on" : "off"},
+          {"--allreduce-dtype", std::string(ferry::dtype_name(o.allreduce_dtype))},
           {"the training images (--limit-train, --data)", std::to_string(train_set.size())},
           {"the test images (--limit-test, --data)", std::to_string(test_set.size())},
           {"the step resumed from (--resume)", resume_step < 0 ? std::string("none") : std::to_string(resume_step)},

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -33,6 +34,12 @@ struct DDPOptions {
   std::int64_t bucket_bytes = kDefaultBucketBytes;  // bytes, > 0
   // Send rank 0's buffers (BatchNorm running statistics) to every rank before each forward, as PyTorch.
   bool broadcast_buffers = true;
+  // The dtype the gradients cross the wire in. Unset, or the gradients' own: as computed. BFloat16 or Float16: each
+  // bucket is scaled by 1/N, rounded to 16 bits, summed in 16 bits (float32 arithmetic, rounded after each
+  // addition) and widened back: every all-reduce moves half the bytes, and each averaged gradient carries the
+  // rounding (bfloat16: 8 significant bits, float32's range; float16: 11 bits, overflow past 65504). PyTorch's
+  // bf16_compress_hook / fp16_compress_hook. The same on every rank (DDP checks it with the model).
+  std::optional<DType> allreduce_dtype = std::nullopt;
 };
 
 class DistributedDataParallel {
@@ -90,12 +97,13 @@ class DistributedDataParallel {
   ProcessGroup& group() { return group_; }
   const BucketPlan& plan() const { return plan_; }
   const DDPOptions& options() const { return options_; }
+  DType allreduce_dtype() const { return wire_dtype_; }  // what the buckets cross the wire in
 
   struct Stats {
     std::int64_t syncs = 0;                    // finish_gradient_sync calls
     std::int64_t buckets_reduced = 0;          // bucket all-reduces in all
     std::int64_t buckets_started_in_backward = 0;  // of which started by a hook, before backward ended
-    std::int64_t gradient_bytes = 0;           // bytes all-reduced per sync (every bucket)
+    std::int64_t gradient_bytes = 0;           // bytes all-reduced per sync (every bucket, in allreduce_dtype)
   };
   const Stats& stats() const { return stats_; }
 
@@ -119,6 +127,8 @@ class DistributedDataParallel {
   std::vector<std::uint64_t> hooks_;
   std::size_t next_launch_ = 0;         // buckets start in plan order on every rank
   bool no_sync_ = false;                // inside no_sync(): gradients stay in .grad
+  DType wire_dtype_ = DType::Float32;   // the buckets' dtype on the wire
+  bool compress_ = false;               // wire_dtype_ is a 16-bit type the gradients are rounded to
   Stats stats_;
 };
 

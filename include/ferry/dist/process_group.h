@@ -13,7 +13,9 @@
 
 namespace ferry::dist {
 
-enum class ReduceOp : std::uint8_t { Sum, Avg };  // Avg = Sum / world_size (floating dtypes only)
+// Avg = Sum / world_size (floating dtypes only). float16 and bfloat16 are summed in float32 pair by pair and rounded
+// back after each addition (as NCCL does), so a sum over N ranks carries N - 1 roundings.
+enum class ReduceOp : std::uint8_t { Sum, Avg };
 std::string_view reduce_op_name(ReduceOp op);     // "sum", "avg"
 
 // Which engine moves the bytes. Auto: NCCL for cuda tensors when every rank has a GPU of its own and
