@@ -44,20 +44,21 @@ PY
   fi
 done
 
-# bfloat16 in ferry beside float32 in raw MPI (the same elements): checked, and the 16-bit sum is the faster from 1 MB
+# bfloat16 beside float32 (the same elements), both ferry's: every sum checked
 if mpi 2 "$FERRY" bench allreduce --dtype bfloat16 --min-bytes 1KiB --max-bytes 4MiB --factor 8 --repeats 1 \
      --warmup 1 --max-seconds 0.05 --json >"$scratch/bench_bf16.json" 2>"$scratch/bench_bf16.err" &&
    python3 -c '
 import json, sys
 j = json.loads(open(sys.argv[1]).read())
-assert j["dtype"] == "bfloat16" and j["raw_dtype"] == "float32" and j["correct"], j
+assert j["dtype"] == "bfloat16" and j["raw"] == "ferry float32" and j["correct"], j
 assert [p["count"] for p in j["points"]] == [512, 4096, 32768, 262144, 2097152], j["points"]
 ratio = j["points"][-1]["ratio"]
 print(f"  bfloat16 vs float32, same elements, 4 MB: {ratio:.2f}x")
 ' "$scratch/bench_bf16.json"; then
-  ok "mpirun -np 2 ferry bench allreduce --dtype bfloat16: every 16-bit sum correct, raw MPI's float32 beside it"
+  ok "mpirun -np 2 ferry bench allreduce --dtype bfloat16: every 16-bit sum correct, float32's beside it"
 else
-  fail "bench allreduce --dtype bfloat16: $(tail -c 600 "$scratch/bench_bf16.err") $(head -c 600 "$scratch/bench_bf16.json")"
+  fail "bench allreduce --dtype bfloat16: $(tail -c 600 "$scratch/bench_bf16.err")" \
+       "$(head -c 600 "$scratch/bench_bf16.json")"
 fi
 
 data_dir="${FERRY_DATA:-/usr/share/datasets/fashion-mnist}"  # gpu-check points it at its copy
@@ -75,7 +76,8 @@ else
   fail "single-process run: $(tail -c 600 "$scratch/single.err")"
 fi
 
-compare() { python3 "$(dirname "${BASH_SOURCE[0]}")/compare_safetensors.py" "$@"; }  # A B [BOUND]: ||a - b|| / ||b|| <= 1e-5
+# compare A B [BOUND]: ||a - b|| / ||b|| <= BOUND (1e-5) for every float32 tensor
+compare() { python3 "$(dirname "${BASH_SOURCE[0]}")/compare_safetensors.py" "$@"; }
 
 for n in 2 4; do
   if mpi "$n" "$FERRY" "${common[@]}" --ddp --check-replicas-every 1 --checkpoint "$scratch/ddp$n.safetensors" \
@@ -108,7 +110,8 @@ b, d = (json.loads(open(f).read()) for f in sys.argv[1:3])
 assert b["allreduce_dtype"] == "bfloat16" and b["gradient_bytes_per_step"] == 2 * b["parameters"], b
 assert b["collectives"] == d["collectives"] and b["collective_bytes"] < d["collective_bytes"], (b, d)
 assert b["replica_checks"] >= 5, b
-' "$scratch/bf16.json" "$scratch/ddp2.json" && compare "$scratch/bf16.safetensors" "$scratch/single.safetensors" 1e-2; then
+' "$scratch/bf16.json" "$scratch/ddp2.json" &&
+   compare "$scratch/bf16.safetensors" "$scratch/single.safetensors" 1e-2; then
   ok "mpirun -np 2 --ddp --allreduce-dtype bfloat16: 2 bytes a gradient, replicas identical, within 1 % of one process"
 else
   fail "--allreduce-dtype bfloat16: $(tail -c 600 "$scratch/bf16.err") $(head -c 600 "$scratch/bf16.json")"
@@ -197,7 +200,7 @@ fi
 # (another --seed trained silently on the wrong samples; another --batch made the collectives differ and crash) ---
 for differing in "--seed 1:--seed 2:--seed is 1 on rank 0 but 2 on rank 1" \
                  "--batch 64:--batch 32:--batch is 64 on rank 0 but 32 on rank 1" \
-                 "--allreduce-dtype float32:--allreduce-dtype bfloat16:--allreduce-dtype is float32 on rank 0 but bfloat16"; do
+                 "--allreduce-dtype float32:--allreduce-dtype bfloat16:dtype is float32 on rank 0 but bfloat16"; do
   IFS=: read -r rank0_option rank1_option expected <<<"$differing"
   base=(train --ddp --model mlp --device cpu --max-steps 2 --limit-train 256 --limit-test 64 --data "$data_dir")
   rc=0
@@ -219,15 +222,17 @@ if "$FERRY" devices --json 2>/dev/null | grep -q '"cuda:0"'; then
              --json --data "$data_dir")
   "$FERRY" "${cuda_args[@]}" --checkpoint "$scratch/cuda_single.safetensors" >/dev/null 2>"$scratch/cuda_single.err" ||
     fail "cuda single-process run: $(tail -c 600 "$scratch/cuda_single.err")"
-  for setup in "1 nccl" "2 mpi"; do
-    read -r n backend <<<"$setup"
-    if mpi "$n" "$FERRY" "${cuda_args[@]}" --ddp --ddp-backend "$backend" --check-replicas-every 1 \
-         --checkpoint "$scratch/cuda_$backend.safetensors" >"$scratch/cuda_$backend.json" 2>"$scratch/cuda_$backend.err" &&
-       grep -q "\"comm_backend\":\"$backend\"" "$scratch/cuda_$backend.json" &&
-       compare "$scratch/cuda_$backend.safetensors" "$scratch/cuda_single.safetensors"; then
-      ok "cuda: mpirun -np $n --ddp-backend $backend matches one cuda process"
+  # The third: NCCL's own bfloat16 sum of the compressed gradients (within 1 % of float32's parameters).
+  for setup in "1 nccl float32 1e-5" "2 mpi float32 1e-5" "1 nccl bfloat16 1e-2"; do
+    read -r n backend dtype bound <<<"$setup"
+    run="cuda_${backend}_$dtype"
+    if mpi "$n" "$FERRY" "${cuda_args[@]}" --ddp --ddp-backend "$backend" --allreduce-dtype "$dtype" \
+         --check-replicas-every 1 --checkpoint "$scratch/$run.safetensors" >"$scratch/$run.json" 2>"$scratch/$run.err" &&
+       grep -q "\"comm_backend\":\"$backend\"" "$scratch/$run.json" &&
+       compare "$scratch/$run.safetensors" "$scratch/cuda_single.safetensors" "$bound"; then
+      ok "cuda: mpirun -np $n --ddp-backend $backend --allreduce-dtype $dtype matches one cuda process (to $bound)"
     else
-      fail "cuda -np $n $backend: $(tail -c 600 "$scratch/cuda_$backend.err") $(head -c 400 "$scratch/cuda_$backend.json")"
+      fail "cuda -np $n $backend $dtype: $(tail -c 600 "$scratch/$run.err") $(head -c 400 "$scratch/$run.json")"
     fi
   done
 else

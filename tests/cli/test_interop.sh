@@ -40,7 +40,8 @@ for model in fmnist mlp; do
   fi
   weights="$scratch/$model.torch.safetensors"
   weights_bf16="$scratch/$model.torch.bf16.safetensors"
-  if "$python" "$root/tools/interop_check.py" "$checkpoint" --data "$data_dir" --limit-test "$images" --expect "$accuracy" \
+  if "$python" "$root/tools/interop_check.py" "$checkpoint" --data "$data_dir" --limit-test "$images" \
+       --expect "$accuracy" \
        --save-weights "$weights" --save-weights-bf16 "$weights_bf16" \
        >"$scratch/$model.torch.json" 2>"$scratch/$model.torch.err" &&
      grep -q "\"model\": \"$model\"" "$scratch/$model.torch.json"; then

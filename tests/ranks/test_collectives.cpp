@@ -3,8 +3,8 @@
 // doubling, MPI's own, the ring), every dtype, Sum and Avg, on cpu tensors and on the sim device's staged ones;
 // every element checked on every rank, and the replicas compared bit for bit. Also what ranks that disagree get:
 // tensors of different sizes (an error, not a corrupted heap), different models under DDP (refused), and DDP's
-// parameters that no rank used (their .grad left alone); 16-bit sums and DDP's compressed gradients. Not here: one rank (tests/test_dist.cpp), training
-// (tests/cli/test_ddp.sh).
+// parameters that no rank used (their .grad left alone); 16-bit sums and DDP's compressed gradients. Not here:
+// one rank (tests/test_dist.cpp), training (tests/cli/test_ddp.sh).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -227,7 +227,9 @@ TEST(Collectives, HalfTensorsAreSummedOnEveryAlgorithmPath) {
       Tensor out = zeros({3}, {.device = device, .dtype = dtype});
       g.reduce_scatter(out, slices, dist::ReduceOp::Sum);
       const std::vector<float> got = out.to_vector<float>();
-      for (int i = 0; i < 3; ++i) EXPECT_EQ(got[static_cast<std::size_t>(i)], static_cast<float>(n * (3 * g.rank() + i)));
+      for (int i = 0; i < 3; ++i) {
+        EXPECT_EQ(got[static_cast<std::size_t>(i)], static_cast<float>(n * (3 * g.rank() + i)));
+      }
     }
   }
   g_cpu->barrier();
