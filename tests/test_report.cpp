@@ -207,6 +207,22 @@ TEST(Report, ResidentDataNeedsNoCopyAdvice) {
   EXPECT_NEAR(*r.efficiency, 1.0, 1e-12);
 }
 
+// A data-parallel run's wait for gradients: nothing under the threshold; above it the fraction, the bytes and their
+// dtype, and (for float32) the 16-bit option; a run already in bfloat16 is not told to use it.
+TEST(Report, AllreduceAdviceNamesTheWaitTheBytesAndWhatHalvesThem) {
+  EXPECT_EQ(allreduce_advice(0.05, 418600, DType::Float32), "");
+  EXPECT_EQ(allreduce_advice(0.0, 418600, DType::Float32), "");
+  const std::string f32 = allreduce_advice(0.23, 418600, DType::Float32);
+  EXPECT_NE(f32.find("waited 23 % of each step"), std::string::npos) << f32;
+  EXPECT_NE(f32.find("419 kB per step in float32"), std::string::npos) << f32;
+  EXPECT_NE(f32.find("--allreduce-dtype"), std::string::npos) << f32;
+  const std::string bf16 = allreduce_advice(0.23, 209300, DType::BFloat16);
+  EXPECT_NE(bf16.find("209 kB per step in bfloat16"), std::string::npos) << bf16;
+  EXPECT_EQ(bf16.find("--allreduce-dtype"), std::string::npos) << bf16;
+  EXPECT_NE(bf16.find("larger batch per rank"), std::string::npos) << bf16;
+  EXPECT_EQ(allreduce_advice(0.05, 418600, DType::Float32, 0.01).empty(), false);  // the threshold is the caller's
+}
+
 TEST(Report, WithoutPhasesTimesComeFromTheLedger) {
   LedgerSnapshot s;
   for (int step = 0; step < 2; ++step) {

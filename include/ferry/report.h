@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "ferry/dtype.h"
 #include "ferry/phase.h"
 
 namespace ferry {
@@ -84,5 +85,11 @@ std::string report_text(const LedgerReport& report);
 // "speedup", "speedup_real", "efficiency" (null when unknown), "sync_reasons", "sources", "advice",
 // "step_details" (one object per counted step).
 std::string report_json(const LedgerReport& report);
+
+// Advice on a data-parallel run's gradient all-reduce, in plain words, or "" when it costs less than `threshold` of
+// the step. wait_fraction: the host's wait for gradients after backward (the communication backward did not hide)
+// over the step time; bytes_per_step: what each rank all-reduced per step, in allreduce_dtype.
+std::string allreduce_advice(double wait_fraction, std::int64_t bytes_per_step, DType allreduce_dtype,
+                             double threshold = 0.10);
 
 }  // namespace ferry

@@ -569,4 +569,18 @@ std::string report_json(const LedgerReport& r) {
   return j.dump();
 }
 
+std::string allreduce_advice(double wait_fraction, std::int64_t bytes_per_step, DType allreduce_dtype,
+                             double threshold) {
+  if (!(wait_fraction >= threshold)) return "";
+  std::string text = fmt::format("the host waited {} of each step for the gradient all-reduce ({} per step in {}), "
+                                 "time backward did not hide: ",
+                                 percent(wait_fraction), format_bytes(static_cast<double>(bytes_per_step)),
+                                 dtype_name(allreduce_dtype));
+  if (!is_storage_only(allreduce_dtype)) {
+    text += "gradients sent in bfloat16 (--allreduce-dtype, DDPOptions::allreduce_dtype) take half the bytes; ";
+  }
+  return text + "a larger batch per rank gives each all-reduce more compute to hide behind, and ranks on one host "
+                "share its cores and memory (docs/distributed.md)";
+}
+
 }  // namespace ferry

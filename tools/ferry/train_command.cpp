@@ -30,6 +30,7 @@
 #include "ferry/idx.h"
 #include "ferry/ledger.h"
 #include "ferry/random.h"
+#include "ferry/report.h"
 #include "ferry/safetensors.h"
 #include "ferry/trainer.h"
 #include "plot.h"
@@ -243,6 +244,10 @@ void print_ddp_report(const ferry::TrainResult& r, std::FILE* out) {
              r.collectives, r.collective_bytes, r.collective_s);
   fmt::print(out, "  host waited {:.2f} s for gradients after backward ({:.1f} ms per step); replica checks passed: {}\n",
              r.t_comm_s, 1e3 * r.t_comm_s / static_cast<double>(steps), r.replica_checks);
+  const double step_s = r.t_transfer_s + r.t_compute_s + r.t_sync_s + r.t_comm_s;
+  const std::string advice =
+      ferry::allreduce_advice(step_s > 0 ? r.t_comm_s / step_s : 0.0, r.gradient_bytes_per_step, r.allreduce_dtype);
+  if (!advice.empty()) fmt::print(out, "  advice: {}\n", advice);
 }
 
 void print_report(const ferry::TrainResult& r, std::FILE* out) {
