@@ -200,11 +200,11 @@ DistributedDataParallel::DistributedDataParallel(nn::Module& module, ProcessGrou
   }
   // 16-bit compression, or the gradients as they are (allreduce_dtype unset, or every parameter's own dtype).
   const std::optional<DType> asked = options.allreduce_dtype;
-  compress_ = asked && (*asked == DType::BFloat16 || *asked == DType::Float16);
+  const bool compress = asked && (*asked == DType::BFloat16 || *asked == DType::Float16);
   wire_dtype_ = asked ? *asked : parameters_.empty() ? DType::Float32 : parameters_.front().dtype();
   for (std::size_t i = 0; i < parameters_.size(); ++i) {
     const DType own = parameters_[i].dtype();
-    FERRY_CHECK(compress_ ? is_floating(own) : !asked || own == *asked, InvalidArgument,
+    FERRY_CHECK(compress ? is_floating(own) : !asked || own == *asked, InvalidArgument,
                 "DistributedDataParallel: allreduce_dtype ", dtype_name(wire_dtype_), ": parameter '", names_[i],
                 "' has ", dtype_name(own), " gradients, which are all-reduced as they are or compressed to bfloat16 or "
                 "float16");
@@ -234,7 +234,7 @@ DistributedDataParallel::DistributedDataParallel(nn::Module& module, ProcessGrou
       elements += parameters_[i].numel();
     }
     bucket->flat = zeros({elements}, {.device = group.device(), .dtype = parameters_[bucket->parameters[0]].dtype()});
-    if (compress_ && bucket->flat.dtype() != wire_dtype_) {
+    if (compress && bucket->flat.dtype() != wire_dtype_) {
       bucket->wire = zeros({elements}, {.device = group.device(), .dtype = wire_dtype_});
     }
     bucket->pending = bucket->parameters.size();

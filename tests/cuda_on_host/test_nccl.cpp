@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <vector>
 
 #include "ferry/dist/process_group.h"
@@ -69,6 +70,15 @@ std::vector<T> host_copy(const T* device, std::size_t count) {
   std::vector<T> host(count);
   EXPECT_EQ(cudaMemcpy(host.data(), device, count * sizeof(T), cudaMemcpyDeviceToHost), cudaSuccess);
   return host;
+}
+
+// ferry's NCCL process group of every rank, each on cuda:<rank>; null when the emulated cards are fewer than the ranks.
+std::unique_ptr<ferry::dist::ProcessGroup> nccl_group(const World& w) {
+  int cards = 1;
+  cudaGetDeviceCount(&cards);
+  if (w.size > cards) return nullptr;
+  return ferry::dist::init_process_group({.backend = ferry::dist::CommBackend::NCCL,
+                                          .device = ferry::Device(ferry::DeviceType::CUDA, w.rank), .timeout_s = 60});
 }
 
 TEST(EmulatedNccl, RefusesWhatNcclRefuses) {
@@ -269,12 +279,9 @@ TEST(EmulatedNccl, ACollectiveStaysInFlightUntilEveryRankJoinsAndAbortEndsIt) {
 // them. all_gather's output is not its input, so a collective that ran early leaves poison (NaN) there, even alone.
 TEST(EmulatedNccl, FerrysProcessGroupOrdersCollectivesAfterTheComputeStream) {
   const World w = start();
-  int cards = 1;
-  cudaGetDeviceCount(&cards);
-  if (w.size > cards) GTEST_SKIP() << "one card per rank: FERRY_EMU_DEVICES >= ranks";
-  const ferry::Device device(ferry::DeviceType::CUDA, w.rank);
-  auto group = ferry::dist::init_process_group({.backend = ferry::dist::CommBackend::NCCL, .device = device,
-                                                .timeout_s = 60});
+  auto group = nccl_group(w);
+  if (!group) GTEST_SKIP() << "one card per rank: FERRY_EMU_DEVICES >= ranks";
+  const ferry::Device device = group->device();
   ASSERT_EQ(group->backend(), ferry::dist::CommBackend::NCCL);
   const int n = w.size;
   const float nf = static_cast<float>(n);
@@ -302,12 +309,9 @@ TEST(EmulatedNccl, FerrysProcessGroupOrdersCollectivesAfterTheComputeStream) {
 // pre-multiplies by 1/N. Values whose sums and averages are exact in both types.
 TEST(EmulatedNccl, FerrysProcessGroupSumsHalfTensors) {
   const World w = start();
-  int cards = 1;
-  cudaGetDeviceCount(&cards);
-  if (w.size > cards) GTEST_SKIP() << "one card per rank: FERRY_EMU_DEVICES >= ranks";
-  const ferry::Device device(ferry::DeviceType::CUDA, w.rank);
-  auto group = ferry::dist::init_process_group({.backend = ferry::dist::CommBackend::NCCL, .device = device,
-                                                .timeout_s = 60});
+  auto group = nccl_group(w);
+  if (!group) GTEST_SKIP() << "one card per rank: FERRY_EMU_DEVICES >= ranks";
+  const ferry::Device device = group->device();
   const float nf = static_cast<float>(w.size);
   for (const ferry::DType dtype : {ferry::DType::Float16, ferry::DType::BFloat16}) {
     SCOPED_TRACE(ferry::dtype_name(dtype));

@@ -88,10 +88,9 @@ double time_calls(int iterations, Run&& run) {
   return slowest_rank(std::chrono::duration<double>(Clock::now() - start).count() / iterations);
 }
 
-Point measure(ferry::dist::ProcessGroup& group, std::int64_t bytes, const AllReduceOptions& o) {
+Point measure(ferry::dist::ProcessGroup& group, std::int64_t bytes, ferry::DType dtype, const AllReduceOptions& o) {
   Point p;
   p.bytes = bytes;
-  const ferry::DType dtype = ferry::parse_dtype(o.dtype);
   p.count = std::max<std::int64_t>(1, bytes / static_cast<std::int64_t>(ferry::element_size(dtype)));
   const int n = group.world_size(), rank = group.rank();
   ferry::Tensor host = ferry::empty({p.count});  // float32, host: the pattern, and raw MPI's buffer
@@ -162,7 +161,7 @@ void run(const AllReduceOptions& o) {
 #ifdef FERRY_HAVE_MPI
   std::vector<Point> points;
   for (std::int64_t bytes = min_bytes; bytes <= max_bytes; bytes *= o.factor) {
-    points.push_back(measure(*group, bytes, o));
+    points.push_back(measure(*group, bytes, dtype, o));
     if (group->rank() == 0 && !o.json && isatty(STDERR_FILENO)) {
       std::fprintf(stderr, "ferry bench allreduce: %s done\n", ferry::format_bytes(static_cast<double>(bytes)).c_str());
     }

@@ -128,7 +128,6 @@ class DistributedDataParallel {
   std::size_t next_launch_ = 0;         // buckets start in plan order on every rank
   bool no_sync_ = false;                // inside no_sync(): gradients stay in .grad
   DType wire_dtype_ = DType::Float32;   // the buckets' dtype on the wire
-  bool compress_ = false;               // wire_dtype_ is a 16-bit type the gradients are rounded to
   Stats stats_;
 };
 
