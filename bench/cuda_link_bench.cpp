@@ -1,13 +1,18 @@
 // cuda_link_bench.cpp — what ferry's cuda backend achieves on the measures of ANCHORS.md: host->device
 // from pageable and pinned memory (4 MB, 256 MB), device->host, device->device, add over 3 x 256 MB,
-// float32 -> bfloat16 / float16 of 256 MB, fp32 GEMM 4096 and 8192. Medians of CUDA-event timings; prints one JSON object on stdout.
+// float32 -> bfloat16 / float16 of 256 MB, fp32 GEMM 4096 and 8192, and the host's own memcpy rate (the
+// ceiling of the staged pageable copies). Medians of CUDA-event timings; prints one JSON object on stdout.
+// `cuda_link_bench --transfers`: everything but the GEMMs (scripts/gpu-check's staging sweep).
 // Not here: PyTorch's side (bench/torch_link_bench.py) and the table of ratios (scripts/gpu-check).
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <functional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -63,9 +68,29 @@ nlohmann::json rate(double ms, double bytes) {
   return {{"ms", ms}, {"bytes", bytes}, {"GBps", bytes / (ms * 1e-3) / 1e9}};
 }
 
+// The host's own ceiling for the staged copies: median ms of a plain memcpy of `bytes` between two
+// touched host buffers, split over `threads` std::threads (5 runs after 1 warm-up).
+double host_memcpy_ms(std::size_t bytes, int threads) {
+  std::vector<char> from(bytes, 1), to(bytes, 0);
+  std::vector<double> times;
+  for (int rep = 0; rep < 6; ++rep) {
+    const auto start = std::chrono::steady_clock::now();
+    std::vector<std::thread> pool;
+    for (int t = 0; t < threads; ++t) {
+      const std::size_t lo = bytes * static_cast<std::size_t>(t) / static_cast<std::size_t>(threads);
+      const std::size_t hi = bytes * static_cast<std::size_t>(t + 1) / static_cast<std::size_t>(threads);
+      pool.emplace_back([&, lo, hi] { std::memcpy(to.data() + lo, from.data() + lo, hi - lo); });
+    }
+    for (auto& thread : pool) thread.join();
+    if (rep > 0) times.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
+  }
+  std::sort(times.begin(), times.end());
+  return times[times.size() / 2];
+}
+
 }  // namespace
 
-int main() {
+int main(int argc, char** argv) {
   try {
     if (ferry::device_count(ferry::DeviceType::CUDA) == 0) {
       std::fprintf(stderr, "cuda_link_bench: no CUDA device (%s)\n", ferry::cuda::unavailable_reason().c_str());
@@ -103,6 +128,14 @@ int main() {
           rate(median_ms(compute, 3, 20, [&] { Tensor h = device.to(ferry::DType::BFloat16); }), 1.5 * bytes);
       measures["to_f16_256MB"] =
           rate(median_ms(compute, 3, 20, [&] { Tensor h = device.to(ferry::DType::Float16); }), 1.5 * bytes);
+    }
+    // What the host alone can copy (pageable -> pageable, 256 MB): the pageable rows' ceiling on this machine.
+    const int cores = std::clamp(static_cast<int>(std::thread::hardware_concurrency()), 1, 16);
+    measures["host_memcpy_256MB_1thread"] = rate(host_memcpy_ms(256 * kMB, 1), 256.0 * kMB);
+    measures["host_memcpy_256MB_" + std::to_string(cores) + "threads"] = rate(host_memcpy_ms(256 * kMB, cores), 256.0 * kMB);
+    if (argc > 1 && std::string(argv[1]) == "--transfers") {  // scripts/gpu-check's staging sweep: the copies only
+      std::printf("%s\n", nlohmann::json{{"library", "ferry"}, {"measures", measures}}.dump().c_str());
+      return 0;
     }
     for (const std::int64_t n : {std::int64_t{4096}, std::int64_t{8192}}) {
       const Tensor a = ferry::randn({n, n}, {.device = kCuda}), b = ferry::randn({n, n}, {.device = kCuda});

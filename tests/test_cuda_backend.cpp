@@ -273,6 +273,11 @@ TEST_F(CudaBackend, PageableCopiesAreExactOnEveryPath) {
     }
     EXPECT_TRUE(same_bytes(async_device.cpu(), host)) << bytes << " bytes, non_blocking";
   }
+  // a source 3 bytes past any alignment: the staging threads' streaming stores load it unaligned
+  const std::int64_t ragged = (std::int64_t{9} << 20) + 5;
+  const Tensor padded = randint(0, 256, {ragged + 3}, {.dtype = DType::UInt8});
+  const Tensor offset_source = padded.narrow(0, 3, ragged);
+  EXPECT_TRUE(same_bytes(offset_source.to(kCuda).cpu(), offset_source.clone())) << "source at byte offset 3";
   // many copies in a row reuse the ring's buffers in order
   manual_seed(9);
   const Tensor a = randn({3 << 20}), b = randn({5 << 20});

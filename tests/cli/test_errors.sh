@@ -180,7 +180,7 @@ fi
 # a symlink as --checkpoint: the file it names is written, the link stays; and a disk that fills up under --metrics.
 data_dir="${FERRY_DATA:-/usr/share/datasets/fashion-mnist}"  # gpu-check points it at its copy
 if [[ -f "$data_dir/train-images-idx3-ubyte.gz" ]]; then
-  quick=(--device cpu --model mlp --limit-train 64 --limit-test 32 --batch 32 --epochs 1)
+  quick=(--device cpu --model mlp --limit-train 64 --limit-test 32 --batch 32 --epochs 1 --data "$data_dir")
   # A switch that is neither on nor off is refused, not read as off (the run would not be the reproducible one).
   FERRY_DETERMINISTIC=maybe expect_failure 2 "FERRY_DETERMINISTIC='maybe'" train "${quick[@]}" --max-steps 1
   touch "$scratch/real.safetensors"
