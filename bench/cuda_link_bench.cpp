@@ -134,7 +134,9 @@ int main(int argc, char** argv) {
     measures["host_memcpy_256MB_1thread"] = rate(host_memcpy_ms(256 * kMB, 1), 256.0 * kMB);
     measures["host_memcpy_256MB_" + std::to_string(cores) + "threads"] = rate(host_memcpy_ms(256 * kMB, cores), 256.0 * kMB);
     if (argc > 1 && std::string(argv[1]) == "--transfers") {  // scripts/gpu-check's staging sweep: the copies only
-      std::printf("%s\n", nlohmann::json{{"library", "ferry"}, {"measures", measures}}.dump().c_str());
+      const nlohmann::json staging = {{"host_to_device", ferry::cuda::staging_store_choice(true)},
+                                      {"device_to_host", ferry::cuda::staging_store_choice(false)}};
+      std::printf("%s\n", nlohmann::json{{"library", "ferry"}, {"measures", measures}, {"staging", staging}}.dump().c_str());
       return 0;
     }
     for (const std::int64_t n : {std::int64_t{4096}, std::int64_t{8192}}) {
@@ -144,7 +146,10 @@ int main(int argc, char** argv) {
       measures["gemm_fp32_" + std::to_string(n)] = {{"ms", ms}, {"TFLOPs", flops / (ms * 1e-3) / 1e12}};
     }
     const ferry::DeviceProperties p = ferry::backend(kCuda).properties(0);
-    const nlohmann::json result = {{"library", "ferry"}, {"device", p.name}, {"measures", measures}};
+    // What the pageable rows' staging ring chose after its first copies (src/cuda/copy.cpp).
+    const nlohmann::json staging = {{"host_to_device", ferry::cuda::staging_store_choice(true)},
+                                    {"device_to_host", ferry::cuda::staging_store_choice(false)}};
+    const nlohmann::json result = {{"library", "ferry"}, {"device", p.name}, {"measures", measures}, {"staging", staging}};
     std::printf("%s\n", result.dump().c_str());
     return 0;
   } catch (const std::exception& e) {

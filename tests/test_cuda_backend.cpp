@@ -286,6 +286,25 @@ TEST_F(CudaBackend, PageableCopiesAreExactOnEveryPath) {
   for (int i = 0; i < 6; ++i) EXPECT_TRUE(same_bytes(on_device[static_cast<std::size_t>(i)].cpu(), i % 2 ? b : a)) << i;
 }
 
+// The staging ring times streaming stores and memcpy on its first four copies of 64 MB or more in each direction and
+// keeps the faster (src/cuda/copy.cpp); every copy is exact whichever way it went.
+TEST_F(CudaBackend, StagingRingChoosesItsStoresAfterFourLargeCopiesEachWay) {
+  if (std::getenv("FERRY_STAGING_STREAMING") != nullptr) GTEST_SKIP() << "FERRY_STAGING_STREAMING forces the choice";
+  EXPECT_EQ(cuda::staging_store_choice(true), "not chosen yet");
+  EXPECT_EQ(cuda::staging_store_choice(false), "not chosen yet");
+  manual_seed(17);
+  const Tensor host = randint(0, 256, {(std::int64_t{64} << 20) + 5}, {.dtype = DType::UInt8});
+  for (int i = 0; i < 4; ++i) {
+    const Tensor device = host.to(kCuda);
+    EXPECT_TRUE(same_bytes(device.cpu(), host)) << "copy " << i;
+  }
+  for (const bool to_device : {true, false}) {
+    const std::string choice = cuda::staging_store_choice(to_device);
+    EXPECT_TRUE(choice == "streaming stores" || choice == "memcpy") << (to_device ? "host->device: " : "device->host: ")
+                                                                    << choice;
+  }
+}
+
 TEST_F(CudaBackend, DeviceToDeviceCopies) {
   manual_seed(11);
   const Tensor x = randn({1 << 20, 3}).to(kCuda);

@@ -13,11 +13,13 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 
@@ -72,22 +74,59 @@ int staging_threads() {
   return threads;
 }
 
-// Streaming (non-temporal) stores for the staging memcpys: FERRY_STAGING_STREAMING=0 turns them off.
-bool staging_streaming() {
-  static const bool on = [] {
+// Streaming stores or plain memcpy for the staging copies, one choice per direction. Which is faster depends on the
+// host: streaming stores skip reading the lines they overwrite (a third less memory traffic), but leave nothing in
+// the caches, from which the DMA engine (host->device) or the caller (device->host) could otherwise read.
+// FERRY_STAGING_STREAMING=1 or 0 forces the choice. Unset, the first kTuneCopies staged copies of kTuneMinBytes or
+// more in a direction alternate between the two, each timed whole, and the faster (best rate of each) is kept for
+// the process; smaller copies use memcpy until then.
+constexpr std::size_t kTuneMinBytes = std::size_t{64} << 20;
+constexpr int kTuneCopies = 4;
+
+std::optional<bool> forced_streaming() {
+  static const std::optional<bool> forced = []() -> std::optional<bool> {
     const char* text = std::getenv("FERRY_STAGING_STREAMING");
-    return text == nullptr || std::string(text) != "0";
+    if (text == nullptr || *text == '\0') return std::nullopt;
+    const std::string value(text);
+    FERRY_CHECK(value == "0" || value == "1", InvalidArgument, "FERRY_STAGING_STREAMING='", value,
+                "': expected 1 (streaming stores), 0 (memcpy), or unset (ferry times both and keeps the faster)");
+    return value == "1";
   }();
-  return on;
+  return forced;
 }
 
-// memcpy of one thread's slice, with non-temporal stores on x86-64: the destination's cache lines are
+struct StagingChoice {
+  std::mutex mutex;
+  int timed = 0;                 // staged copies of >= kTuneMinBytes timed so far
+  double best[2] = {0, 0};       // bytes/s, [memcpy, streaming]
+  int chosen = -1;               // -1 while trying; 0 memcpy; 1 streaming
+};
+std::array<StagingChoice, 2> g_choice;  // [device->host, host->device]
+
+bool use_streaming(bool host_to_device, std::size_t bytes) {
+  if (const auto forced = forced_streaming()) return *forced;
+  StagingChoice& c = g_choice[host_to_device];
+  std::lock_guard lock(c.mutex);
+  if (c.chosen >= 0) return c.chosen == 1;
+  return bytes >= kTuneMinBytes && c.timed % 2 == 0;  // streaming, memcpy, streaming, memcpy
+}
+
+void record_staged_copy(bool host_to_device, bool streaming, std::size_t bytes, double seconds) {
+  if (forced_streaming() || bytes < kTuneMinBytes || seconds <= 0) return;
+  StagingChoice& c = g_choice[host_to_device];
+  std::lock_guard lock(c.mutex);
+  if (c.chosen >= 0) return;
+  c.best[streaming] = std::max(c.best[streaming], static_cast<double>(bytes) / seconds);
+  if (++c.timed >= kTuneCopies) c.chosen = c.best[1] >= c.best[0] ? 1 : 0;
+}
+
+// memcpy of one thread's slice; with `streaming`, non-temporal stores on x86-64: the destination's cache lines are
 // written whole without being read first (a plain memcpy reads each line it writes: 3 memory passes
 // instead of 2), and the staging buffer the DMA engine reads next is not left dirty in the caches.
 // Ends with a store fence, so every byte is in memory before the DMA is enqueued (or the caller reads).
-void stream_copy(char* dst, const char* src, std::size_t n) {
+void stream_copy(char* dst, const char* src, std::size_t n, bool streaming) {
 #if defined(__x86_64__)
-  if (staging_streaming() && n >= 4096) {
+  if (streaming && n >= 4096) {
     const std::size_t head = (16 - (reinterpret_cast<std::uintptr_t>(dst) & 15)) & 15;  // to dst's 16-byte boundary
     std::memcpy(dst, src, head);
     dst += head;
@@ -108,6 +147,8 @@ void stream_copy(char* dst, const char* src, std::size_t n) {
     _mm_sfence();
     return;
   }
+#else
+  (void)streaming;
 #endif
   std::memcpy(dst, src, n);
 }
@@ -133,7 +174,8 @@ void check_staged(cudaError_t status, const char* what) {
 //   for each chunk c:  thread 0 waits until the buffer of chunk c+1 is free (its last DMA done);
 //                      every thread copies its slice of chunk c into the buffer of chunk c;
 //                      barrier; thread 0 enqueues the DMA of chunk c and records the buffer's event.
-void staged_host_to_device(char* dst, const char* src, std::size_t bytes, cudaStream_t stream, int device) {
+void staged_host_to_device(char* dst, const char* src, std::size_t bytes, cudaStream_t stream, int device,
+                           bool streaming) {
   StagingRing& ring = staging_ring(device);
   std::lock_guard lock(ring.mutex);
   const std::size_t chunk = chunk_bytes(bytes);
@@ -153,7 +195,7 @@ void staged_host_to_device(char* dst, const char* src, std::size_t bytes, cudaSt
       cudaError_t wait = cudaSuccess;
       if (t == 0 && c + 1 < chunks) wait = cudaEventSynchronize(ring.done[slot_of(c + 1)]);
       const std::size_t lo = slice_start(length, t, nt), hi = slice_start(length, t + 1, nt);
-      stream_copy(ring.buffers[slot_of(c)] + lo, src + begin + lo, hi - lo);
+      stream_copy(ring.buffers[slot_of(c)] + lo, src + begin + lo, hi - lo, streaming);
 #pragma omp barrier
       if (t == 0) {
         if (status == cudaSuccess) status = wait;
@@ -177,7 +219,8 @@ void staged_host_to_device(char* dst, const char* src, std::size_t bytes, cudaSt
 //   for each chunk c:  every thread copies its slice of chunk c out of its buffer;
 //                      thread 0 waits for the DMA of chunk c+1; barrier;
 //                      thread 0 enqueues chunk c+kSlots into the buffer chunk c has left.
-void staged_device_to_host(char* dst, const char* src, std::size_t bytes, cudaStream_t stream, int device) {
+void staged_device_to_host(char* dst, const char* src, std::size_t bytes, cudaStream_t stream, int device,
+                           bool streaming) {
   StagingRing& ring = staging_ring(device);
   std::lock_guard lock(ring.mutex);
   const std::size_t chunk = chunk_bytes(bytes);
@@ -203,7 +246,7 @@ void staged_device_to_host(char* dst, const char* src, std::size_t bytes, cudaSt
     for (std::size_t c = 0; c < chunks; ++c) {
       const std::size_t begin = c * chunk, length = std::min(chunk, bytes - begin);
       const std::size_t lo = slice_start(length, t, nt), hi = slice_start(length, t + 1, nt);
-      stream_copy(dst + begin + lo, ring.buffers[slot_of(c)] + lo, hi - lo);
+      stream_copy(dst + begin + lo, ring.buffers[slot_of(c)] + lo, hi - lo, streaming);
       if (t == 0 && c + 1 < chunks && status == cudaSuccess) status = cudaEventSynchronize(ring.done[slot_of(c + 1)]);
 #pragma omp barrier
       if (t == 0 && c + kSlots < chunks && status == cudaSuccess) status = enqueue(c + kSlots);
@@ -236,6 +279,14 @@ void enable_peer_access(int from, int to) {
 
 }  // namespace
 
+std::string staging_store_choice(bool host_to_device) {
+  if (const auto forced = forced_streaming()) return *forced ? "streaming stores (forced)" : "memcpy (forced)";
+  StagingChoice& c = g_choice[host_to_device];
+  std::lock_guard lock(c.mutex);
+  if (c.chosen < 0) return "not chosen yet";
+  return c.chosen == 1 ? "streaming stores" : "memcpy";
+}
+
 // Ordering, for both kinds of device memory a copy can touch:
 //  - before: the door has made `stream` wait for the compute stream of the stream's device; a
 //    destination on another GPU was allocated in the order of that GPU's compute stream, so the
@@ -254,12 +305,17 @@ void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device
   auto* out = static_cast<char*>(dst);
   const auto* in = static_cast<const char*>(src);
   const bool staged = !pinned && bytes >= kStagedMinBytes;
-  if (src_device.is_cpu()) {
-    if (staged) staged_host_to_device(out, in, bytes, s, device);
-    else FERRY_CUDA_CHECK(cudaMemcpyAsync(out, in, bytes, cudaMemcpyHostToDevice, s));
+  if (staged) {
+    const bool to_device = src_device.is_cpu(), streaming = use_streaming(to_device, bytes);
+    const auto start = std::chrono::steady_clock::now();
+    if (to_device) staged_host_to_device(out, in, bytes, s, device, streaming);  // returns with the last DMAs queued
+    else staged_device_to_host(out, in, bytes, s, device, streaming);            // returns with the data in place
+    record_staged_copy(to_device, streaming, bytes,
+                       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  } else if (src_device.is_cpu()) {
+    FERRY_CUDA_CHECK(cudaMemcpyAsync(out, in, bytes, cudaMemcpyHostToDevice, s));
   } else if (dst_device.is_cpu()) {
-    if (staged) staged_device_to_host(out, in, bytes, s, device);  // returns with the data in place
-    else FERRY_CUDA_CHECK(cudaMemcpyAsync(out, in, bytes, cudaMemcpyDeviceToHost, s));
+    FERRY_CUDA_CHECK(cudaMemcpyAsync(out, in, bytes, cudaMemcpyDeviceToHost, s));
   } else if (src_device.index == dst_device.index) {
     FERRY_CUDA_CHECK(cudaMemcpyAsync(out, in, bytes, cudaMemcpyDeviceToDevice, s));
   } else {

@@ -12,6 +12,11 @@ namespace ferry::cuda {
 void set_allow_tf32(bool allow);
 bool allow_tf32();
 
+// How the pinned staging ring copies pageable memory in one direction (src/cuda/copy.cpp): "streaming stores" or
+// "memcpy" once chosen (the faster of the two over the first four staged copies of 64 MB or more), "not chosen yet",
+// or either with " (forced)" when FERRY_STAGING_STREAMING is 1 or 0.
+std::string staging_store_choice(bool host_to_device);
+
 // Why ferry::device_count(DeviceType::CUDA) is 0, e.g.
 // "cudaGetDeviceCount: cudaErrorInsufficientDriver (CUDA driver version is insufficient ...)";
 // empty when devices are present.

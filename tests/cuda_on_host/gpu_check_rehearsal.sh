@@ -41,7 +41,8 @@ echo "{\"library\": \"ferry\", \"device\": \"emulated card (rehearsal)\", \"meas
  $(m h2d_pageable_256MB 5.6 268435456), $(m h2d_pinned_4MB 0.08 4194304), $(m h2d_pinned_256MB 4.9 268435456),
  $(m d2h_pinned_256MB 4.8 268435456), $(m d2h_pageable_256MB 7.5 268435456), $(m d2d_256MB 0.16 536870912),
  $(m add_3x256MB 0.18 805306368), $(m host_memcpy_256MB_1thread 30 268435456), $(m host_memcpy_256MB_16threads 5 268435456),
- \"gemm_fp32_4096\": {\"ms\": 2.6, \"TFLOPs\": 52.9}, \"gemm_fp32_8192\": {\"ms\": 21, \"TFLOPs\": 52.4}}}"
+ \"gemm_fp32_4096\": {\"ms\": 2.6, \"TFLOPs\": 52.9}, \"gemm_fp32_8192\": {\"ms\": 21, \"TFLOPs\": 52.4}},
+ \"staging\": {\"host_to_device\": \"streaming stores\", \"device_to_host\": \"memcpy\"}}"
 EOF
 # python3: PyTorch's scripts answer with fixed JSON; everything else (the report code) is the real interpreter.
 cat > "$work/bin/python3" <<EOF
@@ -102,6 +103,7 @@ echo "gpu-check on the emulated card: exit status $rc, $(( $(date +%s) - start )
 ! grep -q "Traceback" "$work/log" || fail "a report block raised"
 ! grep -q "no result" "$work/log" || fail "a run gave no result"
 expect() { grep -qF -- "$1" "$work/log" || fail "no line with: $1"; }
+expect "pageable rows: the staging ring chose streaming stores host->device, memcpy device->host"
 expect "staging threads 16, streaming stores on : pageable host->device 256 MB"
 expect "golden mlp: cpu"
 expect "golden cnn: cpu"
