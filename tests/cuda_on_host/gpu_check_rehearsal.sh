@@ -44,6 +44,12 @@ echo "{\"library\": \"ferry\", \"device\": \"emulated card (rehearsal)\", \"meas
  \"gemm_fp32_4096\": {\"ms\": 2.6, \"TFLOPs\": 52.9}, \"gemm_fp32_8192\": {\"ms\": 21, \"TFLOPs\": 52.4}},
  \"staging\": {\"host_to_device\": \"streaming stores\", \"device_to_host\": \"memcpy\"}}"
 EOF
+cat > "$work/build/bench/cuda_layer_bench" <<'EOF'
+#!/usr/bin/env bash
+echo '{"bench": "layers", "workload": "cnn", "batch": 256, "device": "cuda:0", "steps": 20, "stages": [
+ {"stage": "0 Conv2d", "forward_ms": 0.05, "backward_ms": 0.12}, {"stage": "1 BatchNorm2d+ReLU+MaxPool2d", "forward_ms": 0.06, "backward_ms": 0.09}],
+ "loss_forward_ms": 0.01, "loss_backward_ms": 0.01, "update_ms": 0.02, "forward_ms": 0.11, "backward_ms": 0.21, "step_ms": 0.36}'
+EOF
 # python3: PyTorch's scripts answer with fixed JSON; everything else (the report code) is the real interpreter.
 cat > "$work/bin/python3" <<EOF
 #!/usr/bin/env bash
@@ -91,7 +97,7 @@ case \$sub in
 esac
 exec "$FERRY" "\${args[@]}"
 EOF
-chmod +x "$work"/bin/* "$work/build/bench/cuda_link_bench" "$work/build/tools/ferry/ferry"
+chmod +x "$work"/bin/* "$work/build/bench/cuda_link_bench" "$work/build/bench/cuda_layer_bench" "$work/build/tools/ferry/ferry"
 
 start=$(date +%s)
 rc=0
@@ -111,6 +117,8 @@ expect "+ one sync bubble"
 expect "cnn resident step without cuDNN (FERRY_CUDNN=0)"
 expect "mlp step with the ReLUs unfused"
 expect "cnn step with BatchNorm + ReLU unfused"
+expect "cnn eager step by stage (GPU time between CUDA events"
+expect "    1 BatchNorm2d+ReLU+MaxPool2d"
 expect "  mlp step graph: one graph of"
 expect "  cnn step graph: one graph of"
 expect "GFLOP per step; at this run's fp32 GEMM rate"
