@@ -295,6 +295,13 @@ TEST_F(CudaBackend, StagingRingChoosesItsStoresAfterFourLargeCopiesEachWay) {
   EXPECT_EQ(cuda::staging_store_choice(false), "not chosen yet");
   manual_seed(17);
   const Tensor host = randint(0, 256, {(std::int64_t{64} << 20) + 5}, {.dtype = DType::UInt8});
+  if (device_count(DeviceType::CUDA) > 1) {  // card-to-card copies go peer to peer, never through the ring
+    const Tensor on_first = host.to(kCuda);
+    std::vector<Tensor> on_second;
+    for (int i = 0; i < 4; ++i) on_second.push_back(on_first.to(Device{DeviceType::CUDA, 1}));
+    EXPECT_EQ(cuda::staging_store_choice(false), "not chosen yet") << "a card-to-card copy was staged through the host";
+    EXPECT_TRUE(same_bytes(on_second.back().cpu(), host));
+  }
   for (int i = 0; i < 4; ++i) {
     const Tensor device = host.to(kCuda);
     EXPECT_TRUE(same_bytes(device.cpu(), host)) << "copy " << i;

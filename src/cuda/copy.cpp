@@ -304,7 +304,8 @@ void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device
   auto* s = static_cast<cudaStream_t>(stream.handle);
   auto* out = static_cast<char*>(dst);
   const auto* in = static_cast<const char*>(src);
-  const bool staged = !pinned && bytes >= kStagedMinBytes;
+  // pageable host memory on one side, and large: through the staging ring (device-to-device copies never are)
+  const bool staged = !pinned && bytes >= kStagedMinBytes && (src_device.is_cpu() || dst_device.is_cpu());
   if (staged) {
     const bool to_device = src_device.is_cpu(), streaming = use_streaming(to_device, bytes);
     const auto start = std::chrono::steady_clock::now();
