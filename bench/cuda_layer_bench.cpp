@@ -18,10 +18,7 @@
 
 #include "../src/cuda/cuda_backend.h"
 #include "ferry/ferry.h"
-#include "ferry/nn/functional.h"
 #include "ferry/nn/loss.h"
-#include "ferry/nn/pooling.h"
-#include "ferry/nn/activation.h"
 #include "ferry/nn/sequential.h"
 #include "ferry/optim.h"
 #include "ferry/trainer.h"
@@ -39,39 +36,21 @@ void check(cudaError_t status, const char* what) {
   }
 }
 
-// One call of the forward pass: modules [first, first + count) of the Sequential, as its forward() groups them.
+// One call of the forward pass: children [first, first + count) of the Sequential, as its forward() runs them
+// (nn::Sequential::stage_length).
 struct Stage {
   std::size_t first = 0, count = 1;
   std::string name;  // "3 BatchNorm2d+ReLU+MaxPool2d"
 };
 
-// The grouping nn::Sequential::forward uses (src/nn/layers.cpp): a module that fuses a ReLU and 2x2/2 pooling takes
-// both, else one that fuses a ReLU takes it, when fused activations are on.
 std::vector<Stage> stages_of(const ferry::nn::Sequential& model) {
   std::vector<Stage> stages;
-  const bool fuse = ferry::nn::functional::fused_activations();
-  for (std::size_t i = 0; i < model.size(); ++i) {
-    Stage s{.first = i, .count = 1, .name = std::to_string(i) + " " + model[i].type_name()};
-    const bool relu_next = i + 1 < model.size() && dynamic_cast<const ferry::nn::ReLU*>(&model[i + 1]) != nullptr;
-    const auto* pool = i + 2 < model.size() ? dynamic_cast<const ferry::nn::MaxPool2d*>(&model[i + 2]) : nullptr;
-    if (fuse && relu_next && model[i].fuses_relu_max_pool() && pool != nullptr && pool->kernel_size == ferry::nn::Size2(2) &&
-        pool->stride == ferry::nn::Size2(2) && pool->padding == ferry::nn::Size2(0)) {
-      s.count = 3;
-    } else if (fuse && relu_next && model[i].fuses_relu()) {
-      s.count = 2;
-    }
+  for (std::size_t i = 0; i < model.size(); i += stages.back().count) {
+    Stage s{.first = i, .count = model.stage_length(i), .name = std::to_string(i) + " " + model[i].type_name()};
     for (std::size_t k = 1; k < s.count; ++k) s.name += "+" + model[i + k].type_name();
     stages.push_back(s);
-    i += s.count - 1;
   }
   return stages;
-}
-
-Tensor run_stage(ferry::nn::Sequential& model, const Stage& s, const Tensor& x) {
-  ferry::nn::Module& module = model[s.first];
-  if (s.count == 3) return module.forward_relu_max_pool(x);
-  if (s.count == 2) return module.forward_relu(x);
-  return module.forward(x);
 }
 
 double median(std::vector<double> v) {
@@ -138,7 +117,7 @@ int main(int argc, char** argv) {
       Tensor h = x;
       std::vector<Tensor> outputs;
       for (std::size_t i = 0; i < n; ++i) {
-        h = run_stage(*model, stages[i], h);
+        h = model->forward_stage(stages[i].first, h);
         check(cudaEventRecord(forward[i], stream), "cudaEventRecord");
         outputs.push_back(h);
       }

@@ -2,7 +2,7 @@
 // from pageable and pinned memory (4 MB, 256 MB), device->host, device->device, add over 3 x 256 MB,
 // float32 -> bfloat16 / float16 of 256 MB, fp32 GEMM 4096 and 8192, and the host's own memcpy rate (the
 // ceiling of the staged pageable copies). Medians of CUDA-event timings; prints one JSON object on stdout.
-// `cuda_link_bench --transfers`: everything but the GEMMs (scripts/gpu-check's staging sweep).
+// `cuda_link_bench --transfers`: everything but the host memcpy and the GEMMs (scripts/gpu-check's staging sweep).
 // Not here: PyTorch's side (bench/torch_link_bench.py) and the table of ratios (scripts/gpu-check).
 #include <cuda_runtime_api.h>
 
@@ -88,6 +88,12 @@ double host_memcpy_ms(std::size_t bytes, int threads) {
   return times[times.size() / 2];
 }
 
+// What the pageable rows' staging ring chose after its first copies (src/cuda/copy.cpp).
+nlohmann::json staging_choice() {
+  return {{"host_to_device", ferry::cuda::staging_store_choice(true)},
+          {"device_to_host", ferry::cuda::staging_store_choice(false)}};
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -129,16 +135,15 @@ int main(int argc, char** argv) {
       measures["to_f16_256MB"] =
           rate(median_ms(compute, 3, 20, [&] { Tensor h = device.to(ferry::DType::Float16); }), 1.5 * bytes);
     }
+    if (argc > 1 && std::string(argv[1]) == "--transfers") {  // scripts/gpu-check's staging sweep: the copies only
+      const nlohmann::json result = {{"library", "ferry"}, {"measures", measures}, {"staging", staging_choice()}};
+      std::printf("%s\n", result.dump().c_str());
+      return 0;
+    }
     // What the host alone can copy (pageable -> pageable, 256 MB): the pageable rows' ceiling on this machine.
     const int cores = std::clamp(static_cast<int>(std::thread::hardware_concurrency()), 1, 16);
     measures["host_memcpy_256MB_1thread"] = rate(host_memcpy_ms(256 * kMB, 1), 256.0 * kMB);
     measures["host_memcpy_256MB_" + std::to_string(cores) + "threads"] = rate(host_memcpy_ms(256 * kMB, cores), 256.0 * kMB);
-    if (argc > 1 && std::string(argv[1]) == "--transfers") {  // scripts/gpu-check's staging sweep: the copies only
-      const nlohmann::json staging = {{"host_to_device", ferry::cuda::staging_store_choice(true)},
-                                      {"device_to_host", ferry::cuda::staging_store_choice(false)}};
-      std::printf("%s\n", nlohmann::json{{"library", "ferry"}, {"measures", measures}, {"staging", staging}}.dump().c_str());
-      return 0;
-    }
     for (const std::int64_t n : {std::int64_t{4096}, std::int64_t{8192}}) {
       const Tensor a = ferry::randn({n, n}, {.device = kCuda}), b = ferry::randn({n, n}, {.device = kCuda});
       const double ms = median_ms(compute, 2, n == 4096 ? 10 : 5, [&] { Tensor c = ferry::matmul(a, b); });
@@ -146,10 +151,7 @@ int main(int argc, char** argv) {
       measures["gemm_fp32_" + std::to_string(n)] = {{"ms", ms}, {"TFLOPs", flops / (ms * 1e-3) / 1e12}};
     }
     const ferry::DeviceProperties p = ferry::backend(kCuda).properties(0);
-    // What the pageable rows' staging ring chose after its first copies (src/cuda/copy.cpp).
-    const nlohmann::json staging = {{"host_to_device", ferry::cuda::staging_store_choice(true)},
-                                    {"device_to_host", ferry::cuda::staging_store_choice(false)}};
-    const nlohmann::json result = {{"library", "ferry"}, {"device", p.name}, {"measures", measures}, {"staging", staging}};
+    const nlohmann::json result = {{"library", "ferry"}, {"device", p.name}, {"measures", measures}, {"staging", staging_choice()}};
     std::printf("%s\n", result.dump().c_str());
     return 0;
   } catch (const std::exception& e) {

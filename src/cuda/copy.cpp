@@ -97,9 +97,10 @@ std::optional<bool> forced_streaming() {
 
 struct StagingChoice {
   std::mutex mutex;
-  int timed = 0;                 // staged copies of >= kTuneMinBytes timed so far
-  double best[2] = {0, 0};       // bytes/s, [memcpy, streaming]
-  int chosen = -1;               // -1 while trying; 0 memcpy; 1 streaming
+  int timed = 0;            // staged copies of >= kTuneMinBytes timed so far; kTuneCopies: the choice is made
+  double best[2] = {0, 0};  // bytes/s, [memcpy, streaming]
+  bool chosen() const { return timed >= kTuneCopies; }
+  bool streaming() const { return best[1] >= best[0]; }  // once chosen
 };
 std::array<StagingChoice, 2> g_choice;  // [device->host, host->device]
 
@@ -107,7 +108,7 @@ bool use_streaming(bool host_to_device, std::size_t bytes) {
   if (const auto forced = forced_streaming()) return *forced;
   StagingChoice& c = g_choice[host_to_device];
   std::lock_guard lock(c.mutex);
-  if (c.chosen >= 0) return c.chosen == 1;
+  if (c.chosen()) return c.streaming();
   return bytes >= kTuneMinBytes && c.timed % 2 == 0;  // streaming, memcpy, streaming, memcpy
 }
 
@@ -115,9 +116,9 @@ void record_staged_copy(bool host_to_device, bool streaming, std::size_t bytes, 
   if (forced_streaming() || bytes < kTuneMinBytes || seconds <= 0) return;
   StagingChoice& c = g_choice[host_to_device];
   std::lock_guard lock(c.mutex);
-  if (c.chosen >= 0) return;
+  if (c.chosen()) return;
   c.best[streaming] = std::max(c.best[streaming], static_cast<double>(bytes) / seconds);
-  if (++c.timed >= kTuneCopies) c.chosen = c.best[1] >= c.best[0] ? 1 : 0;
+  ++c.timed;
 }
 
 // memcpy of one thread's slice; with `streaming`, non-temporal stores on x86-64: the destination's cache lines are
@@ -283,8 +284,8 @@ std::string staging_store_choice(bool host_to_device) {
   if (const auto forced = forced_streaming()) return *forced ? "streaming stores (forced)" : "memcpy (forced)";
   StagingChoice& c = g_choice[host_to_device];
   std::lock_guard lock(c.mutex);
-  if (c.chosen < 0) return "not chosen yet";
-  return c.chosen == 1 ? "streaming stores" : "memcpy";
+  if (!c.chosen()) return "not chosen yet";
+  return c.streaming() ? "streaming stores" : "memcpy";
 }
 
 // Ordering, for both kinds of device memory a copy can touch:

@@ -126,28 +126,44 @@ void Sequential::push_back(std::shared_ptr<Module> module) {
   register_module(std::to_string(size()), std::move(module));
 }
 
+std::size_t Sequential::stage_length(std::size_t first) const {
+  const auto& children = named_children();
+  FERRY_CHECK(first < children.size(), InvalidArgument, "Sequential: stage at ", first, " is out of range for ",
+              children.size(), " modules");
+  const Module& child = *children[first].second;
+  const bool relu_next = functional::fused_activations() && first + 1 < children.size() &&
+                         dynamic_cast<const ReLU*>(children[first + 1].second.get()) != nullptr;
+  if (!relu_next) return 1;
+  if (child.fuses_relu_max_pool() && first + 2 < children.size()) {
+    const auto* pool = dynamic_cast<const MaxPool2d*>(children[first + 2].second.get());
+    if (pool != nullptr && pool->kernel_size == Size2(2) && pool->stride == Size2(2) && pool->padding == Size2(0)) {
+      return 3;  // the layer, the ReLU and the 2x2 pooling after it as one
+    }
+  }
+  return child.fuses_relu() ? 2 : 1;  // the layer and the ReLU after it as one
+}
+
+namespace {
+// A stage of `length` children starting at `child` (Sequential::stage_length), on `input`.
+Tensor run_stage(Module& child, std::size_t length, const Tensor& input) {
+  switch (length) {
+    case 3: return child.forward_relu_max_pool(input);
+    case 2: return child.forward_relu(input);
+    default: return child.forward(input);
+  }
+}
+}  // namespace
+
+Tensor Sequential::forward_stage(std::size_t first, const Tensor& input) {
+  return run_stage((*this)[first], stage_length(first), input);
+}
+
 Tensor Sequential::forward(const Tensor& input) {
   Tensor x = input;
-  const auto& children = named_children();
-  const bool fuse = functional::fused_activations();
-  for (std::size_t i = 0; i < children.size(); ++i) {
-    Module& child = *children[i].second;
-    if (fuse && i + 2 < children.size() && child.fuses_relu_max_pool() &&
-        dynamic_cast<const ReLU*>(children[i + 1].second.get()) != nullptr) {
-      const auto* pool = dynamic_cast<const MaxPool2d*>(children[i + 2].second.get());
-      if (pool != nullptr && pool->kernel_size == Size2(2) && pool->stride == Size2(2) && pool->padding == Size2(0)) {
-        x = child.forward_relu_max_pool(x);  // the layer, the ReLU and the 2x2 pooling after it as one
-        i += 2;
-        continue;
-      }
-    }
-    if (fuse && i + 1 < children.size() && child.fuses_relu() &&
-        dynamic_cast<const ReLU*>(children[i + 1].second.get()) != nullptr) {
-      x = child.forward_relu(x);  // the layer and the ReLU after it as one
-      ++i;
-    } else {
-      x = child.forward(x);
-    }
+  for (std::size_t i = 0; i < size();) {
+    const std::size_t length = stage_length(i);
+    x = run_stage((*this)[i], length, x);
+    i += length;
   }
   return x;
 }

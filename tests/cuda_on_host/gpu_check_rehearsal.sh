@@ -109,6 +109,7 @@ echo "gpu-check on the emulated card: exit status $rc, $(( $(date +%s) - start )
 ! grep -q "Traceback" "$work/log" || fail "a report block raised"
 ! grep -q "no result" "$work/log" || fail "a run gave no result"
 expect() { grep -qF -- "$1" "$work/log" || fail "no line with: $1"; }
+expect "the host's own memcpy of 256 MB (the pageable rows' ceiling): 1thread"
 expect "pageable rows: the staging ring chose streaming stores host->device, memcpy device->host"
 expect "staging threads 16, streaming stores on : pageable host->device 256 MB"
 expect "golden mlp: cpu"

@@ -29,6 +29,13 @@ class Sequential : public Module {
   Tensor forward(const Tensor& input) override;
   std::string type_name() const override { return "Sequential"; }
 
+  // forward() runs its children in stages: a child alone, or, with fused activations on
+  // (functional::fused_activations()), a child with the ReLU after it (2 children) or the ReLU and a 2x2/2 max
+  // pooling after it (3 children) in one call. stage_length(i): how many children the stage starting at child i
+  // takes; forward_stage(i, x): that stage on x. forward() is these in order (bench/cuda_layer_bench times each).
+  std::size_t stage_length(std::size_t first) const;
+  Tensor forward_stage(std::size_t first, const Tensor& input);
+
   std::size_t size() const { return named_children().size(); }
   Module& operator[](std::size_t index) const;
   // The child at `index` as its layer type; throws InvalidArgument when it is another type.
