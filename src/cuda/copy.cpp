@@ -22,6 +22,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "check.h"
 #include "device_state.h"
@@ -33,9 +34,9 @@ namespace ferry::cuda {
 namespace {
 
 constexpr std::size_t kStagedMinBytes = std::size_t{4} << 20;   // pageable copies from this size use the ring
-constexpr std::size_t kSlotBytes = std::size_t{8} << 20;        // bytes per staging buffer (largest chunk)
+constexpr std::size_t kSlotBytes = std::size_t{4} << 20;        // bytes per staging buffer (largest chunk)
 constexpr std::size_t kMinChunkBytes = std::size_t{1} << 20;    // smallest chunk (keeps per-chunk overhead small)
-constexpr int kSlots = 4;                                        // buffers in the ring (>= 2)
+constexpr std::size_t kSlots = 8;                                // buffers in the ring (>= 2): 32 MB pinned
 
 // Pinned buffers and, per buffer, an event recorded after the last DMA that used it. `next` carries
 // on across calls, so a new copy starts on the buffer whose DMA was issued longest ago.
@@ -43,7 +44,7 @@ struct StagingRing {
   std::mutex mutex;
   std::array<char*, kSlots> buffers{};
   std::array<cudaEvent_t, kSlots> done{};
-  int next = 0;
+  std::size_t next = 0;
 };
 
 std::array<std::atomic<StagingRing*>, kMaxDevices> g_rings{};
@@ -55,9 +56,9 @@ StagingRing& staging_ring(int device) {
     auto ring = std::make_unique<StagingRing>();
     void* block = nullptr;
     FERRY_CUDA_CHECK(cudaHostAlloc(&block, kSlotBytes * kSlots, cudaHostAllocPortable));
-    for (int s = 0; s < kSlots; ++s) {
-      ring->buffers[static_cast<std::size_t>(s)] = static_cast<char*>(block) + kSlotBytes * static_cast<std::size_t>(s);
-      FERRY_CUDA_CHECK(cudaEventCreateWithFlags(&ring->done[static_cast<std::size_t>(s)], cudaEventDisableTiming));
+    for (std::size_t s = 0; s < kSlots; ++s) {
+      ring->buffers[s] = static_cast<char*>(block) + kSlotBytes * s;
+      FERRY_CUDA_CHECK(cudaEventCreateWithFlags(&ring->done[s], cudaEventDisableTiming));
     }
     g_rings[static_cast<std::size_t>(device)].store(ring.release());  // kept for the process
   });
@@ -166,68 +167,125 @@ std::size_t slice_start(std::size_t length, int t, int threads) {
   return (length * static_cast<std::size_t>(t) / static_cast<std::size_t>(threads)) & ~std::size_t{63};
 }
 
+// Progress of one staged copy, shared by its threads without barriers: per chunk, how many threads have finished
+// their slice and whether its buffer is known ready; and how many chunks' DMAs are enqueued (each with its
+// buffer's event recorded after it). The thread that finishes a chunk's last slice enqueues that chunk's DMA, so
+// the others never wait for an enqueue, nor for the slowest thread of a chunk, unless they run a whole ring ahead
+// of it. DMAs are enqueued in chunk order: the last thread of chunk c+1 has also finished chunk c, after
+// enqueueing it if it was c's last.
+class ChunkProgress {
+ public:
+  explicit ChunkProgress(std::size_t chunks) : chunks_(chunks) {}
+
+  // Waits until chunk `c`'s buffer is ready: the DMAs of chunks 0..enqueued-1 enqueued, then `event` done. The
+  // first thread to find the event done says so, and the threads after it go on without a call to the driver.
+  // False once any thread's CUDA call failed: every thread then stops at its next chunk, and none writes into
+  // a buffer whose wait did not succeed.
+  bool wait_ready(std::size_t c, std::size_t enqueued, cudaEvent_t event) {
+    if (chunks_[c].ready.load(std::memory_order_acquire)) return !failed();
+    while (enqueued_.load(std::memory_order_acquire) < enqueued) {
+      if (failed()) return false;
+      std::this_thread::yield();
+    }
+    if (failed()) return false;
+    if (const cudaError_t status = cudaEventSynchronize(event); status != cudaSuccess) {
+      fail(status);
+      return false;
+    }
+    chunks_[c].ready.store(true, std::memory_order_release);
+    return true;
+  }
+  // Counts one thread's slice of chunk `c` as done; true for the last of the `threads`.
+  bool finish_slice(std::size_t c, int threads) {
+    return chunks_[c].finished.fetch_add(1, std::memory_order_acq_rel) + 1 == threads;
+  }
+  void set_enqueued(std::size_t count) { enqueued_.store(count, std::memory_order_release); }
+  // Keeps the first failure. Called on the failing thread, whose last error it clears: the status is reported
+  // here, not by a later check on this thread.
+  void fail(cudaError_t status) {
+    cudaGetLastError();
+    int expected = cudaSuccess;
+    error_.compare_exchange_strong(expected, status, std::memory_order_acq_rel);
+  }
+  bool failed() const { return error_.load(std::memory_order_acquire) != cudaSuccess; }
+  cudaError_t error() const { return static_cast<cudaError_t>(error_.load(std::memory_order_acquire)); }
+
+ private:
+  struct Chunk {
+    std::atomic<int> finished{0};    // threads done with their slice
+    std::atomic<bool> ready{false};  // its buffer's wait has succeeded
+  };
+  std::vector<Chunk> chunks_;
+  std::atomic<std::size_t> enqueued_{0};  // chunks 0..enqueued_-1 have their DMA enqueued
+  std::atomic<int> error_{cudaSuccess};   // the first failed call's status
+};
+
+// Staging threads are OpenMP workers: each makes the copy's device current before its first CUDA call, so none
+// binds another device's context. No exception may leave a parallel region; a failure goes to `progress`.
+bool enter_device(int device, ChunkProgress& progress) {
+  const cudaError_t status = cudaSetDevice(device);
+  if (status != cudaSuccess) progress.fail(status);
+  return status == cudaSuccess;
+}
+
 void check_staged(cudaError_t status, const char* what) {
   if (status != cudaSuccess) throw_cuda_error(status, what, __FILE__, __LINE__);
 }
 
-// host (pageable) -> device. Returns once every byte of `src` has been copied into staging buffers
-// and all DMAs are enqueued on `stream`; the caller may free `src` then.
-//   for each chunk c:  thread 0 waits until the buffer of chunk c+1 is free (its last DMA done);
-//                      every thread copies its slice of chunk c into the buffer of chunk c;
-//                      barrier; thread 0 enqueues the DMA of chunk c and records the buffer's event.
+// host (pageable) -> device. Returns once every byte of `src` has been copied into staging buffers and all DMAs
+// are enqueued on `stream`; the caller may free `src` then. Each thread, for each chunk c:
+//   waits until chunk c's buffer is free (the DMA of chunk c - kSlots enqueued, then its event done);
+//   copies its slice of chunk c into that buffer;
+//   if its slice was the chunk's last: enqueues chunk c's DMA and records the buffer's event after it.
 void staged_host_to_device(char* dst, const char* src, std::size_t bytes, cudaStream_t stream, int device,
                            bool streaming) {
   StagingRing& ring = staging_ring(device);
   std::lock_guard lock(ring.mutex);
   const std::size_t chunk = chunk_bytes(bytes);
   const std::size_t chunks = (bytes + chunk - 1) / chunk;
-  const int first = ring.next;
-  auto slot_of = [&](std::size_t c) { return static_cast<std::size_t>((static_cast<std::size_t>(first) + c) % kSlots); };
-  cudaError_t status = cudaEventSynchronize(ring.done[slot_of(0)]);
-  check_staged(status, "cudaEventSynchronize (staging buffer)");
+  const std::size_t first = ring.next;
+  auto slot_of = [&](std::size_t c) { return (first + c) % kSlots; };
+  ChunkProgress progress(chunks);
   const int threads = static_cast<int>(std::min<std::size_t>(static_cast<std::size_t>(staging_threads()), chunk / 65536 + 1));
 #pragma omp parallel num_threads(threads)
   {
     const int t = omp_get_thread_num(), nt = omp_get_num_threads();
-    for (std::size_t c = 0; c < chunks; ++c) {
-      const std::size_t begin = c * chunk, length = std::min(chunk, bytes - begin);
-      // Thread 0's wait goes into its own variable: the shared `status` is written only between the two barriers,
-      // so no thread can read it while it changes and all leave the loop at the same chunk.
-      cudaError_t wait = cudaSuccess;
-      if (t == 0 && c + 1 < chunks) wait = cudaEventSynchronize(ring.done[slot_of(c + 1)]);
+    const bool entered = enter_device(device, progress);
+    for (std::size_t c = 0; entered && c < chunks; ++c) {
+      const std::size_t begin = c * chunk, length = std::min(chunk, bytes - begin), slot = slot_of(c);
+      // the buffer's event is recorded after chunk c - kSlots's DMA (this copy's), or after an earlier copy's
+      if (!progress.wait_ready(c, c >= kSlots ? c - kSlots + 1 : 0, ring.done[slot])) break;
       const std::size_t lo = slice_start(length, t, nt), hi = slice_start(length, t + 1, nt);
-      stream_copy(ring.buffers[slot_of(c)] + lo, src + begin + lo, hi - lo, streaming);
-#pragma omp barrier
-      if (t == 0) {
-        if (status == cudaSuccess) status = wait;
-        if (status == cudaSuccess) {
-          status = cudaMemcpyAsync(dst + begin, ring.buffers[slot_of(c)], length, cudaMemcpyHostToDevice, stream);
-          if (status == cudaSuccess) status = cudaEventRecord(ring.done[slot_of(c)], stream);
+      stream_copy(ring.buffers[slot] + lo, src + begin + lo, hi - lo, streaming);
+      if (progress.finish_slice(c, nt)) {
+        if (progress.failed()) break;
+        cudaError_t status = cudaMemcpyAsync(dst + begin, ring.buffers[slot], length, cudaMemcpyHostToDevice, stream);
+        if (status == cudaSuccess) status = cudaEventRecord(ring.done[slot], stream);
+        if (status != cudaSuccess) {
+          progress.fail(status);
+          break;
         }
+        progress.set_enqueued(c + 1);
       }
-      // Every thread stops at the same chunk once a call failed: a buffer whose wait failed may still be read
-      // by an earlier copy's DMA, and must not be written.
-#pragma omp barrier
-      if (status != cudaSuccess) break;
     }
   }
-  ring.next = static_cast<int>(slot_of(chunks));
-  check_staged(status, "cudaMemcpyAsync (staged host-to-device chunk)");
+  ring.next = slot_of(chunks);
+  check_staged(progress.error(), "staged host-to-device copy (cudaSetDevice, cudaEventSynchronize, cudaMemcpyAsync)");
 }
 
-// device -> host (pageable). Returns when every byte is in `dst`.
-//   first: enqueue the DMAs of chunks 0..kSlots-1, each into its buffer; wait for chunk 0.
-//   for each chunk c:  every thread copies its slice of chunk c out of its buffer;
-//                      thread 0 waits for the DMA of chunk c+1; barrier;
-//                      thread 0 enqueues chunk c+kSlots into the buffer chunk c has left.
+// device -> host (pageable). Returns when every byte is in `dst`. First this thread enqueues the DMAs of chunks
+// 0..kSlots-1, each into its buffer. Then each thread, for each chunk c:
+//   waits until chunk c's DMA is enqueued, then done (its buffer's event);
+//   copies its slice of chunk c out of the buffer;
+//   if its slice was the chunk's last: enqueues the DMA of chunk c + kSlots into the buffer chunk c has left.
 void staged_device_to_host(char* dst, const char* src, std::size_t bytes, cudaStream_t stream, int device,
                            bool streaming) {
   StagingRing& ring = staging_ring(device);
   std::lock_guard lock(ring.mutex);
   const std::size_t chunk = chunk_bytes(bytes);
   const std::size_t chunks = (bytes + chunk - 1) / chunk;
-  const int first = ring.next;
-  auto slot_of = [&](std::size_t c) { return static_cast<std::size_t>((static_cast<std::size_t>(first) + c) % kSlots); };
+  const std::size_t first = ring.next;
+  auto slot_of = [&](std::size_t c) { return (first + c) % kSlots; };
   auto enqueue = [&](std::size_t c) {
     const std::size_t begin = c * chunk, length = std::min(chunk, bytes - begin);
     const std::size_t slot = slot_of(c);
@@ -237,24 +295,37 @@ void staged_device_to_host(char* dst, const char* src, std::size_t bytes, cudaSt
     if (s == cudaSuccess) s = cudaEventRecord(ring.done[slot], stream);
     return s;
   };
-  cudaError_t status = cudaSuccess;
-  for (std::size_t c = 0; c < std::min<std::size_t>(chunks, kSlots) && status == cudaSuccess; ++c) status = enqueue(c);
-  if (status == cudaSuccess) status = cudaEventSynchronize(ring.done[slot_of(0)]);
+  ChunkProgress progress(chunks);
+  std::size_t primed = 0;
+  for (; primed < std::min<std::size_t>(chunks, kSlots); ++primed) {
+    if (const cudaError_t s = enqueue(primed); s != cudaSuccess) {
+      progress.fail(s);
+      break;
+    }
+  }
+  progress.set_enqueued(primed);
   const int threads = static_cast<int>(std::min<std::size_t>(static_cast<std::size_t>(staging_threads()), chunk / 65536 + 1));
 #pragma omp parallel num_threads(threads)
   {
     const int t = omp_get_thread_num(), nt = omp_get_num_threads();
-    for (std::size_t c = 0; c < chunks; ++c) {
-      const std::size_t begin = c * chunk, length = std::min(chunk, bytes - begin);
+    const bool entered = enter_device(device, progress);
+    for (std::size_t c = 0; entered && c < chunks; ++c) {
+      const std::size_t begin = c * chunk, length = std::min(chunk, bytes - begin), slot = slot_of(c);
+      if (!progress.wait_ready(c, c + 1, ring.done[slot])) break;
       const std::size_t lo = slice_start(length, t, nt), hi = slice_start(length, t + 1, nt);
-      stream_copy(dst + begin + lo, ring.buffers[slot_of(c)] + lo, hi - lo, streaming);
-      if (t == 0 && c + 1 < chunks && status == cudaSuccess) status = cudaEventSynchronize(ring.done[slot_of(c + 1)]);
-#pragma omp barrier
-      if (t == 0 && c + kSlots < chunks && status == cudaSuccess) status = enqueue(c + kSlots);
+      stream_copy(dst + begin + lo, ring.buffers[slot] + lo, hi - lo, streaming);
+      if (progress.finish_slice(c, nt) && c + kSlots < chunks) {
+        if (progress.failed()) break;
+        if (const cudaError_t status = enqueue(c + kSlots); status != cudaSuccess) {
+          progress.fail(status);
+          break;
+        }
+        progress.set_enqueued(c + kSlots + 1);
+      }
     }
   }
-  ring.next = static_cast<int>(slot_of(chunks));
-  check_staged(status, "cudaMemcpyAsync (staged device-to-host chunk)");
+  ring.next = slot_of(chunks);
+  check_staged(progress.error(), "staged device-to-host copy (cudaSetDevice, cudaEventSynchronize, cudaMemcpyAsync)");
 }
 
 // Peer access lets device-to-device copies between GPUs go over NVLink/PCIe directly instead of

@@ -15,7 +15,8 @@
 //     kernel accesses; a read before the first write finds NaN or -1); each card (FERRY_EMU_DEVICES of them)
 //     has a fixed capacity (kDeviceBytes), beyond which allocations fail as on a real one;
 //   - graph capture records the captured stream's work and replays it; a sync or a pageable copy
-//     inside a capture invalidates it, as CUDA does.
+//     inside a capture invalidates it, as CUDA does;
+//   - a failing copy on demand (fail_memcpy_async), for tests of the error paths (test_faults.cpp).
 // Not modelled: real concurrency between streams (work runs when flushed, in dependency order),
 // timing. cuDNN (cudnn.cpp) is modelled for what ferry calls: descriptors checked, work on the handle's
 // stream, an emulated algorithm menu whose workspaces and math types must be passed back right.
@@ -71,6 +72,10 @@ bool device_range(const void* p, std::size_t bytes);
 
 // The error cudaGetLastError() returns next (and clears); cudaSuccess leaves an earlier error in place.
 void set_last_error(cudaError_t error);
+
+// A fault for tests of ferry's error paths: the copy call of `kind` (cudaMemcpyAsync, or cudaMemcpy) that comes
+// `after` such calls from now fails with `error`: once; the calls before and after it behave.
+void fail_memcpy_async(cudaMemcpyKind kind, int after, cudaError_t error);
 
 // Launch configuration as written between <<< >>>.
 struct LaunchConfig {

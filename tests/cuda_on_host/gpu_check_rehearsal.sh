@@ -40,7 +40,7 @@ m() { echo "\"$1\": {\"ms\": $2, \"bytes\": $3, \"GBps\": $(awk "BEGIN{print $3/
 echo "{\"library\": \"ferry\", \"device\": \"emulated card (rehearsal)\", \"measures\": {$(m h2d_pageable_4MB 0.12 4194304),
  $(m h2d_pageable_256MB 5.6 268435456), $(m h2d_pinned_4MB 0.08 4194304), $(m h2d_pinned_256MB 4.9 268435456),
  $(m d2h_pinned_256MB 4.8 268435456), $(m d2h_pageable_256MB 7.5 268435456), $(m d2d_256MB 0.16 536870912),
- $(m add_3x256MB 0.18 805306368), $(m host_memcpy_256MB_1thread 30 268435456), $(m host_memcpy_256MB_16threads 5 268435456),
+ $(m add_3x256MB 0.18 805306368), $(m host_memcpy_256MB_1thread 30 268435456), $(m host_memcpy_256MB_8threads 9 268435456), $(m host_memcpy_256MB_16threads 5 268435456),
  \"gemm_fp32_4096\": {\"ms\": 2.6, \"TFLOPs\": 52.9}, \"gemm_fp32_8192\": {\"ms\": 21, \"TFLOPs\": 52.4}},
  \"staging\": {\"host_to_device\": \"streaming stores\", \"device_to_host\": \"memcpy\"}}"
 EOF

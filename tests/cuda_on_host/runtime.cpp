@@ -662,6 +662,29 @@ void set_last_error(cudaError_t error) {
   if (error != cudaSuccess) t_last_error = error;
 }
 
+// The armed fault of fail_memcpy_async: which kind, how many such calls still pass, the error (cudaSuccess: none).
+struct MemcpyFault {
+  cudaMemcpyKind kind = cudaMemcpyDefault;
+  int pass = 0;
+  cudaError_t error = cudaSuccess;
+};
+MemcpyFault g_memcpy_fault;  // under state().mutex
+
+void fail_memcpy_async(cudaMemcpyKind kind, int after, cudaError_t error) {
+  Lock lock(state().mutex);
+  g_memcpy_fault = MemcpyFault{kind, after, error};
+}
+
+// The armed fault's error when this call is the one it names, else cudaSuccess.
+cudaError_t memcpy_fault(cudaMemcpyKind kind) {
+  MemcpyFault& f = g_memcpy_fault;
+  if (f.error == cudaSuccess || f.kind != kind) return cudaSuccess;
+  if (f.pass-- > 0) return cudaSuccess;
+  const cudaError_t error = f.error;
+  f = MemcpyFault{};
+  return error;
+}
+
 }  // namespace ferry::emu
 
 using namespace ferry::emu;  // NOLINT: the definitions below are CUDA's global functions
@@ -1290,6 +1313,7 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t count, cudaMemcpy
   if (!dst || !src) return fail(cudaErrorInvalidValue);
   const Memory to = memory_of(dst), from = memory_of(src);
   if (const cudaError_t e = check_copy_kind(kind, to, from); e != cudaSuccess) return fail(e);
+  if (const cudaError_t e = memcpy_fault(kind); e != cudaSuccess) return fail(e);
   return copy_in_order(*s, dst, to, src, from, count);
 }
 
