@@ -2,7 +2,7 @@
 // from pageable and pinned memory (4 MB, 256 MB), device->host, device->device, add over 3 x 256 MB,
 // float32 -> bfloat16 / float16 of 256 MB, fp32 GEMM 4096 and 8192, and the host's own memcpy rate (the
 // ceiling of the staged pageable copies). Medians of CUDA-event timings; prints one JSON object on stdout.
-// `cuda_link_bench --transfers`: everything but the host memcpy and the GEMMs (scripts/gpu-check's staging sweep).
+// `cuda_link_bench --transfers`: the host<->device rows only (scripts/gpu-check's staging sweep).
 // Not here: PyTorch's side (bench/torch_link_bench.py) and the table of ratios (scripts/gpu-check).
 #include <cuda_runtime_api.h>
 
@@ -102,6 +102,7 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "cuda_link_bench: no CUDA device (%s)\n", ferry::cuda::unavailable_reason().c_str());
       return 2;
     }
+    const bool transfers_only = argc > 1 && std::string(argv[1]) == "--transfers";
     ferry::cuda::set_allow_tf32(false);
     ferry::Ledger::global().set_enabled(false);  // the ledger's bookkeeping is not what is measured
     nlohmann::json measures;
@@ -125,6 +126,15 @@ int main(int argc, char** argv) {
       measures["d2h_pinned_256MB"] =
           rate(median_ms(copy, 3, 10, [&] { Tensor h = device.to(ferry::kCPU, /*non_blocking=*/true); }), bytes);
       measures["d2h_pageable_256MB"] = rate(median_ms(copy, 3, 10, [&] { Tensor h = device.cpu(); }), bytes);
+    }
+    if (transfers_only) {  // scripts/gpu-check's staging sweep: the copies only
+      const nlohmann::json result = {{"library", "ferry"}, {"measures", measures}, {"staging", staging_choice()}};
+      std::printf("%s\n", result.dump().c_str());
+      return 0;
+    }
+    {
+      const Tensor device = ferry::rand({256 * kMB / 4}, {.device = kCuda});
+      const double bytes = static_cast<double>(256 * kMB);
       // bytes read + written, as ANCHORS.md counts device-to-device copies
       measures["d2d_256MB"] = rate(median_ms(compute, 3, 20, [&] { Tensor c = device.clone(); }), 2 * bytes);
       const Tensor other = ferry::rand({256 * kMB / 4}, {.device = kCuda});
@@ -134,11 +144,6 @@ int main(int argc, char** argv) {
           rate(median_ms(compute, 3, 20, [&] { Tensor h = device.to(ferry::DType::BFloat16); }), 1.5 * bytes);
       measures["to_f16_256MB"] =
           rate(median_ms(compute, 3, 20, [&] { Tensor h = device.to(ferry::DType::Float16); }), 1.5 * bytes);
-    }
-    if (argc > 1 && std::string(argv[1]) == "--transfers") {  // scripts/gpu-check's staging sweep: the copies only
-      const nlohmann::json result = {{"library", "ferry"}, {"measures", measures}, {"staging", staging_choice()}};
-      std::printf("%s\n", result.dump().c_str());
-      return 0;
     }
     // What the host alone can copy (pageable -> pageable, 256 MB): the pageable rows' ceiling on this machine, with
     // 1 thread, half the staging ring's default threads and all of them.
