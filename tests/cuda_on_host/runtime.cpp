@@ -18,12 +18,13 @@
 //     synchronize with it fail and invalidate it, as CUDA's do.
 //   - Work that waits on something outside the card (an emulated NCCL collective) stays in flight
 //     (finish_later): queries say cudaErrorNotReady, synchronizes poll it to the end.
-// Simplified (and said where it matters below): no concurrency and no timing; a pool "reuses" freed bytes
-// only for its accounting (every allocation is a fresh heap block, so the sanitizers see stale uses); one
-// error state per host thread with no sticky errors.
+// Simplified (and said where it matters below): no concurrency and no timing (event times are the host's); a
+// pool "reuses" freed bytes only for its accounting (every allocation is a fresh heap block, so the sanitizers
+// see stale uses); one error state per host thread with no sticky errors.
 #include "emulator.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -71,6 +72,9 @@ struct Event {
   unsigned flags = 0;
   Stream* stream = nullptr;      // last recorded outside a capture: on this stream ...
   std::uint64_t position = 0;    // ... after this item
+  // Timing events only: records outside a capture so far, the last one whose stream has run past it, and when.
+  std::uint64_t records = 0, stamped = 0;
+  std::chrono::steady_clock::time_point stamp{};
   std::uint64_t capture_id = 0;  // last recorded inside this capture (0: not)
   Stream* capture_stream = nullptr;
   std::size_t capture_node = 0;  // the nodes that capture had recorded then
@@ -997,7 +1001,37 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
   order_with_legacy(*s);  // the record itself is ordered like any work on the stream
   ev->capture_id = 0;
   ev->stream = s;
+  if ((ev->flags & cudaEventDisableTiming) == 0) {
+    // A timing event: an item on the stream stamps it with the host's clock when the stream runs past it.
+    const std::uint64_t record = ++ev->records;
+    push(*s, [event, record] {
+      Event* e = find_event(event);
+      if (e == nullptr || e->records != record) return;  // destroyed, or recorded again since
+      e->stamped = record;
+      e->stamp = std::chrono::steady_clock::now();
+    });
+  }
   ev->position = s->last;
+  return cudaSuccess;
+}
+
+// The emulator has no clock of a card's: the time between two timing events is the host's time between the
+// moments the emulated streams ran past them. Work runs when a sync flushes it, so the number says nothing of a
+// card's speed; it lets programs that time their work with events run here. Errors as CUDA's: an event without
+// timing, or not recorded, is an invalid handle; one recorded but not yet reached, not ready.
+cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) {
+  Lock lock(state().mutex);
+  if (!ms) return fail(cudaErrorInvalidValue);
+  const Event* a = find_event(start);
+  const Event* b = find_event(end);
+  if (!a || !b) return fail(cudaErrorInvalidResourceHandle);
+  for (const Event* e : {a, b}) {
+    if ((e->flags & cudaEventDisableTiming) != 0 || e->records == 0 || !e->stream) {
+      return fail(cudaErrorInvalidResourceHandle);
+    }
+  }
+  if (a->stamped != a->records || b->stamped != b->records) return fail(cudaErrorNotReady);
+  *ms = std::chrono::duration<float, std::milli>(b->stamp - a->stamp).count();
   return cudaSuccess;
 }
 

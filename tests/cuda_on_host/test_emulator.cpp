@@ -105,6 +105,36 @@ TEST(CudaEmulator, StreamWorkRunsAtTheSyncAndFreshMemoryIsPoison) {
   cudaStreamDestroy(stream);
 }
 
+// Event timing as CUDA reports it (the times themselves are the host's): an event recorded but not yet reached is
+// not ready; one made without timing, or never recorded, is an invalid handle.
+TEST(CudaEmulator, ElapsedTimeBetweenTimingEventsOnceTheStreamRanPastThem) {
+  cudaStream_t stream = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  cudaEvent_t start = nullptr, stop = nullptr, untimed = nullptr, unrecorded = nullptr;
+  ASSERT_EQ(cudaEventCreate(&start), cudaSuccess);
+  ASSERT_EQ(cudaEventCreate(&stop), cudaSuccess);
+  ASSERT_EQ(cudaEventCreate(&unrecorded), cudaSuccess);
+  ASSERT_EQ(cudaEventCreateWithFlags(&untimed, cudaEventDisableTiming), cudaSuccess);
+  DeviceBuffer device(1 << 20);
+  ASSERT_EQ(cudaEventRecord(start, stream), cudaSuccess);
+  ASSERT_EQ(cudaMemsetAsync(device.data, 0, 1 << 20, stream), cudaSuccess);
+  ASSERT_EQ(cudaEventRecord(stop, stream), cudaSuccess);
+  ASSERT_EQ(cudaEventRecord(untimed, stream), cudaSuccess);
+  float ms = -1;
+  if (!std::getenv("FERRY_EMU_EAGER_STREAM") && !std::getenv("FERRY_EMU_SCHEDULE_SEED")) {
+    EXPECT_EQ(cudaEventElapsedTime(&ms, start, stop), cudaErrorNotReady);
+    cudaGetLastError();
+  }
+  ASSERT_EQ(cudaEventSynchronize(stop), cudaSuccess);
+  EXPECT_EQ(cudaEventElapsedTime(&ms, start, stop), cudaSuccess);
+  EXPECT_GE(ms, 0.0f);
+  EXPECT_EQ(cudaEventElapsedTime(&ms, start, untimed), cudaErrorInvalidResourceHandle);
+  EXPECT_EQ(cudaEventElapsedTime(&ms, unrecorded, stop), cudaErrorInvalidResourceHandle);
+  cudaGetLastError();
+  for (cudaEvent_t e : {start, stop, untimed, unrecorded}) cudaEventDestroy(e);
+  cudaStreamDestroy(stream);
+}
+
 TEST(CudaEmulatorDeathTest, ABarrierSomeThreadsNeverReachIsADeadlock) {
   DeviceBuffer out(32 * sizeof(int));
   EXPECT_DEATH(

@@ -43,6 +43,7 @@
 #define cudaEventRecord ferry_emu_cudaEventRecord
 #define cudaEventSynchronize ferry_emu_cudaEventSynchronize
 #define cudaEventQuery ferry_emu_cudaEventQuery
+#define cudaEventElapsedTime ferry_emu_cudaEventElapsedTime
 
 // device memory and memory pools
 #define cudaMalloc ferry_emu_cudaMalloc
