@@ -7,6 +7,7 @@
 #include <limits>
 #include <cstdlib>
 #include <optional>
+#include <regex>
 #include <cstring>
 #include <functional>
 #include <string>
@@ -286,30 +287,35 @@ TEST_F(CudaBackend, PageableCopiesAreExactOnEveryPath) {
   for (int i = 0; i < 6; ++i) EXPECT_TRUE(same_bytes(on_device[static_cast<std::size_t>(i)].cpu(), i % 2 ? b : a)) << i;
 }
 
-// The staging ring times streaming stores and memcpy on its first four copies of 64 MB or more in each direction and
-// keeps the faster (src/cuda/copy.cpp); every copy is exact whichever way it went.
-TEST_F(CudaBackend, StagingRingChoosesItsStoresAfterFourLargeCopiesEachWay) {
+// The staging ring times up to four ways to copy (all its threads or half of them, streaming stores or memcpy) on its
+// first copies of 64 MB or more in each direction, each way twice, and keeps the fastest (src/cuda/copy.cpp); every
+// copy is exact whichever way it went.
+TEST_F(CudaBackend, StagingRingChoosesItsWayAfterItsFirstLargeCopiesEachWay) {
 #ifdef FERRY_HAVE_CUDA
-  if (std::getenv("FERRY_STAGING_STREAMING") != nullptr) GTEST_SKIP() << "FERRY_STAGING_STREAMING forces the choice";
-  EXPECT_EQ(cuda::staging_store_choice(true), "not chosen yet");
-  EXPECT_EQ(cuda::staging_store_choice(false), "not chosen yet");
+  if (std::getenv("FERRY_STAGING_STREAMING") != nullptr) GTEST_SKIP() << "FERRY_STAGING_STREAMING forces the stores";
+  EXPECT_EQ(cuda::staging_choice(true), "not chosen yet");
+  EXPECT_EQ(cuda::staging_choice(false), "not chosen yet");
   manual_seed(17);
   const Tensor host = randint(0, 256, {(std::int64_t{64} << 20) + 5}, {.dtype = DType::UInt8});
   if (device_count(DeviceType::CUDA) > 1) {  // card-to-card copies go peer to peer, never through the ring
     const Tensor on_first = host.to(kCuda);
     std::vector<Tensor> on_second;
-    for (int i = 0; i < 4; ++i) on_second.push_back(on_first.to(Device{DeviceType::CUDA, 1}));
-    EXPECT_EQ(cuda::staging_store_choice(false), "not chosen yet") << "a card-to-card copy was staged through the host";
+    for (int i = 0; i < 8; ++i) on_second.push_back(on_first.to(Device{DeviceType::CUDA, 1}));
+    EXPECT_EQ(cuda::staging_choice(false), "not chosen yet") << "a card-to-card copy was staged through the host";
     EXPECT_TRUE(same_bytes(on_second.back().cpu(), host));
   }
-  for (int i = 0; i < 4; ++i) {
+  for (int i = 0; i < 8; ++i) {  // four ways at most, twice each
     const Tensor device = host.to(kCuda);
     EXPECT_TRUE(same_bytes(device.cpu(), host)) << "copy " << i;
+    if (i == 0) {
+      EXPECT_EQ(cuda::staging_choice(true), "not chosen yet") << "chosen after one copy, with two stores to try";
+    }
   }
+  const std::string threads = std::getenv("FERRY_STAGING_THREADS") ? R"( threads? \(forced\))" : " threads?";
   for (const bool to_device : {true, false}) {
-    const std::string choice = cuda::staging_store_choice(to_device);
-    EXPECT_TRUE(choice == "streaming stores" || choice == "memcpy") << (to_device ? "host->device: " : "device->host: ")
-                                                                    << choice;
+    const std::string choice = cuda::staging_choice(to_device);
+    EXPECT_TRUE(std::regex_match(choice, std::regex("(streaming stores|memcpy), [0-9]+" + threads)))
+        << (to_device ? "host->device: " : "device->host: ") << choice;
   }
 #endif
 }

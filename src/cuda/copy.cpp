@@ -65,25 +65,28 @@ StagingRing& staging_ring(int device) {
   return *g_rings[static_cast<std::size_t>(device)].load();
 }
 
-// Host threads that fill or drain the ring: FERRY_STAGING_THREADS, else up to 16 cores. Each moves a
-// slice of every chunk, so the memcpy rate scales with threads until host memory saturates.
-int staging_threads() {
-  static const int threads = [] {
-    if (const char* text = std::getenv("FERRY_STAGING_THREADS")) return std::clamp(std::atoi(text), 1, 64);
-    return std::clamp(static_cast<int>(std::thread::hardware_concurrency()), 1, 16);
+// How the staging threads copy: how many of them share each chunk, and whether they write the staging buffers (or,
+// device->host, the caller's memory) with streaming stores or with memcpy. Which way is fastest depends on the
+// host. More threads copy faster until host memory saturates; past that they only compete with the DMA engine,
+// which reads the same memory. Streaming stores skip reading the lines they overwrite (a third less memory
+// traffic), but leave nothing in the caches, from which the DMA engine (host->device) or the caller
+// (device->host) could otherwise read: with memcpy the 32 MB ring may stay in a large last-level cache.
+struct StagingWay {
+  int threads = 1;
+  bool streaming = false;
+};
+
+// FERRY_STAGING_THREADS=N fixes the thread count; unset, ferry tries all of the cores (up to 16) and half of them.
+std::optional<int> forced_threads() {
+  static const std::optional<int> forced = []() -> std::optional<int> {
+    const char* text = std::getenv("FERRY_STAGING_THREADS");
+    if (text == nullptr || *text == '\0') return std::nullopt;
+    return std::clamp(std::atoi(text), 1, 64);
   }();
-  return threads;
+  return forced;
 }
 
-// Streaming stores or plain memcpy for the staging copies, one choice per direction. Which is faster depends on the
-// host: streaming stores skip reading the lines they overwrite (a third less memory traffic), but leave nothing in
-// the caches, from which the DMA engine (host->device) or the caller (device->host) could otherwise read.
-// FERRY_STAGING_STREAMING=1 or 0 forces the choice. Unset, the first kTuneCopies staged copies of kTuneMinBytes or
-// more in a direction alternate between the two, each timed whole, and the faster (best rate of each) is kept for
-// the process; smaller copies use memcpy until then.
-constexpr std::size_t kTuneMinBytes = std::size_t{64} << 20;
-constexpr int kTuneCopies = 4;
-
+// FERRY_STAGING_STREAMING=1 or 0 fixes the stores; unset, ferry tries both.
 std::optional<bool> forced_streaming() {
   static const std::optional<bool> forced = []() -> std::optional<bool> {
     const char* text = std::getenv("FERRY_STAGING_STREAMING");
@@ -96,31 +99,71 @@ std::optional<bool> forced_streaming() {
   return forced;
 }
 
-struct StagingChoice {
-  std::mutex mutex;
-  int timed = 0;            // staged copies of >= kTuneMinBytes timed so far; kTuneCopies: the choice is made
-  double best[2] = {0, 0};  // bytes/s, [memcpy, streaming]
-  bool chosen() const { return timed >= kTuneCopies; }
-  bool streaming() const { return best[1] >= best[0]; }  // once chosen
+int most_threads() {
+  return forced_threads().value_or(std::clamp(static_cast<int>(std::thread::hardware_concurrency()), 1, 16));
+}
+
+// The choice, one per direction. Unset variables leave up to four ways to try (all the threads or half of them,
+// streaming stores or memcpy). The first staged copies of kTuneMinBytes or more in a direction take them in turn,
+// kTuneRounds times over, each copy timed whole; the way with the best rate is then kept for the process. Copies
+// smaller than that, and those made while the choice is open, take the default way: all the threads, memcpy
+// unless streaming stores are forced.
+constexpr std::size_t kTuneMinBytes = std::size_t{64} << 20;
+constexpr std::size_t kTuneRounds = 2;
+
+class StagingChoice {
+ public:
+  // The way a staged copy of `bytes` takes; `trial` is set to its index among the ways while the choice is open
+  // and the copy is large enough to be timed for it.
+  StagingWay pick(std::size_t bytes, std::optional<std::size_t>& trial) {
+    std::lock_guard lock(mutex_);
+    init();
+    trial.reset();
+    if (chosen()) return ways_[best_way()];
+    if (bytes < kTuneMinBytes) return StagingWay{most_threads(), forced_streaming().value_or(false)};
+    trial = timed_ % ways_.size();
+    return ways_[*trial];
+  }
+  void record(std::size_t trial, std::size_t bytes, double seconds) {
+    std::lock_guard lock(mutex_);
+    if (chosen() || seconds <= 0) return;
+    rates_[trial] = std::max(rates_[trial], static_cast<double>(bytes) / seconds);
+    ++timed_;
+  }
+  // "streaming stores, 16 threads", with "(forced)" after what a variable fixed, or "not chosen yet".
+  std::string text() {
+    std::lock_guard lock(mutex_);
+    init();
+    if (!chosen()) return "not chosen yet";
+    const StagingWay way = ways_[best_way()];
+    return std::string(way.streaming ? "streaming stores" : "memcpy") + (forced_streaming() ? " (forced)" : "") + ", " +
+           std::to_string(way.threads) + (way.threads == 1 ? " thread" : " threads") +
+           (forced_threads() ? " (forced)" : "");
+  }
+
+ private:
+  void init() {
+    if (!ways_.empty()) return;
+    std::vector<int> threads{most_threads()};
+    if (!forced_threads() && most_threads() >= 2) threads.push_back(most_threads() / 2);
+    std::vector<bool> stores{true, false};
+    if (const auto forced = forced_streaming()) stores = {*forced};
+    for (const int t : threads) {
+      for (const bool streaming : stores) ways_.push_back(StagingWay{t, streaming});
+    }
+    rates_.assign(ways_.size(), 0.0);
+  }
+  bool chosen() const { return ways_.size() == 1 || timed_ >= kTuneRounds * ways_.size(); }
+  std::size_t best_way() const {
+    return static_cast<std::size_t>(std::max_element(rates_.begin(), rates_.end()) - rates_.begin());
+  }
+
+  std::mutex mutex_;
+  std::vector<StagingWay> ways_;  // the ways to try, in turn
+  std::vector<double> rates_;     // bytes/s: the best timed copy of each way
+  std::size_t timed_ = 0;         // copies timed so far
 };
 std::array<StagingChoice, 2> g_choice;  // [device->host, host->device]
-
-bool use_streaming(bool host_to_device, std::size_t bytes) {
-  if (const auto forced = forced_streaming()) return *forced;
-  StagingChoice& c = g_choice[host_to_device];
-  std::lock_guard lock(c.mutex);
-  if (c.chosen()) return c.streaming();
-  return bytes >= kTuneMinBytes && c.timed % 2 == 0;  // streaming, memcpy, streaming, memcpy
-}
-
-void record_staged_copy(bool host_to_device, bool streaming, std::size_t bytes, double seconds) {
-  if (forced_streaming() || bytes < kTuneMinBytes || seconds <= 0) return;
-  StagingChoice& c = g_choice[host_to_device];
-  std::lock_guard lock(c.mutex);
-  if (c.chosen()) return;
-  c.best[streaming] = std::max(c.best[streaming], static_cast<double>(bytes) / seconds);
-  ++c.timed;
-}
 
 // memcpy of one thread's slice; with `streaming`, non-temporal stores on x86-64: the destination's cache lines are
 // written whole without being read first (a plain memcpy reads each line it writes: 3 memory passes
@@ -238,7 +281,7 @@ void check_staged(cudaError_t status, const char* what) {
 //   copies its slice of chunk c into that buffer;
 //   if its slice was the chunk's last: enqueues chunk c's DMA and records the buffer's event after it.
 void staged_host_to_device(char* dst, const char* src, std::size_t bytes, cudaStream_t stream, int device,
-                           bool streaming) {
+                           StagingWay way) {
   StagingRing& ring = staging_ring(device);
   std::lock_guard lock(ring.mutex);
   const std::size_t chunk = chunk_bytes(bytes);
@@ -246,7 +289,7 @@ void staged_host_to_device(char* dst, const char* src, std::size_t bytes, cudaSt
   const std::size_t first = ring.next;
   auto slot_of = [&](std::size_t c) { return (first + c) % kSlots; };
   ChunkProgress progress(chunks);
-  const int threads = static_cast<int>(std::min<std::size_t>(static_cast<std::size_t>(staging_threads()), chunk / 65536 + 1));
+  const int threads = static_cast<int>(std::min<std::size_t>(static_cast<std::size_t>(way.threads), chunk / 65536 + 1));
 #pragma omp parallel num_threads(threads)
   {
     const int t = omp_get_thread_num(), nt = omp_get_num_threads();
@@ -256,7 +299,7 @@ void staged_host_to_device(char* dst, const char* src, std::size_t bytes, cudaSt
       // the buffer's event is recorded after chunk c - kSlots's DMA (this copy's), or after an earlier copy's
       if (!progress.wait_ready(c, c >= kSlots ? c - kSlots + 1 : 0, ring.done[slot])) break;
       const std::size_t lo = slice_start(length, t, nt), hi = slice_start(length, t + 1, nt);
-      stream_copy(ring.buffers[slot] + lo, src + begin + lo, hi - lo, streaming);
+      stream_copy(ring.buffers[slot] + lo, src + begin + lo, hi - lo, way.streaming);
       if (progress.finish_slice(c, nt)) {
         if (progress.failed()) break;
         cudaError_t status = cudaMemcpyAsync(dst + begin, ring.buffers[slot], length, cudaMemcpyHostToDevice, stream);
@@ -279,7 +322,7 @@ void staged_host_to_device(char* dst, const char* src, std::size_t bytes, cudaSt
 //   copies its slice of chunk c out of the buffer;
 //   if its slice was the chunk's last: enqueues the DMA of chunk c + kSlots into the buffer chunk c has left.
 void staged_device_to_host(char* dst, const char* src, std::size_t bytes, cudaStream_t stream, int device,
-                           bool streaming) {
+                           StagingWay way) {
   StagingRing& ring = staging_ring(device);
   std::lock_guard lock(ring.mutex);
   const std::size_t chunk = chunk_bytes(bytes);
@@ -304,7 +347,7 @@ void staged_device_to_host(char* dst, const char* src, std::size_t bytes, cudaSt
     }
   }
   progress.set_enqueued(primed);
-  const int threads = static_cast<int>(std::min<std::size_t>(static_cast<std::size_t>(staging_threads()), chunk / 65536 + 1));
+  const int threads = static_cast<int>(std::min<std::size_t>(static_cast<std::size_t>(way.threads), chunk / 65536 + 1));
 #pragma omp parallel num_threads(threads)
   {
     const int t = omp_get_thread_num(), nt = omp_get_num_threads();
@@ -313,7 +356,7 @@ void staged_device_to_host(char* dst, const char* src, std::size_t bytes, cudaSt
       const std::size_t begin = c * chunk, length = std::min(chunk, bytes - begin), slot = slot_of(c);
       if (!progress.wait_ready(c, c + 1, ring.done[slot])) break;
       const std::size_t lo = slice_start(length, t, nt), hi = slice_start(length, t + 1, nt);
-      stream_copy(dst + begin + lo, ring.buffers[slot] + lo, hi - lo, streaming);
+      stream_copy(dst + begin + lo, ring.buffers[slot] + lo, hi - lo, way.streaming);
       if (progress.finish_slice(c, nt) && c + kSlots < chunks) {
         if (progress.failed()) break;
         if (const cudaError_t status = enqueue(c + kSlots); status != cudaSuccess) {
@@ -351,13 +394,7 @@ void enable_peer_access(int from, int to) {
 
 }  // namespace
 
-std::string staging_store_choice(bool host_to_device) {
-  if (const auto forced = forced_streaming()) return *forced ? "streaming stores (forced)" : "memcpy (forced)";
-  StagingChoice& c = g_choice[host_to_device];
-  std::lock_guard lock(c.mutex);
-  if (!c.chosen()) return "not chosen yet";
-  return c.streaming() ? "streaming stores" : "memcpy";
-}
+std::string staging_choice(bool host_to_device) { return g_choice[host_to_device].text(); }
 
 // Ordering, for both kinds of device memory a copy can touch:
 //  - before: the door has made `stream` wait for the compute stream of the stream's device; a
@@ -379,12 +416,15 @@ void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device
   // pageable host memory on one side, and large: through the staging ring (device-to-device copies never are)
   const bool staged = !pinned && bytes >= kStagedMinBytes && (src_device.is_cpu() || dst_device.is_cpu());
   if (staged) {
-    const bool to_device = src_device.is_cpu(), streaming = use_streaming(to_device, bytes);
+    const bool to_device = src_device.is_cpu();
+    std::optional<std::size_t> trial;
+    const StagingWay way = g_choice[to_device].pick(bytes, trial);
     const auto start = std::chrono::steady_clock::now();
-    if (to_device) staged_host_to_device(out, in, bytes, s, device, streaming);  // returns with the last DMAs queued
-    else staged_device_to_host(out, in, bytes, s, device, streaming);            // returns with the data in place
-    record_staged_copy(to_device, streaming, bytes,
-                       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    if (to_device) staged_host_to_device(out, in, bytes, s, device, way);  // returns with the last DMAs queued
+    else staged_device_to_host(out, in, bytes, s, device, way);            // returns with the data in place
+    if (trial) {
+      g_choice[to_device].record(*trial, bytes, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    }
   } else if (src_device.is_cpu()) {
     FERRY_CUDA_CHECK(cudaMemcpyAsync(out, in, bytes, cudaMemcpyHostToDevice, s));
   } else if (dst_device.is_cpu()) {

@@ -12,10 +12,11 @@ namespace ferry::cuda {
 void set_allow_tf32(bool allow);
 bool allow_tf32();
 
-// How the pinned staging ring copies pageable memory in one direction (src/cuda/copy.cpp): "streaming stores" or
-// "memcpy" once chosen (the faster of the two over the first four staged copies of 64 MB or more), "not chosen yet",
-// or either with " (forced)" when FERRY_STAGING_STREAMING is 1 or 0.
-std::string staging_store_choice(bool host_to_device);
+// How the pinned staging ring copies pageable memory in one direction (src/cuda/copy.cpp): its stores and threads
+// once chosen, e.g. "streaming stores, 16 threads" (the fastest way over the first staged copies of 64 MB or more,
+// each way tried twice), or "not chosen yet"; " (forced)" follows what FERRY_STAGING_STREAMING or
+// FERRY_STAGING_THREADS fixed.
+std::string staging_choice(bool host_to_device);
 
 // Why ferry::device_count(DeviceType::CUDA) is 0, e.g.
 // "cudaGetDeviceCount: cudaErrorInsufficientDriver (CUDA driver version is insufficient ...)";
