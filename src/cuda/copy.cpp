@@ -220,23 +220,23 @@ class ChunkProgress {
  public:
   explicit ChunkProgress(std::size_t chunks) : chunks_(chunks) {}
 
-  // Waits until chunk `c`'s buffer is ready: the DMAs of chunks 0..enqueued-1 enqueued, then `event` done. The
-  // first thread to find the event done says so, and the threads after it go on without a call to the driver.
+  // Waits until chunk `c`'s buffer is ready: the DMAs of chunks 0..enqueued-1 enqueued, then `event` done. One
+  // thread per chunk asks the driver; the others wait for its answer, so a chunk costs one driver call.
   // False once any thread's CUDA call failed: every thread then stops at its next chunk, and none writes into
   // a buffer whose wait did not succeed.
   bool wait_ready(std::size_t c, std::size_t enqueued, cudaEvent_t event) {
-    if (chunks_[c].ready.load(std::memory_order_acquire)) return !failed();
-    while (enqueued_.load(std::memory_order_acquire) < enqueued) {
-      if (failed()) return false;
-      std::this_thread::yield();
+    Chunk& chunk = chunks_[c];
+    if (chunk.ready.load(std::memory_order_acquire)) return !failed();
+    if (bool asked = false; chunk.asked.compare_exchange_strong(asked, true, std::memory_order_acq_rel)) {
+      if (!wait_for([&] { return enqueued_.load(std::memory_order_acquire) >= enqueued; })) return false;
+      if (const cudaError_t status = cudaEventSynchronize(event); status != cudaSuccess) {
+        fail(status);
+        return false;
+      }
+      chunk.ready.store(true, std::memory_order_release);
+      return true;
     }
-    if (failed()) return false;
-    if (const cudaError_t status = cudaEventSynchronize(event); status != cudaSuccess) {
-      fail(status);
-      return false;
-    }
-    chunks_[c].ready.store(true, std::memory_order_release);
-    return true;
+    return wait_for([&] { return chunk.ready.load(std::memory_order_acquire); });
   }
   // Counts one thread's slice of chunk `c` as done; true for the last of the `threads`.
   bool finish_slice(std::size_t c, int threads) {
@@ -256,8 +256,18 @@ class ChunkProgress {
  private:
   struct Chunk {
     std::atomic<int> finished{0};    // threads done with their slice
-    std::atomic<bool> ready{false};  // its buffer's wait has succeeded
+    std::atomic<bool> asked{false};  // a thread waits for its buffer's event
+    std::atomic<bool> ready{false};  // that wait has succeeded
   };
+  // Yields until `done()`; false (at once) when a call has failed.
+  template <typename Done>
+  bool wait_for(Done done) const {
+    while (!done()) {
+      if (failed()) return false;
+      std::this_thread::yield();
+    }
+    return !failed();
+  }
   std::vector<Chunk> chunks_;
   std::atomic<std::size_t> enqueued_{0};  // chunks 0..enqueued_-1 have their DMA enqueued
   std::atomic<int> error_{cudaSuccess};   // the first failed call's status
