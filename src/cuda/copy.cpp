@@ -1,8 +1,10 @@
 // copy.cpp — every copy that touches the cuda backend's memory: host->device, device->host and
 // device->device, enqueued on the stream the one door (src/core/transfer.cpp) hands over. Pinned
 // memory goes straight to the DMA engine. Large pageable copies stream through a ring of pinned
-// staging buffers: several host threads memcpy chunk c into a free buffer while the DMA of chunk
-// c-1 is in flight, which is how a pageable tensor can cross at nearly the pinned rate.
+// staging buffers: several host threads copy chunk c into a free buffer while the DMAs of earlier
+// chunks are in flight, which is how a pageable tensor can cross at nearly the pinned rate. The
+// threads hand chunks on without barriers (ChunkProgress); how many copy, and with which stores, is
+// timed on the first large copies and chosen (StagingChoice).
 // Not here: the ledger (the door records every copy), pinned allocations (pinned.cpp).
 #include <cuda_runtime_api.h>
 #include <omp.h>
