@@ -18,8 +18,9 @@
 //     inside a capture invalidates it, as CUDA does;
 //   - a failing copy on demand (fail_memcpy_async), for tests of the error paths (test_faults.cpp).
 // Not modelled: real concurrency between streams (work runs when flushed, in dependency order),
-// timing (cudaEventElapsedTime gives the host's clock). cuDNN (cudnn.cpp) is modelled for what ferry calls: descriptors checked, work on the handle's
-// stream, an emulated algorithm menu whose workspaces and math types must be passed back right.
+// timing (cudaEventElapsedTime gives the host's clock). cuDNN (cudnn.cpp) is modelled for what ferry
+// calls: descriptors checked, work on the handle's stream, an emulated algorithm menu whose workspaces
+// and math types must be passed back right.
 // NCCL (nccl.cpp) is modelled over MPI, one card per rank (a card: host and device index): its collectives
 // are stream work like the rest, each an MPI collective on the communicator's own MPI communicator when run,
 // in flight (finish_later) until every peer has joined.
