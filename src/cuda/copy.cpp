@@ -206,6 +206,11 @@ std::size_t chunk_bytes(std::size_t bytes) {
   return std::clamp(chunk, kMinChunkBytes, kSlotBytes);
 }
 
+// The way's threads, but no more than leave each at least 64 KiB of a chunk.
+int threads_for(StagingWay way, std::size_t chunk) {
+  return static_cast<int>(std::min<std::size_t>(static_cast<std::size_t>(way.threads), chunk / 65536 + 1));
+}
+
 // Start of thread t's slice of a chunk of `length` bytes, on a cache-line boundary.
 std::size_t slice_start(std::size_t length, int t, int threads) {
   if (t >= threads) return length;
@@ -301,8 +306,7 @@ void staged_host_to_device(char* dst, const char* src, std::size_t bytes, cudaSt
   const std::size_t first = ring.next;
   auto slot_of = [&](std::size_t c) { return (first + c) % kSlots; };
   ChunkProgress progress(chunks);
-  const int threads = static_cast<int>(std::min<std::size_t>(static_cast<std::size_t>(way.threads), chunk / 65536 + 1));
-#pragma omp parallel num_threads(threads)
+#pragma omp parallel num_threads(threads_for(way, chunk))
   {
     const int t = omp_get_thread_num(), nt = omp_get_num_threads();
     const bool entered = enter_device(device, progress);
@@ -359,8 +363,7 @@ void staged_device_to_host(char* dst, const char* src, std::size_t bytes, cudaSt
     }
   }
   progress.set_enqueued(primed);
-  const int threads = static_cast<int>(std::min<std::size_t>(static_cast<std::size_t>(way.threads), chunk / 65536 + 1));
-#pragma omp parallel num_threads(threads)
+#pragma omp parallel num_threads(threads_for(way, chunk))
   {
     const int t = omp_get_thread_num(), nt = omp_get_num_threads();
     const bool entered = enter_device(device, progress);
