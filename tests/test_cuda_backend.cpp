@@ -13,7 +13,9 @@
 #include <string>
 #include <vector>
 
+#include "ferry/backend.h"
 #include "ferry/nn/functional.h"
+#include "ferry/profile.h"
 #include "test_helpers.h"
 
 #ifdef FERRY_HAVE_CUDA
@@ -318,6 +320,36 @@ TEST_F(CudaBackend, StagingRingChoosesItsWayAfterItsFirstLargeCopiesEachWay) {
         << (to_device ? "host->device: " : "device->host: ") << choice;
   }
 #endif
+}
+
+// measure_link (ferry bench link) copies a pageable size the ring chooses with until the ring has chosen, so that
+// its median is of the way kept, not of the ways tried in turn; smaller sizes leave the choice open. The backend
+// says which way was kept, for people.
+TEST_F(CudaBackend, LinkMeasureTimesThePageableWayTheRingKeeps) {
+  const Backend& cuda = backend(DeviceType::CUDA);
+  const bool one_way = std::getenv("FERRY_STAGING_STREAMING") && std::getenv("FERRY_STAGING_THREADS");
+  EXPECT_EQ(cuda.pageable_copy_path(true).settled, one_way) << "settled before any copy";
+  EXPECT_EQ(cuda.pageable_copy_path(true).tuning_bytes, std::size_t{64} << 20);
+  MeasureOptions options;
+  options.repeats = 1;
+  options.sizes = {16e6};
+  measure_link(kCuda, LinkPath::HostToDevicePageable, options);
+  EXPECT_EQ(cuda.pageable_copy_path(true).settled, one_way) << "16 MB copies took part in the choice";
+  std::vector<std::string> progress;
+  options.progress = [&](const std::string& line) { progress.push_back(line); };
+  options.sizes = {static_cast<double>(std::int64_t{64} << 20)};
+  measure_link(kCuda, LinkPath::HostToDevicePageable, options);
+  const PageableCopyPath up = cuda.pageable_copy_path(true);
+  EXPECT_TRUE(up.settled);
+  EXPECT_TRUE(std::regex_match(up.description, std::regex("copies of 4 MiB or more go through the pinned staging "
+                                                          "ring, with (streaming stores|memcpy).*, [0-9]+ threads?.*")))
+      << up.description;
+  if (!one_way) {
+    EXPECT_EQ(progress.size(), 2u) << "a line for the choice, a line for the size";
+    EXPECT_TRUE(!progress.empty() && progress.front() == "link cuda:0 host->device: " + up.description)
+        << (progress.empty() ? "no progress" : progress.front());
+  }
+  EXPECT_EQ(cuda.pageable_copy_path(false).settled, one_way) << "device->host chooses on its own copies";
 }
 
 TEST_F(CudaBackend, DeviceToDeviceCopies) {

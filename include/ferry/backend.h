@@ -74,6 +74,15 @@ struct DeviceProperties {
   std::string libraries;         // vendor libraries in use, e.g. "cuBLAS 13.0.0, cuDNN 9.19.0 (conv2d, batch_norm)"
 };
 
+// How a backend copies between pageable host memory and its devices, for people and benchmarks. A backend that
+// tunes that path at run time (cuda: the staging ring times its first large copies each way to choose its threads
+// and stores) says whether it has chosen yet, and from what size a copy takes part in the choice.
+struct PageableCopyPath {
+  bool settled = true;           // false: copies of tuning_bytes or more are still being timed to choose a way
+  std::size_t tuning_bytes = 0;  // bytes: the smallest copy that takes part in the choice (0: nothing is chosen)
+  std::string description;       // e.g. "staging ring, streaming stores, 16 threads"; empty: nothing to say
+};
+
 enum class UnaryOp : std::uint8_t {
   Copy,  // out = in, with dtype conversion when the dtypes differ
   Neg, Exp, Log, Sqrt, Rsqrt, Abs, Sign, Relu, Sigmoid, Tanh, Square, Reciprocal, LogicalNot,
@@ -138,6 +147,8 @@ class Backend {
   // ferry's one door (src/core/transfer.cpp), which records every crossing in the ledger.
   virtual void copy(void* dst, Device dst_device, const void* src, Device src_device, std::size_t bytes,
                     const Stream& stream, bool pinned, bool non_blocking) = 0;
+  // The path of copies from (host_to_device) or to pageable host memory, as it stands now.
+  virtual PageableCopyPath pageable_copy_path(bool /*host_to_device*/) const { return {}; }
 
   // --- kernels -----------------------------------------------------------------------------------
   // Shapes of `out` and inputs agree (inputs are broadcast by stride 0); dtypes as the op layer chose.

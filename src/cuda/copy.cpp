@@ -411,6 +411,18 @@ void enable_peer_access(int from, int to) {
 
 std::string staging_choice(bool host_to_device) { return g_choice[host_to_device].text(); }
 
+PageableCopyPath pageable_copy_path(bool host_to_device) {
+  const std::string choice = staging_choice(host_to_device);
+  PageableCopyPath path;
+  path.settled = choice != "not chosen yet";
+  path.tuning_bytes = kTuneMinBytes;
+  static_assert(kStagedMinBytes == std::size_t{4} << 20 && kTuneMinBytes == std::size_t{64} << 20, "the words below");
+  path.description = "copies of 4 MiB or more go through the pinned staging ring, " +
+                     (path.settled ? "with " + choice
+                                   : std::string("which is still choosing its way (by timing copies of 64 MiB or more)"));
+  return path;
+}
+
 // Ordering, for both kinds of device memory a copy can touch:
 //  - before: the door has made `stream` wait for the compute stream of the stream's device; a
 //    destination on another GPU was allocated in the order of that GPU's compute stream, so the

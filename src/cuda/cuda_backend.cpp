@@ -470,6 +470,9 @@ class CudaBackend final : public Backend {
             bool pinned, bool non_blocking) override {
     copy_bytes(dst, dst_device, src, src_device, bytes, stream, pinned, non_blocking);
   }
+  PageableCopyPath pageable_copy_path(bool host_to_device) const override {
+    return cuda::pageable_copy_path(host_to_device);
+  }
 
   // --- kernels ---------------------------------------------------------------------------------
   void fill(const KernelTensor& out, double value, const Stream& stream) override {

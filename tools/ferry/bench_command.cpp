@@ -245,6 +245,16 @@ void add_link_bench(CLI::App& bench) {
                                 {"seconds_measured", nearest->seconds}};
     }
     if (!skipped.empty()) text += fmt::format("pinned: not measured ({})\n", skipped[0]["reason"].get<std::string>());
+    // How the pageable copies went, where the backend says (cuda: its staging ring, and the way the ring chose).
+    Json pageable = Json::object();
+    for (const bool to_device : {true, false}) {
+      const ferry::PageableCopyPath path = ferry::backend(device).pageable_copy_path(to_device);
+      if (path.description.empty()) continue;
+      pageable[to_device ? "host_to_device" : "device_to_host"] = {{"settled", path.settled},
+                                                                   {"description", path.description}};
+      text += fmt::format("pageable {}: {}\n", to_device ? "host->device" : "device->host", path.description);
+    }
+    if (!pageable.empty()) object["pageable_copy_path"] = pageable;
     finish(options->common, profile, object, text);
   });
 }
