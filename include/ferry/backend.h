@@ -80,7 +80,8 @@ struct DeviceProperties {
 struct PageableCopyPath {
   bool settled = true;           // false: copies of tuning_bytes or more are still being timed to choose a way
   std::size_t tuning_bytes = 0;  // bytes: the smallest copy that takes part in the choice (0: nothing is chosen)
-  std::string description;       // e.g. "staging ring, streaming stores, 16 threads"; empty: nothing to say
+  std::string description;       // for people, e.g. "copies of 4 MiB or more go through the pinned staging ring,
+                                 // with streaming stores, 16 threads"; empty: nothing to say
 };
 
 enum class UnaryOp : std::uint8_t {

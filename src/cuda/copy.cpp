@@ -132,6 +132,11 @@ class StagingChoice {
     rates_[trial] = std::max(rates_[trial], static_cast<double>(bytes) / seconds);
     ++timed_;
   }
+  bool settled() {
+    std::lock_guard lock(mutex_);
+    init();
+    return chosen();
+  }
   // "streaming stores, 16 threads", with "(forced)" after what a variable fixed, or "not chosen yet".
   std::string text() {
     std::lock_guard lock(mutex_);
@@ -412,13 +417,13 @@ void enable_peer_access(int from, int to) {
 std::string staging_choice(bool host_to_device) { return g_choice[host_to_device].text(); }
 
 PageableCopyPath pageable_copy_path(bool host_to_device) {
-  const std::string choice = staging_choice(host_to_device);
+  StagingChoice& choice = g_choice[host_to_device];
   PageableCopyPath path;
-  path.settled = choice != "not chosen yet";
+  path.settled = choice.settled();
   path.tuning_bytes = kTuneMinBytes;
   static_assert(kStagedMinBytes == std::size_t{4} << 20 && kTuneMinBytes == std::size_t{64} << 20, "the words below");
   path.description = "copies of 4 MiB or more go through the pinned staging ring, " +
-                     (path.settled ? "with " + choice
+                     (path.settled ? "with " + choice.text()
                                    : std::string("which is still choosing its way (by timing copies of 64 MiB or more)"));
   return path;
 }
