@@ -112,7 +112,7 @@ int main(int argc, char** argv) {
     // The staging ring tries several ways on its first pageable copies of 64 MB or more each way, then keeps the
     // fastest (src/cuda/copy.cpp): the 256 MB pageable rows copy until it has chosen, then warm up and are timed.
     auto until_chosen = [](bool host_to_device, const std::function<void()>& work) {
-      for (int i = 0; i < 32 && ferry::cuda::staging_choice(host_to_device) == "not chosen yet"; ++i) work();
+      for (int i = 0; i < 32 && !ferry::backend(kCuda).pageable_copy_path(host_to_device).settled; ++i) work();
       return work;
     };
     for (const std::int64_t mb : {std::int64_t{4}, std::int64_t{256}}) {
