@@ -289,9 +289,10 @@ TEST_F(CudaBackend, PageableCopiesAreExactOnEveryPath) {
   for (int i = 0; i < 6; ++i) EXPECT_TRUE(same_bytes(on_device[static_cast<std::size_t>(i)].cpu(), i % 2 ? b : a)) << i;
 }
 
-// The staging ring times up to four ways to copy (all its threads or half of them, streaming stores or memcpy) on its
-// first copies of 64 MB or more in each direction, each way twice, and keeps the fastest (src/cuda/copy.cpp); every
-// copy is exact whichever way it went.
+// The staging ring times up to six ways to copy (all its threads or half of them; streaming stores in 4 MB chunks,
+// memcpy in 4 MB chunks or in 1 MB chunks) on its first copies of 64 MB or more in each direction, each way twice,
+// and keeps the fastest (src/cuda/copy.cpp); every copy is exact whichever way it went, also when the next copy lays
+// the ring's buffers out for another chunk size.
 TEST_F(CudaBackend, StagingRingChoosesItsWayAfterItsFirstLargeCopiesEachWay) {
 #ifdef FERRY_HAVE_CUDA
   if (std::getenv("FERRY_STAGING_STREAMING") != nullptr) GTEST_SKIP() << "FERRY_STAGING_STREAMING forces the stores";
@@ -306,17 +307,24 @@ TEST_F(CudaBackend, StagingRingChoosesItsWayAfterItsFirstLargeCopiesEachWay) {
     EXPECT_EQ(cuda::staging_choice(false), "not chosen yet") << "a card-to-card copy was staged through the host";
     EXPECT_TRUE(same_bytes(on_second.back().cpu(), host));
   }
-  for (int i = 0; i < 8; ++i) {  // four ways at most, twice each
+  // Before each large copy, a smaller one (4 MB chunks, the default way) whose last DMAs may still be queued when
+  // the large copy lays the ring out for 1 MB chunks, over the same pinned bytes.
+  const Tensor smaller = randint(0, 256, {std::int64_t{16} << 20}, {.dtype = DType::UInt8});
+  std::vector<Tensor> queued;
+  for (int i = 0; i < 12; ++i) {  // six ways at most, twice each
+    queued.push_back(smaller.to(kCuda, /*non_blocking=*/true));
     const Tensor device = host.to(kCuda);
     EXPECT_TRUE(same_bytes(device.cpu(), host)) << "copy " << i;
     if (i == 0) {
       EXPECT_EQ(cuda::staging_choice(true), "not chosen yet") << "chosen after one copy, with two stores to try";
     }
   }
+  for (std::size_t i = 0; i < queued.size(); ++i) EXPECT_TRUE(same_bytes(queued[i].cpu(), smaller)) << "smaller copy " << i;
   const std::string threads = std::getenv("FERRY_STAGING_THREADS") ? R"( threads? \(forced\))" : " threads?";
   for (const bool to_device : {true, false}) {
     const std::string choice = cuda::staging_choice(to_device);
-    EXPECT_TRUE(std::regex_match(choice, std::regex("(streaming stores|memcpy), [0-9]+" + threads)))
+    const std::string chunks = std::getenv("FERRY_STAGING_CHUNK_MB") ? R"( MiB chunks \(forced\))" : " MiB chunks";
+    EXPECT_TRUE(std::regex_match(choice, std::regex("(streaming stores|memcpy), [0-9]+" + threads + ", [124]" + chunks)))
         << (to_device ? "host->device: " : "device->host: ") << choice;
   }
 #endif

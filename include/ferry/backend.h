@@ -75,13 +75,13 @@ struct DeviceProperties {
 };
 
 // How a backend copies between pageable host memory and its devices, for people and benchmarks. A backend that
-// tunes that path at run time (cuda: the staging ring times its first large copies each way to choose its threads
-// and stores) says whether it has chosen yet, and from what size a copy takes part in the choice.
+// tunes that path at run time (cuda: the staging ring times its first large copies each way to choose its threads,
+// stores and chunk size) says whether it has chosen yet, and from what size a copy takes part in the choice.
 struct PageableCopyPath {
   bool settled = true;           // false: copies of tuning_bytes or more are still being timed to choose a way
   std::size_t tuning_bytes = 0;  // bytes: the smallest copy that takes part in the choice (0: nothing is chosen)
   std::string description;       // for people, e.g. "copies of 4 MiB or more go through the pinned staging ring,
-                                 // with streaming stores, 16 threads"; empty: nothing to say
+                                 // with memcpy, 16 threads, 1 MiB chunks"; empty: nothing to say
 };
 
 enum class UnaryOp : std::uint8_t {

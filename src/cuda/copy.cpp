@@ -3,8 +3,8 @@
 // memory goes straight to the DMA engine. Large pageable copies stream through a ring of pinned
 // staging buffers: several host threads copy chunk c into a free buffer while the DMAs of earlier
 // chunks are in flight, which is how a pageable tensor can cross at nearly the pinned rate. The
-// threads hand chunks on without barriers (ChunkProgress); how many copy, and with which stores, is
-// timed on the first large copies and chosen (StagingChoice).
+// threads hand chunks on without barriers (ChunkProgress); how many copy, with which stores, and in
+// chunks of what size, is timed on the first large copies and chosen (StagingChoice).
 // Not here: the ledger (the door records every copy), pinned allocations (pinned.cpp).
 #include <cuda_runtime_api.h>
 #include <omp.h>
@@ -36,17 +36,31 @@ namespace ferry::cuda {
 namespace {
 
 constexpr std::size_t kStagedMinBytes = std::size_t{4} << 20;   // pageable copies from this size use the ring
-constexpr std::size_t kSlotBytes = std::size_t{4} << 20;        // bytes per staging buffer (largest chunk)
+constexpr std::size_t kSlotBytes = std::size_t{4} << 20;        // bytes per staging buffer at most (largest chunk)
+constexpr std::size_t kSmallSlotBytes = std::size_t{1} << 20;   // the small ring's buffers: 8 MB in all
 constexpr std::size_t kMinChunkBytes = std::size_t{1} << 20;    // smallest chunk (keeps per-chunk overhead small)
 constexpr std::size_t kSlots = 8;                                // buffers in the ring (>= 2): 32 MB pinned
 
-// Pinned buffers and, per buffer, an event recorded after the last DMA that used it. `next` carries
-// on across calls, so a new copy starts on the buffer whose DMA was issued longest ago.
+// Pinned memory for kSlots buffers of up to kSlotBytes and, per buffer, an event recorded after the last DMA that
+// used it. The buffers are `slot_bytes` apart: 4 MB (a 32 MB ring) or 1 MB (an 8 MB ring, small enough to stay
+// in the host's caches while the DMA engine reads it). `next` carries on across calls, so a new copy starts on the
+// buffer whose DMA was issued longest ago.
 struct StagingRing {
   std::mutex mutex;
-  std::array<char*, kSlots> buffers{};
+  char* block = nullptr;  // kSlots * kSlotBytes pinned bytes
+  std::size_t slot_bytes = kSlotBytes;
   std::array<cudaEvent_t, kSlots> done{};
   std::size_t next = 0;
+
+  char* buffer(std::size_t slot) const { return block + slot_bytes * slot; }
+  // Lays the buffers `bytes` apart. A new layout's buffers overlap the old ones' across slot numbers, so every DMA
+  // that used the ring must be done first: the host waits for each buffer's event (only when the layout changes,
+  // which is while the choice below is open).
+  void lay_out(std::size_t bytes) {
+    if (bytes == slot_bytes) return;
+    for (cudaEvent_t event : done) FERRY_CUDA_CHECK(cudaEventSynchronize(event));
+    slot_bytes = bytes;
+  }
 };
 
 std::array<std::atomic<StagingRing*>, kMaxDevices> g_rings{};
@@ -58,8 +72,8 @@ StagingRing& staging_ring(int device) {
     auto ring = std::make_unique<StagingRing>();
     void* block = nullptr;
     FERRY_CUDA_CHECK(cudaHostAlloc(&block, kSlotBytes * kSlots, cudaHostAllocPortable));
+    ring->block = static_cast<char*>(block);
     for (std::size_t s = 0; s < kSlots; ++s) {
-      ring->buffers[s] = static_cast<char*>(block) + kSlotBytes * s;
       FERRY_CUDA_CHECK(cudaEventCreateWithFlags(&ring->done[s], cudaEventDisableTiming));
     }
     g_rings[static_cast<std::size_t>(device)].store(ring.release());  // kept for the process
@@ -67,15 +81,19 @@ StagingRing& staging_ring(int device) {
   return *g_rings[static_cast<std::size_t>(device)].load();
 }
 
-// How the staging threads copy: how many of them share each chunk, and whether they write the staging buffers (or,
-// device->host, the caller's memory) with streaming stores or with memcpy. Which way is fastest depends on the
-// host. More threads copy faster until host memory saturates; past that they only compete with the DMA engine,
-// which reads the same memory. Streaming stores skip reading the lines they overwrite (a third less memory
-// traffic), but leave nothing in the caches, from which the DMA engine (host->device) or the caller
-// (device->host) could otherwise read: with memcpy the 32 MB ring may stay in a large last-level cache.
+// How the staging threads copy: how many of them share each chunk, whether they write the staging buffers (or,
+// device->host, the caller's memory) with streaming stores or with memcpy, and how large the chunks (and so the
+// ring's buffers) are. Which way is fastest depends on the host. More threads copy faster until host memory
+// saturates; past that they only compete with the DMA engine, which reads the same memory. Streaming stores skip
+// reading the lines they overwrite (a third less memory traffic), but leave nothing in the caches. With memcpy,
+// the lines just written may stay in the writing core's caches until the DMA engine reads them (host->device), or
+// the lines the DMA engine just wrote may be read from the last-level cache (device->host, where the host lets
+// devices write into it), and then the ring's bytes need not cross host memory at all. That is likelier the
+// smaller the ring: 1 MB chunks make it 8 MB, 512 KB a core at 16 threads, where 4 MB chunks make it 32 MB.
 struct StagingWay {
   int threads = 1;
   bool streaming = false;
+  std::size_t chunk_bytes = kSlotBytes;  // the largest chunk, and the distance between the ring's buffers
 };
 
 // FERRY_STAGING_THREADS=N fixes the thread count; unset, ferry tries all of the cores (up to 16) and half of them.
@@ -101,15 +119,31 @@ std::optional<bool> forced_streaming() {
   return forced;
 }
 
+// FERRY_STAGING_CHUNK_MB=1, 2 or 4 fixes the chunks' (and the ring's buffers') size in MiB; unset, ferry tries 4
+// (with either store) and 1 (with memcpy: streaming stores keep nothing in the caches, which is what small chunks
+// are for).
+std::optional<std::size_t> forced_chunk_bytes() {
+  static const std::optional<std::size_t> forced = []() -> std::optional<std::size_t> {
+    const char* text = std::getenv("FERRY_STAGING_CHUNK_MB");
+    if (text == nullptr || *text == '\0') return std::nullopt;
+    const std::string value(text);
+    FERRY_CHECK(value == "1" || value == "2" || value == "4", InvalidArgument, "FERRY_STAGING_CHUNK_MB='", value,
+                "': expected 1, 2 or 4 (MiB per staged chunk), or unset (ferry times 4 and 1 and keeps the faster)");
+    return static_cast<std::size_t>(std::stoi(value)) << 20;
+  }();
+  return forced;
+}
+
 int most_threads() {
   return forced_threads().value_or(std::clamp(static_cast<int>(std::thread::hardware_concurrency()), 1, 16));
 }
 
-// The choice, one per direction. Unset variables leave up to four ways to try (all the threads or half of them,
-// streaming stores or memcpy). The first staged copies of kTuneMinBytes or more in a direction take them in turn,
-// kTuneRounds times over, each copy timed whole; the way with the best rate is then kept for the process. Copies
+// The choice, one per direction. Unset variables leave up to six ways to try: all the threads or half of them,
+// each with streaming stores in 4 MB chunks, memcpy in 4 MB chunks and memcpy in 1 MB chunks. The first staged
+// copies of kTuneMinBytes or more in a direction take them in turn, kTuneRounds times over, each copy timed whole
+// (host->device: until its last DMA is done); the way with the best rate is then kept for the process. Copies
 // smaller than that, and those made while the choice is open, take the default way: all the threads, memcpy
-// unless streaming stores are forced.
+// unless streaming stores are forced, 4 MB chunks unless the size is forced.
 constexpr std::size_t kTuneMinBytes = std::size_t{64} << 20;
 constexpr std::size_t kTuneRounds = 2;
 
@@ -122,7 +156,9 @@ class StagingChoice {
     init();
     trial.reset();
     if (chosen()) return ways_[best_way()];
-    if (bytes < kTuneMinBytes) return StagingWay{most_threads(), forced_streaming().value_or(false)};
+    if (bytes < kTuneMinBytes) {
+      return StagingWay{most_threads(), forced_streaming().value_or(false), forced_chunk_bytes().value_or(kSlotBytes)};
+    }
     trial = timed_ % ways_.size();
     return ways_[*trial];
   }
@@ -137,7 +173,7 @@ class StagingChoice {
     init();
     return chosen();
   }
-  // "streaming stores, 16 threads", with "(forced)" after what a variable fixed, or "not chosen yet".
+  // "memcpy, 16 threads, 1 MiB chunks", with "(forced)" after what a variable fixed, or "not chosen yet".
   std::string text() {
     std::lock_guard lock(mutex_);
     init();
@@ -145,7 +181,8 @@ class StagingChoice {
     const StagingWay way = ways_[best_way()];
     return std::string(way.streaming ? "streaming stores" : "memcpy") + (forced_streaming() ? " (forced)" : "") + ", " +
            std::to_string(way.threads) + (way.threads == 1 ? " thread" : " threads") +
-           (forced_threads() ? " (forced)" : "");
+           (forced_threads() ? " (forced)" : "") + ", " + std::to_string(way.chunk_bytes >> 20) + " MiB chunks" +
+           (forced_chunk_bytes() ? " (forced)" : "");
   }
 
  private:
@@ -155,8 +192,16 @@ class StagingChoice {
     if (!forced_threads() && most_threads() >= 2) threads.push_back(most_threads() / 2);
     std::vector<bool> stores{true, false};
     if (const auto forced = forced_streaming()) stores = {*forced};
+    std::vector<std::size_t> chunks{kSlotBytes, kSmallSlotBytes};
+    if (const auto forced = forced_chunk_bytes()) chunks = {*forced};
     for (const int t : threads) {
-      for (const bool streaming : stores) ways_.push_back(StagingWay{t, streaming});
+      for (const bool streaming : stores) {
+        for (const std::size_t chunk : chunks) {
+          // small chunks are for a ring that stays in the caches, which streaming stores bypass
+          if (streaming && chunk < kSlotBytes && !forced_streaming() && !forced_chunk_bytes()) continue;
+          ways_.push_back(StagingWay{t, streaming, chunk});
+        }
+      }
     }
     rates_.assign(ways_.size(), 0.0);
   }
@@ -205,10 +250,10 @@ void stream_copy(char* dst, const char* src, std::size_t n, bool streaming) {
   std::memcpy(dst, src, n);
 }
 
-// Chunks: about 8 per copy, between 1 MB and one staging buffer.
-std::size_t chunk_bytes(std::size_t bytes) {
+// Chunks: about 8 per copy, between 1 MB and the way's chunk size (one staging buffer).
+std::size_t chunk_bytes(std::size_t bytes, StagingWay way) {
   const std::size_t chunk = (bytes / 8 + 4095) / 4096 * 4096;
-  return std::clamp(chunk, kMinChunkBytes, kSlotBytes);
+  return std::clamp(chunk, std::min(kMinChunkBytes, way.chunk_bytes), way.chunk_bytes);
 }
 
 // The way's threads, but no more than leave each at least 64 KiB of a chunk.
@@ -306,7 +351,8 @@ void staged_host_to_device(char* dst, const char* src, std::size_t bytes, cudaSt
                            StagingWay way) {
   StagingRing& ring = staging_ring(device);
   std::lock_guard lock(ring.mutex);
-  const std::size_t chunk = chunk_bytes(bytes);
+  ring.lay_out(way.chunk_bytes);
+  const std::size_t chunk = chunk_bytes(bytes, way);
   const std::size_t chunks = (bytes + chunk - 1) / chunk;
   const std::size_t first = ring.next;
   auto slot_of = [&](std::size_t c) { return (first + c) % kSlots; };
@@ -320,10 +366,10 @@ void staged_host_to_device(char* dst, const char* src, std::size_t bytes, cudaSt
       // the buffer's event is recorded after chunk c - kSlots's DMA (this copy's), or after an earlier copy's
       if (!progress.wait_ready(c, c >= kSlots ? c - kSlots + 1 : 0, ring.done[slot])) break;
       const std::size_t lo = slice_start(length, t, nt), hi = slice_start(length, t + 1, nt);
-      stream_copy(ring.buffers[slot] + lo, src + begin + lo, hi - lo, way.streaming);
+      stream_copy(ring.buffer(slot) + lo, src + begin + lo, hi - lo, way.streaming);
       if (progress.finish_slice(c, nt)) {
         if (progress.failed()) break;
-        cudaError_t status = cudaMemcpyAsync(dst + begin, ring.buffers[slot], length, cudaMemcpyHostToDevice, stream);
+        cudaError_t status = cudaMemcpyAsync(dst + begin, ring.buffer(slot), length, cudaMemcpyHostToDevice, stream);
         if (status == cudaSuccess) status = cudaEventRecord(ring.done[slot], stream);
         if (status != cudaSuccess) {
           progress.fail(status);
@@ -346,7 +392,8 @@ void staged_device_to_host(char* dst, const char* src, std::size_t bytes, cudaSt
                            StagingWay way) {
   StagingRing& ring = staging_ring(device);
   std::lock_guard lock(ring.mutex);
-  const std::size_t chunk = chunk_bytes(bytes);
+  ring.lay_out(way.chunk_bytes);
+  const std::size_t chunk = chunk_bytes(bytes, way);
   const std::size_t chunks = (bytes + chunk - 1) / chunk;
   const std::size_t first = ring.next;
   auto slot_of = [&](std::size_t c) { return (first + c) % kSlots; };
@@ -355,7 +402,7 @@ void staged_device_to_host(char* dst, const char* src, std::size_t bytes, cudaSt
     const std::size_t slot = slot_of(c);
     // a host-to-device DMA from this buffer may still be queued on another stream
     cudaError_t s = cudaStreamWaitEvent(stream, ring.done[slot], 0);
-    if (s == cudaSuccess) s = cudaMemcpyAsync(ring.buffers[slot], src + begin, length, cudaMemcpyDeviceToHost, stream);
+    if (s == cudaSuccess) s = cudaMemcpyAsync(ring.buffer(slot), src + begin, length, cudaMemcpyDeviceToHost, stream);
     if (s == cudaSuccess) s = cudaEventRecord(ring.done[slot], stream);
     return s;
   };
@@ -376,7 +423,7 @@ void staged_device_to_host(char* dst, const char* src, std::size_t bytes, cudaSt
       const std::size_t begin = c * chunk, length = std::min(chunk, bytes - begin), slot = slot_of(c);
       if (!progress.wait_ready(c, c + 1, ring.done[slot])) break;
       const std::size_t lo = slice_start(length, t, nt), hi = slice_start(length, t + 1, nt);
-      stream_copy(dst + begin + lo, ring.buffers[slot] + lo, hi - lo, way.streaming);
+      stream_copy(dst + begin + lo, ring.buffer(slot) + lo, hi - lo, way.streaming);
       if (progress.finish_slice(c, nt) && c + kSlots < chunks) {
         if (progress.failed()) break;
         if (const cudaError_t status = enqueue(c + kSlots); status != cudaSuccess) {
@@ -455,6 +502,10 @@ void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device
     if (to_device) staged_host_to_device(out, in, bytes, s, device, way);  // returns with the last DMAs queued
     else staged_device_to_host(out, in, bytes, s, device, way);            // returns with the data in place
     if (trial) {
+      // Timed to its end: host->device returns with up to a ring of DMAs in flight (32 MB with 4 MB chunks, 8 with
+      // 1 MB), and a way must not look faster for leaving more of them untimed. So a trial copy waits for them (twelve
+      // trials a process at most, each at most ~0.6 ms longer on a 55 GB/s link).
+      if (to_device) FERRY_CUDA_CHECK(cudaStreamSynchronize(s));
       g_choice[to_device].record(*trial, bytes, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
     }
   } else if (src_device.is_cpu()) {

@@ -12,10 +12,10 @@ namespace ferry::cuda {
 void set_allow_tf32(bool allow);
 bool allow_tf32();
 
-// How the pinned staging ring copies pageable memory in one direction (src/cuda/copy.cpp): its stores and threads
-// once chosen, e.g. "streaming stores, 16 threads" (the fastest way over the first staged copies of 64 MB or more,
-// each way tried twice), or "not chosen yet"; " (forced)" follows what FERRY_STAGING_STREAMING or
-// FERRY_STAGING_THREADS fixed.
+// How the pinned staging ring copies pageable memory in one direction (src/cuda/copy.cpp): its stores, threads and
+// chunk size once chosen, e.g. "memcpy, 16 threads, 1 MiB chunks" (the fastest way over the first staged copies of
+// 64 MB or more, each way tried twice), or "not chosen yet"; " (forced)" follows what FERRY_STAGING_STREAMING,
+// FERRY_STAGING_THREADS or FERRY_STAGING_CHUNK_MB fixed.
 std::string staging_choice(bool host_to_device);
 
 // Why ferry::device_count(DeviceType::CUDA) is 0, e.g.
