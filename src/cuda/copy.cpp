@@ -54,8 +54,10 @@ struct StagingRing {
 
   char* buffer(std::size_t slot) const { return block + slot_bytes * slot; }
   // Lays the buffers `bytes` apart. A new layout's buffers overlap the old ones' across slot numbers, so every DMA
-  // that used the ring must be done first: the host waits for each buffer's event (only when the layout changes,
-  // which is while the choice below is open).
+  // that used the ring must be done first: the host waits for each buffer's event. The layout changes while the
+  // choice below is open, and after it only where the two directions chose different sizes: a host->device copy
+  // then finds a device->host copy's DMAs done (it returned with its bytes in place), and a device->host copy,
+  // which blocks anyway, starts once the host->device DMAs before it are done.
   void lay_out(std::size_t bytes) {
     if (bytes == slot_bytes) return;
     for (cudaEvent_t event : done) FERRY_CUDA_CHECK(cudaEventSynchronize(event));
