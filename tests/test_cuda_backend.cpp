@@ -321,9 +321,9 @@ TEST_F(CudaBackend, StagingRingChoosesItsWayAfterItsFirstLargeCopiesEachWay) {
   }
   for (std::size_t i = 0; i < queued.size(); ++i) EXPECT_TRUE(same_bytes(queued[i].cpu(), smaller)) << "smaller copy " << i;
   const std::string threads = std::getenv("FERRY_STAGING_THREADS") ? R"( threads? \(forced\))" : " threads?";
+  const std::string chunks = std::getenv("FERRY_STAGING_CHUNK_MB") ? R"( MiB chunks \(forced\))" : " MiB chunks";
   for (const bool to_device : {true, false}) {
     const std::string choice = cuda::staging_choice(to_device);
-    const std::string chunks = std::getenv("FERRY_STAGING_CHUNK_MB") ? R"( MiB chunks \(forced\))" : " MiB chunks";
     EXPECT_TRUE(std::regex_match(choice, std::regex("(streaming stores|memcpy), [0-9]+" + threads + ", [124]" + chunks)))
         << (to_device ? "host->device: " : "device->host: ") << choice;
   }

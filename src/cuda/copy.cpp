@@ -252,10 +252,11 @@ void stream_copy(char* dst, const char* src, std::size_t n, bool streaming) {
   std::memcpy(dst, src, n);
 }
 
-// Chunks: about 8 per copy, between 1 MB and the way's chunk size (one staging buffer).
+// Chunks: about 8 per copy, between 1 MB and the way's chunk size (one staging buffer, 1 MB at least).
+static_assert(kSmallSlotBytes >= kMinChunkBytes, "every way's chunk size holds the smallest chunk");
 std::size_t chunk_bytes(std::size_t bytes, StagingWay way) {
   const std::size_t chunk = (bytes / 8 + 4095) / 4096 * 4096;
-  return std::clamp(chunk, std::min(kMinChunkBytes, way.chunk_bytes), way.chunk_bytes);
+  return std::clamp(chunk, kMinChunkBytes, way.chunk_bytes);
 }
 
 // The way's threads, but no more than leave each at least 64 KiB of a chunk.
