@@ -327,6 +327,27 @@ TEST_F(CudaBackend, StagingRingChoosesItsWayAfterItsFirstLargeCopiesEachWay) {
     EXPECT_TRUE(std::regex_match(choice, std::regex("(streaming stores|memcpy), [0-9]+" + threads + ", [124]" + chunks)))
         << (to_device ? "host->device: " : "device->host: ") << choice;
   }
+  // Where the staging threads' time went is summed over the copies of 64 MiB or more made with the kept way: not the
+  // trials, not the smaller copies.
+  const Backend& cuda = backend(DeviceType::CUDA);
+  const std::size_t before_up = cuda.pageable_copy_path(true).timed_copies;
+  const std::size_t before_down = cuda.pageable_copy_path(false).timed_copies;
+  if (!std::getenv("FERRY_STAGING_THREADS") && !std::getenv("FERRY_STAGING_CHUNK_MB")) {  // twelve trials each way
+    const std::size_t after_trials = device_count(DeviceType::CUDA) > 1 ? 1 : 0;  // the card-to-card part's copies
+    EXPECT_EQ(before_up, after_trials) << "host->device: the trials were counted, or a copy with the kept way was not";
+    EXPECT_EQ(before_down, after_trials) << "device->host: the trials were counted, or a copy with the kept way was not";
+  }
+  for (int i = 0; i < 2; ++i) EXPECT_TRUE(same_bytes(host.to(kCuda).cpu(), host)) << "copy with the kept way " << i;
+  EXPECT_TRUE(same_bytes(smaller.to(kCuda).cpu(), smaller));
+  for (const bool to_device : {true, false}) {
+    const PageableCopyPath path = cuda.pageable_copy_path(to_device);
+    const char* direction = to_device ? "host->device" : "device->host";
+    EXPECT_EQ(path.timed_copies, (to_device ? before_up : before_down) + 2) << direction;
+    EXPECT_GT(path.copying_share, 0.0) << direction;
+    EXPECT_GE(path.waiting_share, 0.0) << direction;
+    EXPECT_LE(path.copying_share + path.waiting_share, 1.0 + 1e-9) << direction << ": more than the threads' time";
+    EXPECT_GT(path.copying_rate, 0.0) << direction;
+  }
 #endif
 }
 
@@ -335,7 +356,8 @@ TEST_F(CudaBackend, StagingRingChoosesItsWayAfterItsFirstLargeCopiesEachWay) {
 // says which way was kept, for people.
 TEST_F(CudaBackend, LinkMeasureTimesThePageableWayTheRingKeeps) {
   const Backend& cuda = backend(DeviceType::CUDA);
-  const bool one_way = std::getenv("FERRY_STAGING_STREAMING") && std::getenv("FERRY_STAGING_THREADS");
+  const bool one_way =
+      std::getenv("FERRY_STAGING_STREAMING") && std::getenv("FERRY_STAGING_THREADS") && std::getenv("FERRY_STAGING_CHUNK_MB");
   EXPECT_EQ(cuda.pageable_copy_path(true).settled, one_way) << "settled before any copy";
   EXPECT_EQ(cuda.pageable_copy_path(true).tuning_bytes, std::size_t{64} << 20);
   MeasureOptions options;

@@ -77,11 +77,19 @@ struct DeviceProperties {
 // How a backend copies between pageable host memory and its devices, for people and benchmarks. A backend that
 // tunes that path at run time (cuda: the staging ring times its first large copies each way to choose its threads,
 // stores and chunk size) says whether it has chosen yet, and from what size a copy takes part in the choice.
+// A backend whose host threads stage the copies says where their time went, over the copies of tuning_bytes or
+// more made since it chose: copying (the host's memory is the limit) or waiting for the link (the DMA engine is).
 struct PageableCopyPath {
   bool settled = true;           // false: copies of tuning_bytes or more are still being timed to choose a way
   std::size_t tuning_bytes = 0;  // bytes: the smallest copy that takes part in the choice (0: nothing is chosen)
   std::string description;       // for people, e.g. "copies of 4 MiB or more go through the pinned staging ring,
                                  // with memcpy, 16 threads, 1 MiB chunks"; empty: nothing to say
+  std::size_t timed_copies = 0;  // copies the split below is over (0: none yet, or no threads stage)
+  double copying_share = 0;      // of the staging threads' time (threads x wall): copying between pageable memory
+                                 // and the pinned buffers
+  double waiting_share = 0;      // of it: waiting for the link (host->device: for a buffer whose DMA is done;
+                                 // device->host: for a chunk's DMA to land); the rest starts threads and enqueues DMAs
+  double copying_rate = 0;       // bytes/s: the threads' joint rate while copying, the copy's rate were the link free
 };
 
 enum class UnaryOp : std::uint8_t {

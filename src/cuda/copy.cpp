@@ -4,7 +4,8 @@
 // staging buffers: several host threads copy chunk c into a free buffer while the DMAs of earlier
 // chunks are in flight, which is how a pageable tensor can cross at nearly the pinned rate. The
 // threads hand chunks on without barriers (ChunkProgress); how many copy, with which stores, and in
-// chunks of what size, is timed on the first large copies and chosen (StagingChoice).
+// chunks of what size, is timed on the first large copies and chosen (StagingChoice); with the way kept, each
+// thread's time is split into copying and waiting for the link, which says what limits the copy (StagedTimes).
 // Not here: the ledger (the door records every copy), pinned allocations (pinned.cpp).
 #include <cuda_runtime_api.h>
 #include <omp.h>
@@ -15,6 +16,7 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <charconv>
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>
@@ -23,6 +25,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -98,12 +101,36 @@ struct StagingWay {
   std::size_t chunk_bytes = kSlotBytes;  // the largest chunk, and the distance between the ring's buffers
 };
 
-// FERRY_STAGING_THREADS=N fixes the thread count; unset, ferry tries all of the cores (up to 16) and half of them.
+// Where one staged copy's host time went. The threads' time is threads x wall: each thread copies its slices,
+// waits for the link (host->device: for a buffer whose DMA is done; device->host: for a chunk's DMA to land), and
+// spends the rest starting, enqueueing DMAs and handing chunks on.
+struct StagedTimes {
+  double wall = 0;     // s: from the copy's start until its last DMA is enqueued (host->device) or its bytes are in place
+  double copying = 0;  // s, summed over the threads: copying between pageable memory and the ring
+  double waiting = 0;  // s, summed over the threads: waiting for the link
+  int threads = 0;     // threads that shared the chunks
+};
+
+// The text of environment variable `name`; nullopt when it is unset or empty.
+std::optional<std::string> env_text(const char* name) {
+  const char* text = std::getenv(name);
+  if (text == nullptr || *text == '\0') return std::nullopt;
+  return std::string(text);
+}
+
+// FERRY_STAGING_THREADS=N (1 to 64) fixes the thread count; unset, ferry tries all of the cores (up to 16) and half
+// of them.
 std::optional<int> forced_threads() {
   static const std::optional<int> forced = []() -> std::optional<int> {
-    const char* text = std::getenv("FERRY_STAGING_THREADS");
-    if (text == nullptr || *text == '\0') return std::nullopt;
-    return std::clamp(std::atoi(text), 1, 64);
+    const std::optional<std::string> value = env_text("FERRY_STAGING_THREADS");
+    if (!value) return std::nullopt;
+    int threads = 0;
+    const char* end = value->data() + value->size();
+    const auto [stop, error] = std::from_chars(value->data(), end, threads);
+    FERRY_CHECK(error == std::errc{} && stop == end && threads >= 1 && threads <= 64, InvalidArgument,
+                "FERRY_STAGING_THREADS='", *value, "': expected a whole number of staging threads from 1 to 64, ",
+                "or unset (ferry times all the cores, up to 16, and half of them, and keeps the faster)");
+    return threads;
   }();
   return forced;
 }
@@ -111,12 +138,11 @@ std::optional<int> forced_threads() {
 // FERRY_STAGING_STREAMING=1 or 0 fixes the stores; unset, ferry tries both.
 std::optional<bool> forced_streaming() {
   static const std::optional<bool> forced = []() -> std::optional<bool> {
-    const char* text = std::getenv("FERRY_STAGING_STREAMING");
-    if (text == nullptr || *text == '\0') return std::nullopt;
-    const std::string value(text);
-    FERRY_CHECK(value == "0" || value == "1", InvalidArgument, "FERRY_STAGING_STREAMING='", value,
+    const std::optional<std::string> value = env_text("FERRY_STAGING_STREAMING");
+    if (!value) return std::nullopt;
+    FERRY_CHECK(*value == "0" || *value == "1", InvalidArgument, "FERRY_STAGING_STREAMING='", *value,
                 "': expected 1 (streaming stores), 0 (memcpy), or unset (ferry times both and keeps the faster)");
-    return value == "1";
+    return *value == "1";
   }();
   return forced;
 }
@@ -126,12 +152,11 @@ std::optional<bool> forced_streaming() {
 // are for).
 std::optional<std::size_t> forced_chunk_bytes() {
   static const std::optional<std::size_t> forced = []() -> std::optional<std::size_t> {
-    const char* text = std::getenv("FERRY_STAGING_CHUNK_MB");
-    if (text == nullptr || *text == '\0') return std::nullopt;
-    const std::string value(text);
-    FERRY_CHECK(value == "1" || value == "2" || value == "4", InvalidArgument, "FERRY_STAGING_CHUNK_MB='", value,
+    const std::optional<std::string> value = env_text("FERRY_STAGING_CHUNK_MB");
+    if (!value) return std::nullopt;
+    FERRY_CHECK(*value == "1" || *value == "2" || *value == "4", InvalidArgument, "FERRY_STAGING_CHUNK_MB='", *value,
                 "': expected 1, 2 or 4 (MiB per staged chunk), or unset (ferry times 4 and 1 and keeps the faster)");
-    return static_cast<std::size_t>(std::stoi(value)) << 20;
+    return static_cast<std::size_t>(std::stoi(*value)) << 20;
   }();
   return forced;
 }
@@ -175,6 +200,25 @@ class StagingChoice {
     init();
     return chosen();
   }
+  // Adds a copy of kTuneMinBytes or more, made with the kept way, to the split of the threads' time.
+  void add_times(std::size_t bytes, const StagedTimes& times) {
+    std::lock_guard lock(mutex_);
+    if (times.wall <= 0 || times.threads <= 0) return;
+    ++split_.copies;
+    split_.bytes += static_cast<double>(bytes);
+    split_.thread_seconds += times.wall * times.threads;
+    split_.copying += times.copying;
+    split_.waiting += times.waiting;
+    split_.copying_wall += times.copying / times.threads;
+  }
+  void fill_times(PageableCopyPath& path) {
+    std::lock_guard lock(mutex_);
+    path.timed_copies = split_.copies;
+    if (split_.copies == 0) return;
+    path.copying_share = split_.copying / split_.thread_seconds;
+    path.waiting_share = split_.waiting / split_.thread_seconds;
+    path.copying_rate = split_.copying_wall > 0 ? split_.bytes / split_.copying_wall : 0;
+  }
   // "memcpy, 16 threads, 1 MiB chunks", with "(forced)" after what a variable fixed, or "not chosen yet".
   std::string text() {
     std::lock_guard lock(mutex_);
@@ -216,6 +260,14 @@ class StagingChoice {
   std::vector<StagingWay> ways_;  // the ways to try, in turn
   std::vector<double> rates_;     // bytes/s: the best timed copy of each way
   std::size_t timed_ = 0;         // copies timed so far
+  struct {
+    std::size_t copies = 0;     // of kTuneMinBytes or more, with the kept way
+    double bytes = 0;           // their bytes
+    double thread_seconds = 0;  // s: the sum of each copy's threads x wall
+    double copying = 0;         // s, summed over the threads
+    double waiting = 0;         // s, summed over the threads
+    double copying_wall = 0;    // s: the sum of each copy's copying / threads (its bytes' time if copying alone)
+  } split_;
 };
 std::array<StagingChoice, 2> g_choice;  // [device->host, host->device]
 
@@ -333,6 +385,25 @@ class ChunkProgress {
   std::atomic<int> error_{cudaSuccess};   // the first failed call's status
 };
 
+using Clock = std::chrono::steady_clock;
+double seconds_between(Clock::time_point from, Clock::time_point to) {
+  return std::chrono::duration<double>(to - from).count();
+}
+
+// One thread's turn at a chunk: `wait` for its buffer, then `copy` its slice, adding the time of each to `waiting`
+// and `copying` (three clock reads, ~0.1 us a chunk). False, with nothing copied, when the wait fails.
+template <typename Wait, typename Copy>
+bool timed_turn(Wait&& wait, Copy&& copy, double& waiting, double& copying) {
+  const Clock::time_point before_wait = Clock::now();
+  if (!wait()) return false;
+  const Clock::time_point before_copy = Clock::now();
+  copy();
+  const Clock::time_point after_copy = Clock::now();
+  waiting += seconds_between(before_wait, before_copy);
+  copying += seconds_between(before_copy, after_copy);
+  return true;
+}
+
 // Staging threads are OpenMP workers: each makes the copy's device current before its first CUDA call, so none
 // binds another device's context. No exception may leave a parallel region; a failure goes to `progress`.
 bool enter_device(int device, ChunkProgress& progress) {
@@ -350,8 +421,9 @@ void check_staged(cudaError_t status, const char* what) {
 //   waits until chunk c's buffer is free (the DMA of chunk c - kSlots enqueued, then its event done);
 //   copies its slice of chunk c into that buffer;
 //   if its slice was the chunk's last: enqueues chunk c's DMA and records the buffer's event after it.
-void staged_host_to_device(char* dst, const char* src, std::size_t bytes, cudaStream_t stream, int device,
-                           StagingWay way) {
+// Returns where the threads' time went (from here on: a change of the ring's layout before it is not counted).
+StagedTimes staged_host_to_device(char* dst, const char* src, std::size_t bytes, cudaStream_t stream, int device,
+                                  StagingWay way) {
   StagingRing& ring = staging_ring(device);
   std::lock_guard lock(ring.mutex);
   ring.lay_out(way.chunk_bytes);
@@ -360,16 +432,22 @@ void staged_host_to_device(char* dst, const char* src, std::size_t bytes, cudaSt
   const std::size_t first = ring.next;
   auto slot_of = [&](std::size_t c) { return (first + c) % kSlots; };
   ChunkProgress progress(chunks);
-#pragma omp parallel num_threads(threads_for(way, chunk))
+  StagedTimes times;
+  double copying = 0, waiting = 0;  // s, summed over the threads
+  const Clock::time_point start = Clock::now();
+#pragma omp parallel num_threads(threads_for(way, chunk)) reduction(+ : copying, waiting)
   {
     const int t = omp_get_thread_num(), nt = omp_get_num_threads();
+    if (t == 0) times.threads = nt;
     const bool entered = enter_device(device, progress);
     for (std::size_t c = 0; entered && c < chunks; ++c) {
       const std::size_t begin = c * chunk, length = std::min(chunk, bytes - begin), slot = slot_of(c);
-      // the buffer's event is recorded after chunk c - kSlots's DMA (this copy's), or after an earlier copy's
-      if (!progress.wait_ready(c, c >= kSlots ? c - kSlots + 1 : 0, ring.done[slot])) break;
       const std::size_t lo = slice_start(length, t, nt), hi = slice_start(length, t + 1, nt);
-      stream_copy(ring.buffer(slot) + lo, src + begin + lo, hi - lo, way.streaming);
+      // the buffer's event is recorded after chunk c - kSlots's DMA (this copy's), or after an earlier copy's
+      const bool copied = timed_turn(
+          [&] { return progress.wait_ready(c, c >= kSlots ? c - kSlots + 1 : 0, ring.done[slot]); },
+          [&] { stream_copy(ring.buffer(slot) + lo, src + begin + lo, hi - lo, way.streaming); }, waiting, copying);
+      if (!copied) break;
       if (progress.finish_slice(c, nt)) {
         if (progress.failed()) break;
         cudaError_t status = cudaMemcpyAsync(dst + begin, ring.buffer(slot), length, cudaMemcpyHostToDevice, stream);
@@ -384,6 +462,10 @@ void staged_host_to_device(char* dst, const char* src, std::size_t bytes, cudaSt
   }
   ring.next = slot_of(chunks);
   check_staged(progress.error(), "staged host-to-device copy (cudaSetDevice, cudaEventSynchronize, cudaMemcpyAsync)");
+  times.wall = seconds_between(start, Clock::now());
+  times.copying = copying;
+  times.waiting = waiting;
+  return times;
 }
 
 // device -> host (pageable). Returns when every byte is in `dst`. First this thread enqueues the DMAs of chunks
@@ -391,11 +473,13 @@ void staged_host_to_device(char* dst, const char* src, std::size_t bytes, cudaSt
 //   waits until chunk c's DMA is enqueued, then done (its buffer's event);
 //   copies its slice of chunk c out of the buffer;
 //   if its slice was the chunk's last: enqueues the DMA of chunk c + kSlots into the buffer chunk c has left.
-void staged_device_to_host(char* dst, const char* src, std::size_t bytes, cudaStream_t stream, int device,
-                           StagingWay way) {
+// Returns where the threads' time went, as staged_host_to_device does.
+StagedTimes staged_device_to_host(char* dst, const char* src, std::size_t bytes, cudaStream_t stream, int device,
+                                  StagingWay way) {
   StagingRing& ring = staging_ring(device);
   std::lock_guard lock(ring.mutex);
   ring.lay_out(way.chunk_bytes);
+  const Clock::time_point start = Clock::now();
   const std::size_t chunk = chunk_bytes(bytes, way);
   const std::size_t chunks = (bytes + chunk - 1) / chunk;
   const std::size_t first = ring.next;
@@ -418,15 +502,20 @@ void staged_device_to_host(char* dst, const char* src, std::size_t bytes, cudaSt
     }
   }
   progress.set_enqueued(primed);
-#pragma omp parallel num_threads(threads_for(way, chunk))
+  StagedTimes times;
+  double copying = 0, waiting = 0;  // s, summed over the threads
+#pragma omp parallel num_threads(threads_for(way, chunk)) reduction(+ : copying, waiting)
   {
     const int t = omp_get_thread_num(), nt = omp_get_num_threads();
+    if (t == 0) times.threads = nt;
     const bool entered = enter_device(device, progress);
     for (std::size_t c = 0; entered && c < chunks; ++c) {
       const std::size_t begin = c * chunk, length = std::min(chunk, bytes - begin), slot = slot_of(c);
-      if (!progress.wait_ready(c, c + 1, ring.done[slot])) break;
       const std::size_t lo = slice_start(length, t, nt), hi = slice_start(length, t + 1, nt);
-      stream_copy(dst + begin + lo, ring.buffer(slot) + lo, hi - lo, way.streaming);
+      const bool copied = timed_turn([&] { return progress.wait_ready(c, c + 1, ring.done[slot]); },
+                                     [&] { stream_copy(dst + begin + lo, ring.buffer(slot) + lo, hi - lo, way.streaming); },
+                                     waiting, copying);
+      if (!copied) break;
       if (progress.finish_slice(c, nt) && c + kSlots < chunks) {
         if (progress.failed()) break;
         if (const cudaError_t status = enqueue(c + kSlots); status != cudaSuccess) {
@@ -439,6 +528,10 @@ void staged_device_to_host(char* dst, const char* src, std::size_t bytes, cudaSt
   }
   ring.next = slot_of(chunks);
   check_staged(progress.error(), "staged device-to-host copy (cudaSetDevice, cudaEventSynchronize, cudaMemcpyAsync)");
+  times.wall = seconds_between(start, Clock::now());
+  times.copying = copying;
+  times.waiting = waiting;
+  return times;
 }
 
 // Peer access lets device-to-device copies between GPUs go over NVLink/PCIe directly instead of
@@ -475,6 +568,7 @@ PageableCopyPath pageable_copy_path(bool host_to_device) {
   path.description = "copies of 4 MiB or more go through the pinned staging ring, " +
                      (path.settled ? "with " + choice.text()
                                    : std::string("which is still choosing its way (by timing copies of 64 MiB or more)"));
+  choice.fill_times(path);
   return path;
 }
 
@@ -500,16 +594,19 @@ void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device
   if (staged) {
     const bool to_device = src_device.is_cpu();
     std::optional<std::size_t> trial;
-    const StagingWay way = g_choice[to_device].pick(bytes, trial);
-    const auto start = std::chrono::steady_clock::now();
-    if (to_device) staged_host_to_device(out, in, bytes, s, device, way);  // returns with the last DMAs queued
-    else staged_device_to_host(out, in, bytes, s, device, way);            // returns with the data in place
+    StagingChoice& choice = g_choice[to_device];
+    const StagingWay way = choice.pick(bytes, trial);
+    const Clock::time_point start = Clock::now();
+    const StagedTimes times = to_device ? staged_host_to_device(out, in, bytes, s, device, way)  // last DMAs queued
+                                        : staged_device_to_host(out, in, bytes, s, device, way); // data in place
     if (trial) {
       // Timed to its end: host->device returns with up to a ring of DMAs in flight (32 MB with 4 MB chunks, 8 with
       // 1 MB), and a way must not look faster for leaving more of them untimed. So a trial copy waits for them (twelve
       // trials a process at most, each at most ~0.6 ms longer on a 55 GB/s link).
       if (to_device) FERRY_CUDA_CHECK(cudaStreamSynchronize(s));
-      g_choice[to_device].record(*trial, bytes, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+      choice.record(*trial, bytes, seconds_between(start, Clock::now()));
+    } else if (bytes >= kTuneMinBytes) {
+      choice.add_times(bytes, times);  // a large copy with the kept way
     }
   } else if (src_device.is_cpu()) {
     FERRY_CUDA_CHECK(cudaMemcpyAsync(out, in, bytes, cudaMemcpyHostToDevice, s));

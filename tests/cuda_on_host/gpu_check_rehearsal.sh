@@ -42,7 +42,9 @@ echo "{\"library\": \"ferry\", \"device\": \"emulated card (rehearsal)\", \"meas
  $(m d2h_pinned_256MB 4.8 268435456), $(m d2h_pageable_256MB 7.5 268435456), $(m d2d_256MB 0.16 536870912),
  $(m add_3x256MB 0.18 805306368), $(m host_memcpy_256MB_1thread 30 268435456), $(m host_memcpy_256MB_8threads 9 268435456), $(m host_memcpy_256MB_16threads 5 268435456),
  \"gemm_fp32_4096\": {\"ms\": 2.6, \"TFLOPs\": 52.9}, \"gemm_fp32_8192\": {\"ms\": 21, \"TFLOPs\": 52.4}},
- \"staging\": {\"host_to_device\": \"memcpy, 16 threads, 1 MiB chunks\", \"device_to_host\": \"streaming stores, 8 threads, 4 MiB chunks\"}}"
+ \"staging\": {\"host_to_device\": \"memcpy, 16 threads, 1 MiB chunks\", \"device_to_host\": \"streaming stores, 8 threads, 4 MiB chunks\",
+  \"threads_time\": {\"host_to_device\": {\"copies\": 13, \"copying_share\": 0.41, \"waiting_share\": 0.55, \"copying_GBps\": 118.0},
+                   \"device_to_host\": {\"copies\": 13, \"copying_share\": 0.83, \"waiting_share\": 0.12, \"copying_GBps\": 44.0}}}}"
 EOF
 cat > "$work/build/bench/cuda_layer_bench" <<'EOF'
 #!/usr/bin/env bash
@@ -113,6 +115,8 @@ expect "the host's own memcpy of 256 MB (the pageable rows' ceiling): 1thread"
 expect "pageable rows: the staging ring chose memcpy, 16 threads, 1 MiB chunks (host->device), streaming stores, 8 threads, 4 MiB chunks (device->host)"
 expect "staging threads 16, streaming stores on , 4 MiB chunks: pageable host->device 256 MB"
 expect "staging threads 16, streaming stores off, 1 MiB chunks: pageable host->device 256 MB"
+expect "    its threads host->device: copying 41 % of the time (118.0 GB/s together), waiting for the link 55 %"
+expect "GB/s (copying 83 %, waiting 12 %)"
 expect "golden mlp: cpu"
 expect "golden cnn: cpu"
 expect "+ one sync bubble"

@@ -166,6 +166,10 @@ void add_link_bench(CLI::App& bench) {
       "Times copies of each size between buffers allocated once (the link itself), medians; --with-allocation\n"
       "times x.to(device) and x.to(cpu) with a fresh destination each run (what a loop that moves every batch pays).\n"
       "Pinned memory is measured only where the device has it (cuda). Exercise 2.2 says 4 MB / 16 GB/s = 0.25 ms.\n"
+      "On cuda, pageable copies of 4 MiB or more go through a ring of pinned buffers filled by host threads; the\n"
+      "report says which way the ring kept and, after copies of 64 MiB or more, where its threads' time went:\n"
+      "mostly copying means the host's memory is the limit, mostly waiting for the link means the link is\n"
+      "(docs/devices-and-moves.md).\n"
       "Example: ferry bench link --device sim:0 --sizes 4KB,1MB,64MB --save profile.json");
   add_common_options(command, options->common, "Copy sizes, comma-separated: 4KB,1MB,256MB (default 4 KB..256 MB)");
   command->add_flag("--pageable-only", options->pageable_only, "Skip the pinned-memory paths");
@@ -250,9 +254,19 @@ void add_link_bench(CLI::App& bench) {
     for (const bool to_device : {true, false}) {
       const ferry::PageableCopyPath path = ferry::backend(device).pageable_copy_path(to_device);
       if (path.description.empty()) continue;
-      pageable[to_device ? "host_to_device" : "device_to_host"] = {{"settled", path.settled},
-                                                                   {"description", path.description}};
+      Json& entry = pageable[to_device ? "host_to_device" : "device_to_host"];
+      entry = {{"settled", path.settled}, {"description", path.description}};
       text += fmt::format("pageable {}: {}\n", to_device ? "host->device" : "device->host", path.description);
+      if (path.timed_copies == 0) continue;
+      // Where the staging threads' time went: mostly waiting says the link is the limit, mostly copying the host's memory.
+      entry["staging_threads"] = {{"copies", path.timed_copies}, {"copying_share", path.copying_share},
+                                  {"waiting_share", path.waiting_share},
+                                  {"copying_bytes_per_second", path.copying_rate}};
+      text += fmt::format("  its threads, over {} {} of {} MiB or more: copying {:.0f} % of the time ({} together), "
+                          "waiting for the link {:.0f} %, the rest {:.0f} %\n",
+                          path.timed_copies, path.timed_copies == 1 ? "copy" : "copies", path.tuning_bytes >> 20,
+                          100 * path.copying_share, ferry::format_bandwidth(path.copying_rate),
+                          100 * path.waiting_share, 100 * std::max(0.0, 1 - path.copying_share - path.waiting_share));
     }
     if (!pageable.empty()) object["pageable_copy_path"] = pageable;
     finish(options->common, profile, object, text);
