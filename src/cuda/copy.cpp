@@ -19,7 +19,6 @@
 #include <charconv>
 #include <chrono>
 #include <cstdint>
-#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <mutex>
@@ -29,6 +28,7 @@
 #include <thread>
 #include <vector>
 
+#include "../core/environment.h"
 #include "check.h"
 #include "device_state.h"
 #include "ferry/error.h"
@@ -111,18 +111,11 @@ struct StagedTimes {
   int threads = 0;     // threads that shared the chunks
 };
 
-// The text of environment variable `name`; nullopt when it is unset or empty.
-std::optional<std::string> env_text(const char* name) {
-  const char* text = std::getenv(name);
-  if (text == nullptr || *text == '\0') return std::nullopt;
-  return std::string(text);
-}
-
 // FERRY_STAGING_THREADS=N (1 to 64) fixes the thread count; unset, ferry tries all of the cores (up to 16) and half
 // of them.
 std::optional<int> forced_threads() {
   static const std::optional<int> forced = []() -> std::optional<int> {
-    const std::optional<std::string> value = env_text("FERRY_STAGING_THREADS");
+    const std::optional<std::string> value = ferry::detail::environment_text("FERRY_STAGING_THREADS");
     if (!value) return std::nullopt;
     int threads = 0;
     const char* end = value->data() + value->size();
@@ -138,7 +131,7 @@ std::optional<int> forced_threads() {
 // FERRY_STAGING_STREAMING=1 or 0 fixes the stores; unset, ferry tries both.
 std::optional<bool> forced_streaming() {
   static const std::optional<bool> forced = []() -> std::optional<bool> {
-    const std::optional<std::string> value = env_text("FERRY_STAGING_STREAMING");
+    const std::optional<std::string> value = ferry::detail::environment_text("FERRY_STAGING_STREAMING");
     if (!value) return std::nullopt;
     FERRY_CHECK(*value == "0" || *value == "1", InvalidArgument, "FERRY_STAGING_STREAMING='", *value,
                 "': expected 1 (streaming stores), 0 (memcpy), or unset (ferry times both and keeps the faster)");
@@ -152,7 +145,7 @@ std::optional<bool> forced_streaming() {
 // are for).
 std::optional<std::size_t> forced_chunk_bytes() {
   static const std::optional<std::size_t> forced = []() -> std::optional<std::size_t> {
-    const std::optional<std::string> value = env_text("FERRY_STAGING_CHUNK_MB");
+    const std::optional<std::string> value = ferry::detail::environment_text("FERRY_STAGING_CHUNK_MB");
     if (!value) return std::nullopt;
     FERRY_CHECK(*value == "1" || *value == "2" || *value == "4", InvalidArgument, "FERRY_STAGING_CHUNK_MB='", *value,
                 "': expected 1, 2 or 4 (MiB per staged chunk), or unset (ferry times 4 and 1 and keeps the faster)");

@@ -14,6 +14,7 @@
 #include <mutex>
 #include <string>
 
+#include "../core/environment.h"
 #include "check.h"
 #include "cuda_backend.h"
 #include "device_state.h"
@@ -46,12 +47,15 @@ struct CudnnState {
 std::array<std::atomic<CudnnState*>, kMaxDevices> g_states{};
 std::array<std::once_flag, kMaxDevices> g_state_once;
 
+// FERRY_CUDNN=0 (a switch, ../core/environment.h: a value it cannot read is an InvalidArgument) composes
+// convolution and BatchNorm from ferry's kernels for the whole run.
 bool switched_off() {
-  const char* value = std::getenv("FERRY_CUDNN");
-  return value != nullptr && std::strcmp(value, "0") == 0;
+  static const bool off = !ferry::detail::environment_switch("FERRY_CUDNN", true);
+  return off;
 }
 
-// Never throws: a cuDNN that cannot start leaves handle null and says why, once, on stderr.
+// Throws only for a FERRY_CUDNN it cannot read: a cuDNN that cannot start leaves handle null and says why, once, on
+// stderr.
 CudnnState& state(int device) {
   std::call_once(g_state_once[static_cast<std::size_t>(device)], [device] {
     auto s = std::make_unique<CudnnState>();

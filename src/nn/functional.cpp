@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <cmath>
 
+#include "../core/environment.h"
 #include "../core/internal.h"
 #include "batch_norm_kernels.h"
 #include "conv_grads.h"
@@ -404,11 +405,12 @@ Tensor conv2d(const Tensor& input_in, const Tensor& weight, const Tensor& bias, 
 // --- batch_norm ---------------------------------------------------------------------------------
 
 namespace {
-// FERRY_LIBRARY_LAYERS=0 composes convolution and BatchNorm from ferry's kernels for a whole run.
-std::atomic<bool> g_library_layers{[] {
-  const char* value = std::getenv("FERRY_LIBRARY_LAYERS");
-  return value == nullptr || std::string(value) != "0";
-}()};
+// FERRY_LIBRARY_LAYERS=0 composes convolution and BatchNorm from ferry's kernels for a whole run (a switch,
+// ../core/environment.h; read on first use, so that a value it refuses is an error a caller can catch).
+std::atomic<bool>& library_layers_flag() {
+  static std::atomic<bool> enabled{ferry::detail::environment_switch("FERRY_LIBRARY_LAYERS", true)};
+  return enabled;
+}
 
 // Training-mode BatchNorm as one library call forward and one backward (cuDNN on cuda), or, with a ReLU
 // (shape.relu), as ferry's fused BatchNorm + ReLU kernels (cuda and sim). x is the contiguous input (N, C, *);
@@ -446,16 +448,19 @@ Tensor batch_norm_library(const Tensor& input, const Tensor& x, const Backend::B
 }
 }  // namespace
 
-// FERRY_FUSED_ACTIVATIONS=0 switches the fusion off for a whole run (to measure what it buys).
-std::atomic<bool> g_fused_activations{[] {
-  const char* value = std::getenv("FERRY_FUSED_ACTIVATIONS");
-  return value == nullptr || std::string(value) != "0";
-}()};
-void set_fused_activations(bool enabled) { g_fused_activations = enabled; }
-bool fused_activations() { return g_fused_activations; }
+namespace {
+// FERRY_FUSED_ACTIVATIONS=0 switches the fusion off for a whole run (to measure what it buys); a switch, read on
+// first use, as FERRY_LIBRARY_LAYERS is.
+std::atomic<bool>& fused_activations_flag() {
+  static std::atomic<bool> enabled{ferry::detail::environment_switch("FERRY_FUSED_ACTIVATIONS", true)};
+  return enabled;
+}
+}  // namespace
+void set_fused_activations(bool enabled) { fused_activations_flag() = enabled; }
+bool fused_activations() { return fused_activations_flag(); }
 
-void set_library_layers(bool enabled) { g_library_layers = enabled; }
-bool library_layers() { return g_library_layers; }
+void set_library_layers(bool enabled) { library_layers_flag() = enabled; }
+bool library_layers() { return library_layers_flag(); }
 
 namespace {
 // batch_norm's argument checks (shared with batch_norm_relu_max_pool2d); returns the input as (N, C, inner).

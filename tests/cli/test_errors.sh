@@ -183,6 +183,14 @@ if [[ -f "$data_dir/train-images-idx3-ubyte.gz" ]]; then
   quick=(--device cpu --model mlp --limit-train 64 --limit-test 32 --batch 32 --epochs 1 --data "$data_dir")
   # A switch that is neither on nor off is refused, not read as off (the run would not be the reproducible one).
   FERRY_DETERMINISTIC=maybe expect_failure 2 "FERRY_DETERMINISTIC='maybe'" train "${quick[@]}" --max-steps 1
+  # Every FERRY_* switch reads the same words (src/core/environment.h): "off" is off, and a word it cannot read stops.
+  if FERRY_FUSED_ACTIVATIONS=off "$FERRY" train "${quick[@]}" --max-steps 1 >"$scratch/out" 2>"$scratch/err"; then
+    echo "ok: FERRY_FUSED_ACTIVATIONS=off is a switch ferry reads"
+  else
+    fail "FERRY_FUSED_ACTIVATIONS=off was refused: $(head -c 400 "$scratch/err")"
+  fi
+  FERRY_FUSED_ACTIVATIONS=maybe expect_failure 2 "FERRY_FUSED_ACTIVATIONS='maybe' is not a switch" train "${quick[@]}" --max-steps 1
+  FERRY_LIBRARY_LAYERS=nope expect_failure 2 "FERRY_LIBRARY_LAYERS='nope' is not a switch" train "${quick[@]}" --max-steps 1
   touch "$scratch/real.safetensors"
   ln -s real.safetensors "$scratch/link.safetensors"
   if "$FERRY" train "${quick[@]}" --max-steps 1 --checkpoint "$scratch/link.safetensors" >"$scratch/out" 2>"$scratch/err" &&

@@ -10,7 +10,9 @@
 
 #include "commands.h"
 #include "ferry/backend.h"
+#include "ferry/determinism.h"
 #include "ferry/error.h"
+#include "ferry/nn/functional.h"
 #include "ferry/nn/module.h"
 
 namespace {
@@ -81,13 +83,17 @@ int main(int argc, char** argv) {
   // Set before the commands are added: their options inherit it.
   app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   app.fallthrough(false);
-  // The sim device's settings in the environment (FERRY_SIM_LINK, FERRY_SIM_DEVICES) are read at its first use, so a
-  // bad value went unnoticed by a command that used no sim device (train --device cpu, eval, plan). Checked here,
-  // after the command line is parsed and before any command runs, like an option (exit 2). inspect and convert read
-  // and write files only.
+  // The settings in the environment are read at their first use: the sim device's (FERRY_SIM_LINK, FERRY_SIM_DEVICES)
+  // when a sim device is, the layer switches when a layer runs. So a bad value went unnoticed by a command that used
+  // no sim device (train --device cpu, eval, plan), or stopped a run after its first lines. Checked here, after the
+  // command line is parsed and before any command runs, like an option (exit 2). inspect and convert read and write
+  // files only. (The cuda backend's own variables, FERRY_CUDNN and FERRY_STAGING_*, are checked at its first use.)
   app.parse_complete_callback([&app] {
     if (app.got_subcommand("inspect") || app.got_subcommand("convert")) return;
     (void)ferry::sim_link_bandwidth();  // throws InvalidArgument for a bad FERRY_SIM_LINK or FERRY_SIM_DEVICES
+    (void)ferry::nn::functional::fused_activations();  // FERRY_FUSED_ACTIVATIONS, a switch (1/0, on/off, ...)
+    (void)ferry::nn::functional::library_layers();     // FERRY_LIBRARY_LAYERS
+    (void)ferry::deterministic_algorithms();           // FERRY_DETERMINISTIC
   });
   register_devices_command(app);
   register_plan_command(app);

@@ -172,13 +172,15 @@ bool fused_host_kernels();
 // on cuda) when the backend has one for the shape, and BatchNorm + ReLU through ferry's fused kernels
 // (cuda and sim); on by default. Off, every device composes them from ferry's kernels (im2col + GEMM,
 // per-channel passes): tests compare the two. FERRY_LIBRARY_LAYERS=0 sets it off for a whole run;
-// FERRY_CUDNN=0 turns only cuDNN off.
+// FERRY_CUDNN=0 turns only cuDNN off. Both are switches (1/true/yes/on or 0/false/no/off, any case): another value
+// is an InvalidArgument, thrown by the first call that reads it (ferry's command line reads it before a command runs).
 void set_library_layers(bool enabled);
 bool library_layers();
 
 // Whether nn::Sequential runs a Linear or BatchNorm followed by a ReLU as one fused layer (Activation::ReLU);
 // on by default. The state_dict and the values are the same either way (up to the last bit: the bias is added
-// after the GEMM instead of before it); tests switch it off to compare, and FERRY_FUSED_ACTIVATIONS=0 for a run.
+// after the GEMM instead of before it); tests switch it off to compare, and FERRY_FUSED_ACTIVATIONS=0 for a run (a
+// switch, read as FERRY_LIBRARY_LAYERS is).
 void set_fused_activations(bool enabled);
 bool fused_activations();
 
