@@ -100,7 +100,8 @@ void prepare_cublas(int device);
 // --- copy.cpp: every copy that touches this backend's memory ------------------------------------------------
 void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device, std::size_t bytes,
                 const Stream& stream, bool pinned, bool non_blocking);
-// Whether the staging ring has chosen its way in that direction, and which (Backend::pageable_copy_path).
+// Whether the staging ring has chosen its way in that direction, which, and where its threads' time went in the
+// large copies made with it since (Backend::pageable_copy_path).
 PageableCopyPath pageable_copy_path(bool host_to_device);
 
 // --- pinned.cpp: page-locked host memory, cached and reused once the copy streams are past it ---------------
