@@ -116,7 +116,7 @@ expect "pageable rows: the staging ring chose memcpy, 16 threads, 1 MiB chunks (
 expect "staging threads 16, streaming stores on , 4 MiB chunks: pageable host->device 256 MB"
 expect "staging threads 16, streaming stores off, 1 MiB chunks: pageable host->device 256 MB"
 expect "    its threads host->device: copying 41 % of the time (118.0 GB/s together), waiting for the link 55 %"
-expect "GB/s (copying 83 %, waiting 12 %)"
+expect "GB/s (copying 83 % at 44.0 GB/s together, waiting 12 %)"
 expect "golden mlp: cpu"
 expect "golden cnn: cpu"
 expect "+ one sync bubble"
