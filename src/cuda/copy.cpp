@@ -193,10 +193,11 @@ class StagingChoice {
     init();
     return chosen();
   }
-  // Adds a copy of kTuneMinBytes or more, made with the kept way, to the split of the threads' time.
+  // Adds a copy that was not a trial to the split of the threads' time, if it was made with the kept way and is of
+  // kTuneMinBytes or more (the size of the copies the choice was made on).
   void add_times(std::size_t bytes, const StagedTimes& times) {
     std::lock_guard lock(mutex_);
-    if (times.wall <= 0 || times.threads <= 0) return;
+    if (!chosen() || bytes < kTuneMinBytes || times.wall <= 0 || times.threads <= 0) return;
     ++split_.copies;
     split_.bytes += static_cast<double>(bytes);
     split_.thread_seconds += times.wall * times.threads;
@@ -598,8 +599,8 @@ void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device
       // trials a process at most, each at most ~0.6 ms longer on a 55 GB/s link).
       if (to_device) FERRY_CUDA_CHECK(cudaStreamSynchronize(s));
       choice.record(*trial, bytes, seconds_between(start, Clock::now()));
-    } else if (bytes >= kTuneMinBytes) {
-      choice.add_times(bytes, times);  // a large copy with the kept way
+    } else {
+      choice.add_times(bytes, times);
     }
   } else if (src_device.is_cpu()) {
     FERRY_CUDA_CHECK(cudaMemcpyAsync(out, in, bytes, cudaMemcpyHostToDevice, s));
