@@ -4,6 +4,8 @@
 
 #include <cstring>
 
+#include "cublas_library.h"
+
 namespace ferry::cuda {
 
 namespace {
@@ -44,7 +46,9 @@ void throw_cuda_error(cudaError_t status, const char* call, const char* file, in
 }
 
 void throw_cublas_error(cublasStatus_t status, const char* call, const char* file, int line) {
-  throw_backend_error("cuBLAS", cublasGetStatusName(status), cublasGetStatusString(status), call, file, line);
+  const CublasLibrary& cublas = cublas_library();  // loaded already: the status came from it
+  throw_backend_error("cuBLAS", cublas.cublasGetStatusName(status), cublas.cublasGetStatusString(status), call, file,
+                      line);
 }
 
 }  // namespace ferry::cuda

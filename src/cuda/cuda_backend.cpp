@@ -17,6 +17,7 @@
 
 #include "../core/registry.h"
 #include "check.h"
+#include "cublas_library.h"
 #include "cudnn_layers.h"
 #include "device_state.h"
 #include "graph.h"
@@ -322,12 +323,7 @@ class CudaBackend final : public Backend {
     p.link = std::string("PCIe (bus ") + bus_id + ")";
     p.bus_id = bus_id;
     p.link_bytes_per_second = 0;  // the runtime cannot say (NVML could); measured by `ferry bench`
-    int cublas_major = 0, cublas_minor = 0, cublas_patch = 0;
-    if (cublasGetProperty(MAJOR_VERSION, &cublas_major) == CUBLAS_STATUS_SUCCESS &&
-        cublasGetProperty(MINOR_VERSION, &cublas_minor) == CUBLAS_STATUS_SUCCESS &&
-        cublasGetProperty(PATCH_LEVEL, &cublas_patch) == CUBLAS_STATUS_SUCCESS) {
-      p.libraries = detail::concat("cuBLAS ", cublas_major, ".", cublas_minor, ".", cublas_patch, " (GEMM), ");
-    }
+    p.libraries = cublas_description();
     p.libraries += cudnn_description(index);
     return p;
   }

@@ -12,6 +12,7 @@
 #include <mutex>
 
 #include "check.h"
+#include "cublas_library.h"
 #include "cuda_backend.h"
 #include "device_state.h"
 #include "ferry/error.h"
@@ -41,9 +42,10 @@ std::array<std::once_flag, kMaxDevices> g_handle_once;
 CublasState& cublas_state(int device) {
   std::call_once(g_handle_once[static_cast<std::size_t>(device)], [device] {
     DeviceGuard guard(device);
+    const CublasLibrary& cublas = cublas_library();  // loads cuBLAS at the process's first GEMM on a cuda device
     auto state = std::make_unique<CublasState>();
-    FERRY_CUBLAS_CHECK(cublasCreate(&state->handle));
-    FERRY_CUBLAS_CHECK(cublasSetMathMode(state->handle, CUBLAS_DEFAULT_MATH));  // no TF32 for fp32
+    FERRY_CUBLAS_CHECK(cublas.cublasCreate(&state->handle));
+    FERRY_CUBLAS_CHECK(cublas.cublasSetMathMode(state->handle, CUBLAS_DEFAULT_MATH));  // no TF32 for fp32
     DeviceState& s = device_state(device);  // counted as PyTorch counts its cuBLAS workspace
     // Once per device, at the first GEMM, outside ferry's pool. The pool keeps freed blocks, so a full pool
     // is given back to the device (as on a failed allocation in it) before the workspace is called missing.
@@ -94,17 +96,18 @@ void gemm(const Backend::GemmArgs& g, int device, cudaStream_t stream) {
   const cublasOperation_t op_second = g.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;  // applied to A
 
   CublasState& state = cublas_state(device);
+  const CublasLibrary& cublas = cublas_library();
   std::lock_guard lock(state.mutex);
   if (state.stream != stream) {
-    FERRY_CUBLAS_CHECK(cublasSetStream(state.handle, stream));  // resets the workspace to cuBLAS's own
+    FERRY_CUBLAS_CHECK(cublas.cublasSetStream(state.handle, stream));  // resets the workspace to cuBLAS's own
     if (stream == device_state(device).compute_stream) {
-      FERRY_CUBLAS_CHECK(cublasSetWorkspace(state.handle, state.workspace, kWorkspaceBytes));
+      FERRY_CUBLAS_CHECK(cublas.cublasSetWorkspace(state.handle, state.workspace, kWorkspaceBytes));
     }
     state.stream = stream;
   }
   const bool tf32 = g_allow_tf32.load();
   if (tf32 != state.tf32) {
-    FERRY_CUBLAS_CHECK(cublasSetMathMode(state.handle, tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
+    FERRY_CUBLAS_CHECK(cublas.cublasSetMathMode(state.handle, tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
     state.tf32 = tf32;
   }
 
@@ -114,9 +117,10 @@ void gemm(const Backend::GemmArgs& g, int device, cudaStream_t stream) {
     const auto* a = static_cast<const float*>(g.a);
     auto* c = static_cast<float*>(g.c);
     if (batch == 1) {
-      FERRY_CUBLAS_CHECK(cublasSgemm(state.handle, op_first, op_second, m, n, k, &alpha, b, lda, a, ldb, &beta, c, ldc));
+      FERRY_CUBLAS_CHECK(
+          cublas.cublasSgemm(state.handle, op_first, op_second, m, n, k, &alpha, b, lda, a, ldb, &beta, c, ldc));
     } else {
-      FERRY_CUBLAS_CHECK(cublasSgemmStridedBatched(state.handle, op_first, op_second, m, n, k, &alpha, b, lda,
+      FERRY_CUBLAS_CHECK(cublas.cublasSgemmStridedBatched(state.handle, op_first, op_second, m, n, k, &alpha, b, lda,
                                                    g.stride_b, a, ldb, g.stride_a, &beta, c, ldc, g.stride_c, batch));
     }
   } else {
@@ -125,9 +129,10 @@ void gemm(const Backend::GemmArgs& g, int device, cudaStream_t stream) {
     const auto* a = static_cast<const double*>(g.a);
     auto* c = static_cast<double*>(g.c);
     if (batch == 1) {
-      FERRY_CUBLAS_CHECK(cublasDgemm(state.handle, op_first, op_second, m, n, k, &alpha, b, lda, a, ldb, &beta, c, ldc));
+      FERRY_CUBLAS_CHECK(
+          cublas.cublasDgemm(state.handle, op_first, op_second, m, n, k, &alpha, b, lda, a, ldb, &beta, c, ldc));
     } else {
-      FERRY_CUBLAS_CHECK(cublasDgemmStridedBatched(state.handle, op_first, op_second, m, n, k, &alpha, b, lda,
+      FERRY_CUBLAS_CHECK(cublas.cublasDgemmStridedBatched(state.handle, op_first, op_second, m, n, k, &alpha, b, lda,
                                                    g.stride_b, a, ldb, g.stride_a, &beta, c, ldc, g.stride_c, batch));
     }
   }

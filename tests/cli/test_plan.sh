@@ -131,4 +131,15 @@ else
   fail "ferry plan transfer --link 55.1GiB/s: $("$FERRY" plan transfer --bytes 4000000 --link 55.1GiB/s 2>&1)"
 fi
 
+# A command that needs no GPU starts without cuBLAS: linking it made every process run libcublasLt's constructors
+# (~0.1 s, ~94 MB) before main; src/cuda/cublas_library.h loads it at the first GEMM on a cuda device instead.
+for args in "--version" "plan bytes --shape 1000x1000 --dtype float32"; do
+  # shellcheck disable=SC2086  # $args is the command line, split on purpose
+  if LD_DEBUG=libs "$FERRY" $args 2>&1 >/dev/null | grep -q "libcublas"; then
+    fail "ferry $args loaded cuBLAS at start-up: $(LD_DEBUG=libs "$FERRY" $args 2>&1 >/dev/null | grep -m2 libcublas)"
+  else
+    echo "ok: ferry $args starts without loading cuBLAS"
+  fi
+done
+
 finish test_plan
