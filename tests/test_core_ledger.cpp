@@ -1,6 +1,9 @@
 // test_core_ledger.cpp — the one door (invariant 5): crossings and syncs are recorded with their
 // direction, bytes and reason; the sync policy and per-step budgets stop what they forbid.
+#include <atomic>
+#include <latch>
 #include <optional>
+#include <thread>
 
 #include "ferry/readback.h"
 #include "test_helpers.h"
@@ -182,6 +185,98 @@ TEST(Ledger, WarnPolicyNamesAPageableNonBlockingCopy) {
   const std::string said = ::testing::internal::GetCapturedStderr();
   EXPECT_NE(said.find("from pageable host memory is really blocking"), std::string::npos) << said;
   EXPECT_EQ(moved.device(), kSim0);
+}
+
+// The ledger is one per process and its records come from any thread (a training loop, a prefetch thread, a
+// data-parallel rank's threads); the sync policy is each thread's own. Several threads move tensors and read them
+// back at once, one of them under SyncPolicy::Error, while another reads the ledger: every crossing is recorded
+// once, the totals add up exactly, and only the thread under Error is refused.
+TEST(Ledger, RecordsEveryCrossingFromSeveralThreadsAndKeepsEachThreadsPolicy) {
+  Ledger& ledger = Ledger::global();
+  ledger.clear();
+  constexpr int kAllowed = 3, kRounds = 200;
+  constexpr std::int64_t kElements = 64;  // 256 bytes host->device a round, 4 bytes back per item()
+  std::atomic<int> refused{0}, wrong{0};
+  std::atomic<bool> done{false};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kAllowed; ++t) {
+    threads.emplace_back([&, t] {
+      for (int r = 0; r < kRounds; ++r) {
+        const Tensor on = full({kElements}, static_cast<double>(t + 1)).to(kSim0);
+        if (sum(on).item<double>() != static_cast<double>((t + 1) * kElements)) ++wrong;
+      }
+    });
+  }
+  threads.emplace_back([&] {
+    SyncPolicyGuard error(SyncPolicy::Error);  // this thread's only
+    for (int r = 0; r < kRounds; ++r) {
+      const Tensor on = full({kElements}, 1.0).to(kSim0);  // a blocking copy in: recorded, not a sync
+      try {
+        (void)sum(on).item<double>();
+      } catch (const SyncPolicyViolation&) {
+        ++refused;
+      }
+    }
+  });
+  std::int64_t seen = 0, went_back = 0;
+  std::thread reader([&] {  // the report's view while the records come in: never fewer than before
+    while (!done.load()) {
+      const std::int64_t now = ledger.totals().transfers;
+      if (now < seen) ++went_back;
+      seen = now;
+      if (static_cast<std::int64_t>(ledger.transfers().size()) < now) ++went_back;
+    }
+  });
+  for (std::thread& thread : threads) thread.join();
+  done = true;
+  reader.join();
+
+  EXPECT_EQ(wrong.load(), 0);
+  EXPECT_EQ(refused.load(), kRounds) << "SyncPolicy::Error on one thread must refuse each of its item() calls";
+  EXPECT_EQ(went_back, 0) << "a reader saw the ledger's counts go down";
+  const Ledger::Totals totals = ledger.totals();
+  const std::int64_t copies_in = (kAllowed + 1) * kRounds, reads = kAllowed * kRounds;
+  EXPECT_EQ(totals.transfers, copies_in + reads);
+  EXPECT_EQ(totals.bytes_host_to_device, copies_in * kElements * 4);
+  EXPECT_EQ(totals.bytes_device_to_host, reads * 4);
+  EXPECT_EQ(totals.syncs, reads);
+  EXPECT_EQ(static_cast<std::int64_t>(ledger.transfers().size()), totals.transfers);
+  EXPECT_EQ(static_cast<std::int64_t>(ledger.syncs().size()), totals.syncs);
+  EXPECT_EQ(current_sync_policy(), SyncPolicy::Allow) << "the other thread's guard leaked into this one";
+}
+
+// The same at the ledger's own rate: threads that do nothing but record, so that a record or a total left
+// unguarded would lose counts (or crash in the record vectors) rather than hide behind the tensor work.
+TEST(Ledger, CountsEveryRecordWhenThreadsRecordAtOnce) {
+  Ledger& ledger = Ledger::global();
+  ledger.clear();
+  constexpr int kThreads = 4, kRecords = 100000;
+  std::latch start(kThreads);  // all at once, not one after another as they are made
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&ledger, &start, t] {
+      start.arrive_and_wait();
+      for (int r = 0; r < kRecords; ++r) {
+        TransferRecord copy;
+        copy.direction = (r % 2 == 0) ? Direction::HostToDevice : Direction::DeviceToHost;
+        copy.source = copy.direction == Direction::HostToDevice ? kCPU : kSim0;
+        copy.target = copy.direction == Direction::HostToDevice ? kSim0 : kCPU;
+        copy.bytes = t + 1;
+        ledger.record_transfer(copy);
+        if (r % 4 == 0) ledger.record_sync({.device = kSim0, .reason = "test"});
+      }
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  const Ledger::Totals totals = ledger.totals();
+  EXPECT_EQ(totals.transfers, kThreads * kRecords);
+  EXPECT_EQ(totals.syncs, kThreads * kRecords / 4);
+  // each thread t moved (t + 1) bytes per record, half of its records each way: 1 + 2 + 3 + 4 = 10
+  EXPECT_EQ(totals.bytes_host_to_device, 10 * kRecords / 2);
+  EXPECT_EQ(totals.bytes_device_to_host, 10 * kRecords / 2);
+  EXPECT_EQ(static_cast<std::int64_t>(ledger.transfers().size()), totals.transfers);
+  EXPECT_EQ(static_cast<std::int64_t>(ledger.syncs().size()), totals.syncs);
+  ledger.clear();
 }
 
 }  // namespace
