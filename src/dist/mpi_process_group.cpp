@@ -369,12 +369,7 @@ class MpiProcessGroup final : public ProcessGroup {
       return;
     }
     // Collectives nobody waited for still own buffers MPI writes: let them finish (bounded), then free.
-    try {
-      const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s());
-      while (!engine_->idle() && std::chrono::steady_clock::now() < deadline) engine_->poll_all();
-    } catch (...) {
-    }
-    if (!engine_->idle()) {
+    if (!engine_->drain(timeout_s())) {
       engine_->abandon();
       return;  // never free a communicator with traffic in flight
     }

@@ -5,7 +5,6 @@
 #include <cuda_runtime_api.h>
 #include <fmt/format.h>
 
-#include <chrono>
 #include <exception>
 
 #include "backends.h"
@@ -123,12 +122,7 @@ class NcclProcessGroup final : public ProcessGroup {
       comm_->abort();
       return;
     }
-    try {
-      const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s());
-      while (!engine_->idle() && std::chrono::steady_clock::now() < deadline) engine_->poll_all();
-    } catch (...) {
-    }
-    if (!engine_->idle()) {
+    if (!engine_->drain(timeout_s())) {
       engine_->abandon();
       comm_->abort();
     } else if (comm_->handle) {

@@ -51,6 +51,9 @@ class ProgressEngine {
   bool idle() const { return in_flight_.empty(); }
   // Every collective in flight, failed: keep their buffers alive (the runtime may still write them).
   void abandon() noexcept;
+  // At a group's end: polls until every collective is done or `timeout_s` seconds have passed, and says whether
+  // none is left in flight. A poll that fails ends it (that collective is then abandoned). Never throws.
+  bool drain(double timeout_s) noexcept;
 
  private:
   std::vector<std::shared_ptr<Work::Operation>> in_flight_;

@@ -174,6 +174,15 @@ void ProgressEngine::abandon() noexcept {
   in_flight_.clear();
 }
 
+bool ProgressEngine::drain(double timeout_s) noexcept {
+  try {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
+    while (!idle() && std::chrono::steady_clock::now() < deadline) poll_all();
+  } catch (...) {  // poll_all abandoned what was in flight
+  }
+  return idle();
+}
+
 Work::Work(std::shared_ptr<Operation> operation) : operation_(std::move(operation)) {}
 
 bool Work::completed() const { return !operation_ || operation_->done; }

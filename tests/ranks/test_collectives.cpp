@@ -1,7 +1,8 @@
 // test_collectives.cpp — ferry's collectives across real ranks: run under mpirun -np N (ctest runs N = 2, 3, 4;
 // tests/CMakeLists.txt). Every all-reduce algorithm the mpi backend picks by size and rank count (recursive
 // doubling, MPI's own, the ring), every dtype, Sum and Avg, on cpu tensors and on the sim device's staged ones;
-// every element checked on every rank, and the replicas compared bit for bit. Also what ranks that disagree get:
+// every element checked on every rank, and the replicas compared bit for bit; a group that ends with collectives
+// nobody waited for. Also what ranks that disagree get:
 // tensors of different sizes (an error, not a corrupted heap), different models under DDP (refused), and DDP's
 // parameters that no rank used (their .grad left alone); 16-bit sums and DDP's compressed gradients. Not here:
 // one rank (tests/test_dist.cpp), training (tests/cli/test_ddp.sh).
@@ -148,6 +149,26 @@ TEST(Collectives, AllReducesInFlightTogetherEachGetTheirOwnSum) {
     works[i].wait();
     EXPECT_EQ(wrong_sums(tensors[i], g.world_size()), 0) << "all-reduce " << i << " of " << tensors[i].numel();
   }
+}
+
+// A group that ends with collectives nobody waited for lets them finish first (MPI still writes their buffers;
+// ProgressEngine::drain): the tensors hold their sums after the group is gone, and the ledger has each collective.
+TEST(Collectives, AGroupThatEndsFinishesTheCollectivesNobodyWaitedFor) {
+  std::vector<Tensor> tensors;
+  Ledger& ledger = Ledger::global();
+  const std::int64_t before = ledger.totals().collectives;
+  {
+    std::unique_ptr<dist::ProcessGroup> g = dist::init_process_group({.device = kCPU, .timeout_s = 60});
+    for (std::int64_t count : {std::int64_t{7}, std::int64_t{300001}, std::int64_t{16384}}) {
+      tensors.push_back(pattern(count, DType::Float32, g->rank(), kCPU));
+      (void)g->all_reduce_async(tensors.back(), dist::ReduceOp::Sum, "left in flight");
+    }
+  }  // the group ends here, its three all-reduces not waited for
+  for (std::size_t i = 0; i < tensors.size(); ++i) {
+    EXPECT_EQ(wrong_sums(tensors[i], g_cpu->world_size()), 0) << "all-reduce " << i << " of " << tensors[i].numel();
+  }
+  EXPECT_EQ(ledger.totals().collectives - before, 3);
+  g_cpu->barrier();  // the ranks leave together
 }
 
 TEST(Collectives, BroadcastAllGatherReduceScatterAndBarrier) {
