@@ -5,29 +5,21 @@
 #ifdef FERRY_HAVE_CUDA
 #include <gtest/gtest.h>
 
-#include <fstream>
 #include <regex>
-#include <sstream>
 #include <string>
 
 #include "../src/cuda/cublas_library.h"
 #include "ferry/error.h"
+#include "test_helpers.h"
 
 namespace {
-
-std::string mapped_files() {
-  std::ifstream maps("/proc/self/maps");
-  std::stringstream text;
-  text << maps.rdbuf();
-  return text.str();
-}
 
 TEST(CublasLibrary, LoadsOnFirstUseWithEveryCallFerryMakes) {
   const ferry::cuda::CublasLibrary& cublas = ferry::cuda::cublas_library();
 #define FERRY_EXPECT_RESOLVED(name) EXPECT_NE(cublas.name, nullptr) << #name;
   FERRY_CUBLAS_FUNCTIONS(FERRY_EXPECT_RESOLVED)
 #undef FERRY_EXPECT_RESOLVED
-  EXPECT_NE(mapped_files().find("libcublas.so"), std::string::npos) << "cuBLAS is not mapped after loading it";
+  EXPECT_NE(ferry::testing::read_file("/proc/self/maps").find("libcublas.so"), std::string::npos) << "cuBLAS is not mapped after loading it";
   EXPECT_EQ(&ferry::cuda::cublas_library(), &cublas) << "loaded once per process";
   int major = 0;
   ASSERT_EQ(cublas.cublasGetProperty(MAJOR_VERSION, &major), CUBLAS_STATUS_SUCCESS);

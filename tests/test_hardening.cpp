@@ -11,7 +11,6 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <iterator>
 #include <random>
 #include <sstream>
 #include <string>
@@ -24,6 +23,7 @@
 #include "ferry/nn/linear.h"
 #include "ferry/safetensors.h"
 #include "ferry/trainer.h"
+#include "test_helpers.h"
 
 namespace ferry {
 namespace {
@@ -55,11 +55,6 @@ class ScratchFolder {
  private:
   fs::path path_;
 };
-
-std::string read_bytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-}
 
 // ---- atomic saves under SIGKILL ----------------------------------------------------------------------
 
@@ -111,7 +106,7 @@ std::uint64_t whole_version_at(SaveKind kind, const std::string& path) {
     if (kind == SaveKind::Safetensors) {
       const SafetensorsFile file = read_safetensors(path);
       const std::uint64_t version = std::stoull(file.metadata.at("version"));
-      EXPECT_EQ(read_bytes(path), [&] {
+      EXPECT_EQ(testing::read_file(path), [&] {
         const std::vector<std::byte> bytes = serialize_safetensors(versioned_file(version));
         return std::string(reinterpret_cast<const char*>(bytes.data()), bytes.size());
       }()) << "version " << version << " is not byte for byte what its save wrote";
@@ -305,7 +300,7 @@ TEST(HardeningNumerics, NonFiniteLossStopsTrainingNamingTheStepAndKeepsTheLastCh
   manual_seed(0);
   auto model = make_fmnist_model();
   train(*model, train_set, test_set, options, log);  // epoch 1: a good checkpoint
-  const std::string good = read_bytes(checkpoint);
+  const std::string good = testing::read_file(checkpoint);
   ASSERT_FALSE(good.empty());
 
   // Epoch 2 with a learning rate that overflows float32 within a few steps.
@@ -325,7 +320,7 @@ TEST(HardeningNumerics, NonFiniteLossStopsTrainingNamingTheStepAndKeepsTheLastCh
   EXPECT_NE(message.find(checkpoint), std::string::npos) << message;  // where the last good one is
   EXPECT_EQ(message.find('\n'), std::string::npos) << message;
   // The last good checkpoint is untouched and loads.
-  EXPECT_TRUE(read_bytes(checkpoint) == good) << "the checkpoint changed after the loss went non-finite";
+  EXPECT_TRUE(testing::read_file(checkpoint) == good) << "the checkpoint changed after the loss went non-finite";
   auto reloaded = make_fmnist_model();
   const CheckpointContents contents = load_checkpoint(checkpoint, *reloaded, nullptr);
   EXPECT_EQ(contents.progress.global_step, 2);

@@ -1,15 +1,23 @@
-// test_helpers.h — shared test utilities: the devices to run on, and tensor comparison.
+// test_helpers.h — shared test utilities: the devices to run on, tensor comparison, and a file's contents.
 #pragma once
 
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <fstream>
+#include <iterator>
 #include <string>
 #include <vector>
 
 #include "ferry/ferry.h"
 
 namespace ferry::testing {
+
+// A file's whole contents, byte for byte ("" when it cannot be opened).
+inline std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
 
 // Every device of this machine except cpu (the reference): sim:0 always, cuda:0 when present.
 inline std::vector<Device> accelerators() {

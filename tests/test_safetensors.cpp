@@ -10,12 +10,12 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <iterator>
 #include <string>
 #include <vector>
 
 #include "ferry/error.h"
 #include "ferry/safetensors.h"
+#include "test_helpers.h"
 
 namespace ferry {
 namespace {
@@ -149,10 +149,6 @@ class SafetensorsTest : public ::testing::Test {
         names.push_back(item.path().filename().string());
     return names;
   }
-  static std::string read_text(const std::string& file_path) {
-    std::ifstream in(file_path, std::ios::binary);
-    return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-  }
   static void write_text(const std::string& file_path, std::string_view text) {
     std::ofstream out(file_path, std::ios::binary);
     out << text;
@@ -273,8 +269,8 @@ TEST_F(SafetensorsTest, OutputIsDeterministic) {
   EXPECT_EQ(serialize_safetensors(file), serialize_safetensors(file));
   write_safetensors(path("one.safetensors"), file);
   write_safetensors(path("two.safetensors"), file);
-  EXPECT_EQ(read_text(path("one.safetensors")), read_text(path("two.safetensors")));
-  EXPECT_EQ(read_text(path("one.safetensors")), text_of(serialize_safetensors(file)));
+  EXPECT_EQ(testing::read_file(path("one.safetensors")), testing::read_file(path("two.safetensors")));
+  EXPECT_EQ(testing::read_file(path("one.safetensors")), text_of(serialize_safetensors(file)));
 }
 
 TEST_F(SafetensorsTest, ReadsHeadersInAnyOrderWithWhitespace) {
@@ -586,7 +582,7 @@ TEST_F(SafetensorsTest, ExistingFileIsReplacedWhole) {
   small.entries.push_back({"tiny", DType::UInt8, {2}, bytes_of("hi")});
   write_safetensors(path("model.safetensors"), large);
   write_safetensors(path("model.safetensors"), small);
-  EXPECT_EQ(read_text(path("model.safetensors")), text_of(serialize_safetensors(small)));
+  EXPECT_EQ(testing::read_file(path("model.safetensors")), text_of(serialize_safetensors(small)));
   expect_same(small, read_safetensors(path("model.safetensors")));
   EXPECT_TRUE(leftover_temporaries(dir_).empty());
 }
@@ -612,7 +608,7 @@ TEST_F(SafetensorsTest, FailedWriteLeavesTheOldFileIntact) {
     EXPECT_NE(message.find(target), std::string::npos) << message;
     EXPECT_NE(message.find(std::strerror(ENAMETOOLONG)), std::string::npos) << message;
   }
-  EXPECT_EQ(read_text(target), "old contents");
+  EXPECT_EQ(testing::read_file(target), "old contents");
   EXPECT_TRUE(leftover_temporaries(dir_).empty());
 }
 
@@ -636,7 +632,7 @@ TEST_F(SafetensorsTest, WriteIntoReadOnlyFolderFailsCleanly) {
     EXPECT_NE(message.find(target), std::string::npos) << message;
     EXPECT_NE(message.find(std::strerror(EACCES)), std::string::npos) << message;
   }
-  EXPECT_EQ(read_text(target), "old contents");
+  EXPECT_EQ(testing::read_file(target), "old contents");
   EXPECT_TRUE(leftover_temporaries(dir_).empty());
 }
 
@@ -669,9 +665,7 @@ int write_past_file_size_limit(const std::string& target, const fs::path& folder
   } catch (const IoError& error) {
     if (std::string(error.what()).find(std::strerror(EFBIG)) == std::string::npos) return 2;
   }
-  std::ifstream in(target, std::ios::binary);
-  const std::string contents{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-  if (contents != "old contents") return 3;
+  if (testing::read_file(target) != "old contents") return 3;
   for (const auto& item : fs::directory_iterator(folder))
     if (item.path().filename().string().find(".tmp.") != std::string::npos) return 4;
   return 0;
@@ -682,7 +676,7 @@ TEST_F(SafetensorsTest, WriteThatFailsPartWayLeavesTheOldFileIntact) {
   write_text(target, "old contents");
   EXPECT_EXIT(std::_Exit(write_past_file_size_limit(target, dir_)), ::testing::ExitedWithCode(0),
               "");
-  EXPECT_EQ(read_text(target), "old contents");
+  EXPECT_EQ(testing::read_file(target), "old contents");
 }
 
 }  // namespace

@@ -3,10 +3,8 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <set>
-#include <sstream>
 #include <string>
 
 #include "ferry/backend.h"
@@ -16,6 +14,7 @@
 #include "ferry/ops.h"
 #include "ferry/phase.h"
 #include "ferry/trace.h"
+#include "test_helpers.h"
 
 namespace ferry {
 namespace {
@@ -207,10 +206,7 @@ TEST(Trace, WritesAFile) {
   Tensor moved = ones({16}).to(kSim0);
   const std::string path = ::testing::TempDir() + "ferry_test_trace.json";
   write_chrome_trace(path);
-  std::ifstream in(path);
-  std::stringstream text;
-  text << in.rdbuf();
-  const Json trace = Json::parse(text.str());
+  const Json trace = Json::parse(testing::read_file(path));
   EXPECT_EQ(events_of(trace, "X", "transfer").size(), 1u);
   std::remove(path.c_str());
   EXPECT_THROW(write_chrome_trace("/nonexistent-dir/ferry/trace.json"), IoError);
