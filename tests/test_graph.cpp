@@ -3,6 +3,7 @@
 // cuda cases run where a GPU is present.
 #include "ferry/graph.h"
 
+#include "../src/core/ready_event.h"
 #include "ferry/nn/functional.h"
 #include "ferry/nn/loss.h"
 #include "ferry/optim.h"
@@ -245,6 +246,43 @@ TEST(StepGraph, ReplayedStepsEqualEagerStepsOnCuda) {
   // With deterministic algorithms (ferry/determinism.h) the replayed step is the eager one, bit for bit.
   const DeterministicAlgorithmsGuard deterministic(true);
   expect_step_graph_matches_eager(Device(DeviceType::CUDA, 0), 0, true);
+}
+
+// item() of a loss on cuda waits for the loss's ready event (src/core/ready_event.h), recorded after the loss's
+// kernels in an eager step and as an event record node of the graph in a replayed one, not for the backward pass
+// and update queued after it. Each read must still be the loss of its own step: the same value as a read of the
+// same bytes after everything (a copy of them, which has no mark).
+TEST(StepGraph, ALossReadBeforeTheRestOfItsStepIsTheLossOfThatStep) {
+  if (!is_available(DeviceType::CUDA)) GTEST_SKIP() << "no CUDA device: " << available_devices_text();
+  const Device cuda(DeviceType::CUDA, 0);
+  manual_seed(3);
+  auto model = make_fmnist_model({.device = cuda});
+  optim::SGD optimizer(model->parameters(), {.lr = 0.05, .momentum = 0.9, .lr_on_device = true});
+  StepGraph step(model->parameters(), [&](const Tensor& x, const Tensor& y) {
+    Tensor loss = nn::cross_entropy((*model)(x), y);
+    loss.backward();
+    optimizer.step();
+    return loss.detach();
+  });
+  manual_seed(4);
+  const Tensor x = randn({16, 1, 28, 28}).to(cuda), y = randint(0, 10, {16}).to(cuda);
+  std::vector<double> losses;
+  for (int i = 0; i < 6; ++i) {  // two eager steps, the capture and its replay, three more replays
+    const Tensor loss = step.run(x, y);
+    EXPECT_NE(detail::ready_event_for_read(loss), nullptr) << "step " << i << ": the loss has no ready event";
+    const double early = loss.item<double>();
+    EXPECT_EQ(early, mul(loss, 1.0).item<double>()) << "step " << i;
+    losses.push_back(early);
+  }
+  EXPECT_EQ(step.replays(), 4);
+  EXPECT_NE(step.describe().find("1 event record"), std::string::npos) << step.describe();
+  EXPECT_LT(losses.back(), losses.front());  // the same batch six times: each read saw a newer step
+  // A loss written in place after it was marked is read after that write.
+  Tensor loss = nn::cross_entropy((*model)(x), y).detach();
+  const double before = loss.item<double>();
+  loss.mul_(3.0);
+  EXPECT_EQ(detail::ready_event_for_read(loss), nullptr);
+  EXPECT_NEAR(loss.item<double>(), 3 * before, 1e-6 * std::abs(before));
 }
 
 // An update inside a capture must not bake host numbers into the graph: each way it could is refused.

@@ -142,12 +142,17 @@ class Backend {
   // Make `waiter` wait (on the device, not the host) for work enqueued so far on `producer`.
   virtual void stream_wait(const Stream& waiter, const Stream& producer) = 0;
   // Events: record_event marks the work enqueued so far on `stream`; event_synchronize makes the host wait for
-  // that work alone, not for what was enqueued after it. cpu and sim finish work as it is called, so their
-  // events are null handles that are always complete.
+  // that work alone, not for what was enqueued after it. Recorded on a stream that this thread is capturing, the
+  // record becomes a node of the graph: each replay marks that point of itself. cpu and sim finish work as it is
+  // called, so their events are null handles that are always complete.
   virtual void* create_event(int /*index*/) { return nullptr; }
   virtual void destroy_event(void* /*event*/, int /*index*/) noexcept {}
   virtual void record_event(void* /*event*/, const Stream& /*stream*/) {}
   virtual void event_synchronize(void* /*event*/, int /*index*/) {}
+  // Copies `bytes` of device `index`'s memory into (pageable) host memory once `event` (made by create_event) is
+  // complete, and returns when they have landed: a read that waits for nothing else queued on the device (the
+  // value of a loss while its backward pass runs). Only backends whose create_event gives events are asked.
+  virtual void read_when_ready(void* dst, const void* src, std::size_t bytes, void* event, int index);
 
   // --- copies ------------------------------------------------------------------------------------
   // Copy `bytes` contiguous bytes. One of src/dst is this backend's device; the other is this

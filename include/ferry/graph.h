@@ -5,8 +5,10 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "ferry/device.h"
 
@@ -48,6 +50,9 @@ class Graph {
   void* handle_ = nullptr;
   std::int64_t operations_ = 0;
   std::int64_t replays_ = 0;
+  // What the graph's nodes refer to and must outlive them: the ready events its losses record (core/ready_event.h).
+  // Declared last, so destroyed after ~Graph has destroyed the graph.
+  std::vector<std::shared_ptr<const void>> kept_;
 };
 
 }  // namespace ferry

@@ -10,6 +10,11 @@
 
 namespace ferry {
 
+// Whether a loss reduced to one number marks its value on an accelerator, so that a blocking read of it (item(),
+// cpu()) waits for the loss's own kernels and not for the backward pass queued after them (docs/devices-and-moves.md).
+// On unless FERRY_READY_EVENTS=0: a switch, read once; any other value throws InvalidArgument naming it.
+bool ready_events_enabled();
+
 class PendingRead {
  public:
   PendingRead() = default;

@@ -28,6 +28,10 @@ struct TensorOptions {
   bool pinned = false;  // host tensors only: page-locked memory for fast async copies
 };
 
+namespace detail {
+struct ReadyEvent;  // src/core/ready_event.h
+}
+
 namespace autograd {
 struct Node;
 struct GradHooks;  // register_hook() and retain_grad() of one tensor (ferry/autograd.h)
@@ -50,9 +54,15 @@ class Storage {
   // what it saw when it saved a tensor for backward (PyTorch's version counter, shared by a base and its views).
   std::uint64_t version() const { return version_; }
   void bump_version() { ++version_; }
+  // On an accelerator, an event recorded right after the work that computed these bytes (a loss marks its value
+  // so: detail::mark_ready); a blocking read of them waits for that event, not for all the work queued after it.
+  // Null when there is none.
+  const std::shared_ptr<detail::ReadyEvent>& ready_event() const { return ready_event_; }
+  void set_ready_event(std::shared_ptr<detail::ReadyEvent> ready) { ready_event_ = std::move(ready); }
 
  private:
   std::uint64_t version_ = 0;
+  std::shared_ptr<detail::ReadyEvent> ready_event_;
   void* data_ = nullptr;
   std::size_t nbytes_ = 0;
   Device device_;
@@ -132,6 +142,8 @@ class Tensor {
   Tensor pin_memory() const;  // a page-locked host copy (cpu tensors; needs a cuda device)
 
   // --- values (host syncs on accelerators; written to the ledger) -------------------------------
+  // The host waits for the work queued before the read; for a loss's value on cuda, only for the loss's own
+  // kernels (docs/devices-and-moves.md, "loss.item() waits for the loss, not for the step").
   template <typename T = double> T item() const;
   template <typename T> std::vector<T> to_vector() const;
   std::string str() const;  // PyTorch-like printing

@@ -5,11 +5,14 @@
 #include "ferry/backend.h"
 #include "ferry/error.h"
 #include "internal.h"
+#include "ready_event.h"
 
 namespace ferry {
 
 namespace {
 thread_local std::optional<Device> t_capturing;
+// What the capture in progress on this thread must keep alive with its graph (ready_event.h).
+thread_local std::vector<std::shared_ptr<const void>>* t_capture_kept = nullptr;
 }
 
 bool graph_capture_supported(Device device) {
@@ -21,6 +24,10 @@ std::optional<Device> capturing_device() { return t_capturing; }
 
 namespace detail {
 bool capture_active() { return t_capturing.has_value(); }
+
+void keep_with_capture(std::shared_ptr<const void> kept) {
+  if (t_capture_kept) t_capture_kept->push_back(std::move(kept));
+}
 
 void check_not_capturing(const char* what) {
   if (!t_capturing) return;
@@ -46,11 +53,14 @@ void Graph::capture(const std::function<void()>& body) {
               t_capturing->str());
   Backend& be = backend(device_);
   be.begin_capture(device_.index);
+  std::vector<std::shared_ptr<const void>> kept;  // dropped only once what was recorded is gone
   t_capturing = device_;
+  t_capture_kept = &kept;
   try {
     body();
   } catch (...) {
     t_capturing.reset();
+    t_capture_kept = nullptr;
     try {  // close the capture and drop what it recorded; the body's error is the one to report
       std::int64_t ignored = 0;
       be.destroy_graph(be.end_capture(device_.index, &ignored), device_.index);
@@ -59,7 +69,9 @@ void Graph::capture(const std::function<void()>& body) {
     throw;
   }
   t_capturing.reset();
+  t_capture_kept = nullptr;
   handle_ = be.end_capture(device_.index, &operations_);
+  kept_ = std::move(kept);
 }
 
 void Graph::replay() {

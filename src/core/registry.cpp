@@ -50,6 +50,9 @@ namespace {
 }
 }  // namespace
 
+void Backend::read_when_ready(void* /*dst*/, const void* /*src*/, std::size_t /*bytes*/, void* /*event*/, int index) {
+  throw NotSupported(detail::concat(device_type_name(type()), ":", index, " has no events to read after"));
+}
 void Backend::begin_capture(int index) { no_graphs(type(), index); }
 void* Backend::end_capture(int index, std::int64_t*) { no_graphs(type(), index); }
 void Backend::replay_graph(void*, int index) { no_graphs(type(), index); }

@@ -7,6 +7,7 @@
 
 #include "ferry/ledger.h"
 #include "internal.h"
+#include "ready_event.h"
 
 namespace ferry::detail {
 
@@ -31,8 +32,11 @@ constexpr std::size_t kSmallReadBytes = std::size_t{64} << 10;
 // Copy contiguous bytes between two devices. Accelerators of different types meet in host memory.
 // fresh_destination (host->device only): dst was allocated for this copy in the copy stream's order
 // (make_tensor_for_copy), so nothing queued on the compute stream can touch it and the copy need not wait.
+// ready (device->host only): the source's ready event (ready_event.h), which a small blocking read waits for
+// instead of the compute stream's whole queue.
 void copy_bytes(void* dst, Device target, const void* src, Device source, std::size_t bytes, bool pinned,
-                bool non_blocking, const char* label, bool fresh_destination = false) {
+                bool non_blocking, const char* label, bool fresh_destination = false,
+                const ReadyEvent* ready = nullptr) {
   if (bytes == 0) return;
   if (!source.is_cpu() && !target.is_cpu() && source.type != target.type) {
     Tensor staging = make_tensor({static_cast<std::int64_t>(bytes)}, {.device = kCPU, .dtype = DType::UInt8});
@@ -68,23 +72,29 @@ void copy_bytes(void* dst, Device target, const void* src, Device source, std::s
   // order): an event, not a host wait. A host->device copy into a fresh destination waits for nothing,
   // so it runs beside the step that is computing (prefetch) instead of after it.
   if (!fresh_destination && !small_read) be.stream_wait(stream, be.compute_stream(accelerator.index));
-  try {
-    be.copy(dst, target, src, source, bytes, stream, pinned, non_blocking);
-  } catch (...) {
-    // Part of the copy may be queued: let it finish before the caller frees the buffers it reads and writes.
-    try {
-      be.synchronize(stream);
-    } catch (...) {
-    }
-    throw;
-  }
-  // A non-blocking copy: later compute work waits for it (on the device), so it sees the data (to a device), and
-  // nothing it queues frees or overwrites the source before the copy has read it (from a device).
-  if (!non_blocking) {
-    be.synchronize(stream);
+  if (small_read && ready) {
+    // The value's own event: the work queued after it (a backward pass, an update) runs on while the host reads,
+    // and this returns with the bytes on the host.
+    be.read_when_ready(dst, src, bytes, ready->event, accelerator.index);
   } else {
-    if (!target.is_cpu()) be.stream_wait(be.compute_stream(target.index), stream);
-    if (!source.is_cpu() && source != target) be.stream_wait(be.compute_stream(source.index), stream);
+    try {
+      be.copy(dst, target, src, source, bytes, stream, pinned, non_blocking);
+    } catch (...) {
+      // Part of the copy may be queued: let it finish before the caller frees the buffers it reads and writes.
+      try {
+        be.synchronize(stream);
+      } catch (...) {
+      }
+      throw;
+    }
+    // A non-blocking copy: later compute work waits for it (on the device), so it sees the data (to a device), and
+    // nothing it queues frees or overwrites the source before the copy has read it (from a device).
+    if (!non_blocking) {
+      be.synchronize(stream);
+    } else {
+      if (!target.is_cpu()) be.stream_wait(be.compute_stream(target.index), stream);
+      if (!source.is_cpu() && source != target) be.stream_wait(be.compute_stream(source.index), stream);
+    }
   }
   const double duration = ledger.now_ms() - start;
   TransferRecord record;
@@ -116,7 +126,7 @@ Tensor transfer(const Tensor& src_in, Device target, bool non_blocking, const ch
                               : make_tensor(src.shape(), {.device = target, .dtype = src.dtype(), .pinned = pin_target});
   const bool pinned = src.is_pinned() || out.is_pinned() || pinned_as_a_card_would;
   copy_bytes(out.data_ptr(), target, src.data_ptr(), src.device(), src.nbytes(), pinned, non_blocking, label,
-             host_to_device);
+             host_to_device, target.is_cpu() ? ready_event_for_read(src) : nullptr);
   return out;
 }
 

@@ -454,11 +454,29 @@ class CudaBackend final : public Backend {
   }
   void record_event(void* event, const Stream& stream) override {
     DeviceGuard guard(stream.device.index);
+    // In this thread's capture a plain record would only order the capture's own streams: recorded as external,
+    // it becomes an event record node that each replay records, which work outside the graph can wait for.
+    const DeviceState& s = device_state(stream.device.index);
+    if (s.capturing.load() && s.capture_thread == std::this_thread::get_id() && to_cuda(stream) == s.compute_stream) {
+      FERRY_CUDA_CHECK(
+          cudaEventRecordWithFlags(static_cast<cudaEvent_t>(event), to_cuda(stream), cudaEventRecordExternal));
+      return;
+    }
     FERRY_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(event), to_cuda(stream)));
   }
   void event_synchronize(void* event, int index) override {
     DeviceGuard guard(index);
     FERRY_CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(event)));
+    raise_kernel_errors(index);
+  }
+  void read_when_ready(void* dst, const void* src, std::size_t bytes, void* event, int index) override {
+    DeviceState& s = device_state(index);
+    DeviceGuard guard(index);
+    std::call_once(s.read_stream_once,
+                   [&s] { FERRY_CUDA_CHECK(cudaStreamCreateWithFlags(&s.read_stream, cudaStreamNonBlocking)); });
+    FERRY_CUDA_CHECK(cudaStreamWaitEvent(s.read_stream, static_cast<cudaEvent_t>(event), 0));
+    FERRY_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, s.read_stream));
+    FERRY_CUDA_CHECK(cudaStreamSynchronize(s.read_stream));
     raise_kernel_errors(index);
   }
 

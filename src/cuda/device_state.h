@@ -37,6 +37,10 @@ struct DeviceState {
   int index = 0;
   cudaStream_t compute_stream = nullptr;  // kernels; created non-blocking
   cudaStream_t copy_stream = nullptr;     // host<->device and device<->device copies; non-blocking
+  // Reads of a value once its ready event is complete (Backend::read_when_ready): a stream of their own, so that
+  // no copy queued on the copy stream delays them. Made at the first such read; non-blocking.
+  std::once_flag read_stream_once;
+  cudaStream_t read_stream = nullptr;
   cudaMemPool_t pool = nullptr;           // stream-ordered allocator; keeps freed memory until empty_cache
   int multiprocessors = 0;
   std::int64_t total_memory = 0;          // bytes of device memory

@@ -138,6 +138,7 @@ std::string describe_graph(void* handle) {
                   {cudaGraphNodeTypeMemset, "memset", "memsets"},
                   {cudaGraphNodeTypeMemAlloc, "allocation", "allocations"},
                   {cudaGraphNodeTypeMemFree, "free", "frees"},
+                  {cudaGraphNodeTypeEventRecord, "event record", "event records"},
                   {cudaGraphNodeTypeGraph, "child graph", "child graphs"}};
   std::size_t other = 0;
   for (std::size_t i = 0; i < count; ++i) {

@@ -6,6 +6,7 @@
 #include "ferry/nn/loss.h"
 
 #include "../core/internal.h"
+#include "../core/ready_event.h"
 #include "ferry/autograd.h"
 #include "ferry/backend.h"
 #include "ferry/factories.h"
@@ -15,6 +16,13 @@
 namespace ferry::nn::functional {
 
 namespace {
+// A loss reduced to one number, marked ready (core/ready_event.h): on an accelerator, item() of it waits for the
+// loss's own kernels, not for the backward pass and update queued after them.
+Tensor marked(Tensor loss) {
+  ferry::detail::mark_ready(loss);
+  return loss;
+}
+
 // The checks cross_entropy and nll_loss share: input (N, C) floating with C > 0, target (N) int64 or int32, a
 // weight (C) of the input's dtype class and device.
 void check_class_loss(const char* op, const Tensor& input, const Tensor& target, const Tensor& weight) {
@@ -68,8 +76,8 @@ Tensor class_loss(const char* op, const Tensor& log_probs, const Tensor& target_
     rows = add(mul(rows, 1 - smoothing), mul(smooth, smoothing / static_cast<double>(classes)));
   }
   if (reduction == Reduction::None) return rows;
-  if (reduction == Reduction::Sum) return sum(rows);
-  return div(sum(rows), sum(row_weight));
+  if (reduction == Reduction::Sum) return marked(sum(rows));
+  return marked(div(sum(rows), sum(row_weight)));
 }
 }  // namespace
 
@@ -100,7 +108,7 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target_in, Reduction re
       return std::vector<Tensor>{mul(grad, reduction == Reduction::None ? g.unsqueeze(1) : g)};
     });
   }
-  return out;
+  return reduction == Reduction::None ? out : marked(out);
 }
 
 Tensor cross_entropy(const Tensor& logits, const Tensor& target, const CrossEntropyOptions& options) {
@@ -120,8 +128,8 @@ Tensor nll_loss(const Tensor& log_probs, const Tensor& target, const NLLLossOpti
 
 namespace {
 Tensor reduce(const Tensor& loss, Reduction reduction) {
-  if (reduction == Reduction::Mean) return mean(loss);
-  if (reduction == Reduction::Sum) return sum(loss);
+  if (reduction == Reduction::Mean) return marked(mean(loss));
+  if (reduction == Reduction::Sum) return marked(sum(loss));
   return loss;
 }
 
@@ -202,10 +210,10 @@ Tensor kl_div(const Tensor& input, const Tensor& target, const KLDivOptions& opt
   }
   switch (options.reduction) {
     case KLDivReduction::None: return loss;
-    case KLDivReduction::Sum: return sum(loss);
-    case KLDivReduction::Mean: return mean(loss);
+    case KLDivReduction::Sum: return marked(sum(loss));
+    case KLDivReduction::Mean: return marked(mean(loss));
     case KLDivReduction::BatchMean:
-      return input.dim() == 0 ? sum(loss) : div(sum(loss), static_cast<double>(input.size(0)));
+      return marked(input.dim() == 0 ? sum(loss) : div(sum(loss), static_cast<double>(input.size(0))));
   }
   return loss;
 }

@@ -160,14 +160,16 @@ expect_status 2 "does not exist" bench gemm --device cpu --sizes 16 --repeats 1 
 
 # ferry bench golden: every measurement present and positive; the printed prediction is the Golden Rule of the
 # printed parts (S / (1 + T_transfer / T_compute)), and the error is against the measured S_real.
-golden_ok='all(j["seconds_per_step"][k] > 0 for k in ("cpu", "resident", "copy", "per_step_copy", "item_every_step", "item_every_100"))
+golden_ok='all(j["seconds_per_step"][k] > 0 for k in ("cpu", "resident", "copy", "per_step_copy", "item_every_step", "item_every_100", "sync_every_step"))
  and j["device"] == "sim:0" and j["batch"] == 16 and j["bytes_per_step"] > 0
  and abs(j["speedup"] - j["seconds_per_step"]["cpu"] / j["seconds_per_step"]["resident"]) < 1e-9 * j["speedup"]
  and abs(j["s_real_measured"] - j["seconds_per_step"]["cpu"] / j["seconds_per_step"]["per_step_copy"]) < 1e-9 * j["s_real_measured"]
  and abs(j["s_real_golden_rule"] - j["speedup"] / (1 + j["seconds_per_step"]["copy"] / j["seconds_per_step"]["resident"])) < 1e-9 * j["speedup"]
  and abs(j["golden_rule_error_percent"] - 100 * (j["s_real_golden_rule"] - j["s_real_measured"]) / j["s_real_measured"]) < 1e-6
  and abs(j["s_real_extended_model"] - j["seconds_per_step"]["cpu"] / (j["seconds_per_step"]["resident"] + j["seconds_per_step"]["copy"]
-     + max(0.0, j["item_cost_s"]))) < 1e-9 * j["s_real_extended_model"]
+     + max(0.0, j["sync_cost_s"]))) < 1e-9 * j["s_real_extended_model"]
+ and abs(j["sync_cost_s"] - (j["seconds_per_step"]["sync_every_step"] - j["seconds_per_step"]["item_every_100"])) < 1e-12
+ and abs(j["item_cost_s"] - (j["seconds_per_step"]["item_every_step"] - j["seconds_per_step"]["item_every_100"])) < 1e-12
  and abs(j["extended_model_error_serial_percent"] - 100 * (j["s_real_extended_model"] - j["s_real_measured_serial"]) / j["s_real_measured_serial"]) < 1e-6'
 # flops_per_step, by hand for batch 16: mlp 784-1024-1024-10: forward 2 * 1861632 per sample, weight gradients as
 # much, input gradients of the last two layers 2 * 1058816; cnn: convolutions 1769472 + 9437184 + 9437184 and

@@ -109,6 +109,9 @@ struct GraphData {
   std::vector<Work> nodes;       // recorded work, in an order that respects every captured dependency
   std::deque<cudaGraphNodeType> kinds;  // each node's type (cudaGraphNodeGetType); node handles point here
   std::vector<void*> blocks;     // allocated by the capture
+  // External event record nodes (cudaEventRecordExternal): (index of the node, its event). A launch records the
+  // event once the nodes up to that one have run.
+  std::vector<std::pair<std::size_t, cudaEvent_t>> event_records;
   bool launched = false;
   int execs = 0;                 // executable graphs alive
   GraphData() = default;
@@ -978,6 +981,26 @@ cudaError_t cudaEventDestroy(cudaEvent_t event) {
   return cudaSuccess;
 }
 
+namespace {
+// The event marks the work enqueued on `s` so far (outside a capture): cudaEventRecord's, and a graph launch's for
+// each of its event record nodes.
+void record_at_end(Event& ev, cudaEvent_t event, Stream& s) {
+  ev.capture_id = 0;
+  ev.stream = &s;
+  if ((ev.flags & cudaEventDisableTiming) == 0) {
+    // A timing event: an item on the stream stamps it with the host's clock when the stream runs past it.
+    const std::uint64_t record = ++ev.records;
+    push(s, [event, record] {
+      Event* e = find_event(event);
+      if (e == nullptr || e->records != record) return;  // destroyed, or recorded again since
+      e->stamped = record;
+      e->stamp = std::chrono::steady_clock::now();
+    });
+  }
+  ev.position = s.last;
+}
+}  // namespace
+
 cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
   Lock lock(state().mutex);
   Event* ev = find_event(event);
@@ -999,20 +1022,25 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
     }
   }
   order_with_legacy(*s);  // the record itself is ordered like any work on the stream
-  ev->capture_id = 0;
-  ev->stream = s;
-  if ((ev->flags & cudaEventDisableTiming) == 0) {
-    // A timing event: an item on the stream stamps it with the host's clock when the stream runs past it.
-    const std::uint64_t record = ++ev->records;
-    push(*s, [event, record] {
-      Event* e = find_event(event);
-      if (e == nullptr || e->records != record) return;  // destroyed, or recorded again since
-      e->stamped = record;
-      e->stamp = std::chrono::steady_clock::now();
-    });
-  }
-  ev->position = s->last;
+  record_at_end(*ev, event, *s);
   return cudaSuccess;
+}
+
+// cudaEventRecordExternal, inside a capture only (CUDA refuses it outside one): an event record node. Each launch
+// of the graph records the event once the nodes recorded before it have run, so work outside the graph can wait
+// for that point of a replay and not for the rest. The event is not part of the capture's own ordering.
+cudaError_t cudaEventRecordWithFlags(cudaEvent_t event, cudaStream_t stream, unsigned int flags) {
+  if (flags == cudaEventRecordDefault) return cudaEventRecord(event, stream);
+  Lock lock(state().mutex);
+  Event* ev = find_event(event);
+  Stream* s = find_stream(stream);
+  if (!ev || !s) return fail(cudaErrorInvalidResourceHandle);
+  if (flags != cudaEventRecordExternal || !s->capture) return fail(cudaErrorInvalidValue);
+  if (s->capture->invalidated) return fail(cudaErrorStreamCaptureInvalidated);
+  GraphData& g = *s->capture->graph;
+  g.event_records.emplace_back(g.nodes.size(), event);
+  const cudaError_t e = push(*s, [] {}, cudaGraphNodeTypeEventRecord);
+  return e == cudaSuccess ? e : fail(e);
 }
 
 // The emulator has no clock of a card's: the time between two timing events is the host's time between the
@@ -1522,7 +1550,7 @@ cudaError_t cudaGraphInstantiateWithFlags(cudaGraphExec_t* pGraphExec, cudaGraph
   return cudaSuccess;
 }
 
-// One item on the stream that runs every recorded node in order. The first launch is when the graph's
+// Items on the stream that run every recorded node in order (split at event record nodes). The first launch is when the graph's
 // allocations take device memory; each launch leaves those the graph does not free allocated
 // ("outstanding") until freed, or until the next launch frees them (cudaGraphInstantiateFlagAutoFreeOnLaunch;
 // without it, a launch with outstanding allocations fails).
@@ -1550,16 +1578,31 @@ cudaError_t cudaGraphLaunch(cudaGraphExec_t graphExec, cudaStream_t stream) {
   if (!g.launched && !fits(device, bytes)) return fail(cudaErrorMemoryAllocation);
   // Launches of one executable graph run one after another, whatever their streams.
   if (exec.last_stream && exec.last_stream != s && !s->capture) append_wait(*s, *exec.last_stream, exec.last_position);
-  const cudaError_t e = push(
-      *s,
-      [data = exec.data] {
-        const bool may_defer = t_may_defer;
-        t_may_defer = false;  // a node's work in flight is finished before the next node runs
-        for (const Work& node : data->nodes) node();
-        t_may_defer = may_defer;
-      },
-      cudaGraphNodeTypeGraph);
-  if (e != cudaSuccess) return fail(e);
+  // The events of the graph's event record nodes must still exist; a launch into a capture (a child graph) would
+  // have to record them as nodes again: not modelled.
+  for (const auto& [node, event] : g.event_records) {
+    if (!find_event(event)) return fail(cudaErrorInvalidResourceHandle);
+    if (s->capture) return fail(cudaErrorNotSupported);
+  }
+  // The nodes run as items on the stream, one stretch up to each event record node, after which that event is
+  // recorded, then the rest (one item for a graph without them).
+  auto stretch = [data = exec.data](std::size_t from, std::size_t to) -> Work {
+    return [data, from, to] {
+      const bool may_defer = t_may_defer;
+      t_may_defer = false;  // a node's work in flight is finished before the next node runs
+      for (std::size_t i = from; i < to; ++i) data->nodes[i]();
+      t_may_defer = may_defer;
+    };
+  };
+  std::size_t from = 0;
+  for (const auto& [node, event] : g.event_records) {
+    if (const cudaError_t e = push(*s, stretch(from, node + 1), cudaGraphNodeTypeGraph); e != cudaSuccess) return fail(e);
+    record_at_end(*find_event(event), event, *s);
+    from = node + 1;
+  }
+  if (const cudaError_t e = push(*s, stretch(from, g.nodes.size()), cudaGraphNodeTypeGraph); e != cudaSuccess) {
+    return fail(e);
+  }
   if (!g.launched) {
     g.launched = true;
     for (Block* b : blocks) b->counted = true;

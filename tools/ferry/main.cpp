@@ -14,6 +14,7 @@
 #include "ferry/error.h"
 #include "ferry/nn/functional.h"
 #include "ferry/nn/module.h"
+#include "ferry/readback.h"
 
 namespace {
 // `ferry --version`: the version and what this build holds (which backends and libraries were compiled in).
@@ -84,7 +85,7 @@ int main(int argc, char** argv) {
   app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   app.fallthrough(false);
   // The settings in the environment are read at their first use: the sim device's (FERRY_SIM_LINK, FERRY_SIM_DEVICES)
-  // when a sim device is, the layer switches when a layer runs. So a bad value went unnoticed by a command that used
+  // when a sim device is, the layer switches when a layer runs, FERRY_READY_EVENTS at the first loss. So a bad value went unnoticed by a command that used
   // no sim device (train --device cpu, eval, plan), or stopped a run after its first lines. Checked here, after the
   // command line is parsed and before any command runs, like an option (exit 2). inspect and convert read and write
   // files only. (The cuda backend's own variables, FERRY_CUDNN and FERRY_STAGING_*, are checked at its first use.)
@@ -94,6 +95,7 @@ int main(int argc, char** argv) {
     (void)ferry::nn::functional::fused_activations();  // FERRY_FUSED_ACTIVATIONS, a switch (1/0, on/off, ...)
     (void)ferry::nn::functional::library_layers();     // FERRY_LIBRARY_LAYERS
     (void)ferry::deterministic_algorithms();           // FERRY_DETERMINISTIC
+    (void)ferry::ready_events_enabled();               // FERRY_READY_EVENTS
   });
   register_devices_command(app);
   register_plan_command(app);

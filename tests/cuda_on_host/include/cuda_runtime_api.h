@@ -41,6 +41,7 @@
 #define cudaEventCreateWithFlags ferry_emu_cudaEventCreateWithFlags
 #define cudaEventDestroy ferry_emu_cudaEventDestroy
 #define cudaEventRecord ferry_emu_cudaEventRecord
+#define cudaEventRecordWithFlags ferry_emu_cudaEventRecordWithFlags
 #define cudaEventSynchronize ferry_emu_cudaEventSynchronize
 #define cudaEventQuery ferry_emu_cudaEventQuery
 #define cudaEventElapsedTime ferry_emu_cudaEventElapsedTime
