@@ -55,17 +55,6 @@ ReadyEvent::~ReadyEvent() {
   }
 }
 
-}  // namespace ferry::detail
-
-namespace ferry {
-bool ready_events_enabled() {
-  static const bool enabled = detail::environment_switch("FERRY_READY_EVENTS", true);
-  return enabled;
-}
-}  // namespace ferry
-
-namespace ferry::detail {
-
 void mark_ready(const Tensor& t) {
   if (!t.defined() || t.device().is_cpu() || !ready_events_enabled()) return;
   const Device device = t.device();
@@ -87,3 +76,12 @@ const ReadyEvent* ready_event_for_read(const Tensor& t) {
 }
 
 }  // namespace ferry::detail
+
+namespace ferry {
+
+bool ready_events_enabled() {
+  static const bool enabled = detail::environment_switch("FERRY_READY_EVENTS", true);
+  return enabled;
+}
+
+}  // namespace ferry
