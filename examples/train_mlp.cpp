@@ -59,7 +59,7 @@ int run(const Options& options) {
   const Device device = Device::parse(options.device);
   manual_seed(0);
 
-  const Dataset train_set = take(load_fashion_mnist(options.data, /*train=*/true), options.train_images);
+  const Dataset train_set = load_fashion_mnist(options.data, /*train=*/true, options.train_images);
   const Dataset test_set = load_fashion_mnist(options.data, /*train=*/false);
 
   auto model = make_mlp_model({.device = device});  // parameters drawn on the device: no copy

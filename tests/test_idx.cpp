@@ -1,5 +1,6 @@
 // tests/test_idx.cpp — idx files: gzip and plain round trips, every corruption, the Fashion-MNIST
-// helpers (on the real files when installed). Not here: the dataset and DataLoader.
+// helpers (on the real files when installed), and load_fashion_mnist's normalised samples. Not here: the
+// DataLoader.
 
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -12,10 +13,14 @@
 #include <fstream>
 #include <iterator>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "ferry/dataset.h"
 #include "ferry/error.h"
+#include "ferry/factories.h"
 #include "ferry/idx.h"
+#include "ferry/ops.h"
 
 namespace ferry {
 namespace {
@@ -354,6 +359,28 @@ TEST_F(FashionMnistTest, LoadsBothSplitsOfSmallFiles) {
     const RawDataset split = load_fashion_mnist_split(files, train);
     EXPECT_EQ(split.images.shape, (std::vector<std::int64_t>{5, 28, 28}));
     EXPECT_EQ(split.labels.shape, (std::vector<std::int64_t>{5}));
+  }
+}
+
+// load_fashion_mnist: every pixel value normalised bit for bit as the ops would do it to the whole tensor, the
+// labels widened to int64, and a limit that converts only the first samples (all of them when it asks for more).
+TEST_F(FashionMnistTest, LoadsNormalisedSamplesUpToALimit) {
+  write_fake(path("fmnist"), 5, 5);  // pixels 7 * i mod 256: all 256 values among the 5 * 784
+  const RawDataset raw = load_fashion_mnist_split(find_fashion_mnist(path("fmnist")), true);
+  Tensor pixels = empty({5, 1, 28, 28}, {.dtype = DType::UInt8});
+  std::memcpy(pixels.data_ptr(), raw.images.data.data(), raw.images.data.size());
+  const std::vector<float> expected =
+      ((pixels.to(DType::Float32) * (1.0 / 255.0) - kFashionMnistMean) * (1.0 / kFashionMnistStd))
+          .to_vector<float>();
+  for (const auto& [limit, kept] : {std::pair{-1, 5}, {3, 3}, {9, 5}, {0, 0}}) {
+    SCOPED_TRACE(limit);
+    const Dataset dataset = load_fashion_mnist(path("fmnist"), true, limit);
+    EXPECT_EQ(dataset.size(), kept);
+    EXPECT_EQ(dataset.images.shape(), (Shape{kept, 1, 28, 28}));
+    EXPECT_EQ(dataset.images.to_vector<float>(),
+              std::vector<float>(expected.begin(), expected.begin() + std::ptrdiff_t{kept} * 28 * 28));
+    EXPECT_EQ(dataset.labels.dtype(), DType::Int64);
+    EXPECT_EQ(dataset.labels.to_vector<std::int64_t>(), std::vector<std::int64_t>(kept, 3));
   }
 }
 

@@ -23,8 +23,10 @@ inline constexpr const char* kFashionMnistClasses[10] = {"T-shirt/top", "Trouser
 
 // The train (60000) or test (10000) split from `dir` (Debian's dataset-fashion-mnist by default), as
 // (N, 1, 28, 28) images normalised to (x / 255 - mean) / std. A missing folder or file names the
-// package that provides it; a corrupt file is a FormatError.
-Dataset load_fashion_mnist(const std::string& dir, bool train);
+// package that provides it; a corrupt file is a FormatError. `limit` >= 0 keeps the first `limit` samples
+// (all when the split holds fewer): the files are still read and checked whole, but only those samples
+// are converted, so a quick run on 512 images does not normalise 60000 (~190 MB of floats).
+Dataset load_fashion_mnist(const std::string& dir, bool train, std::int64_t limit = -1);
 
 // The first `count` samples (count >= size(): the whole dataset).
 Dataset take(const Dataset& dataset, std::int64_t count);

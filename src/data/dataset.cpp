@@ -1,7 +1,8 @@
 // dataset.cpp — Fashion-MNIST's idx files turned into normalised float tensors on the host.
 #include "ferry/dataset.h"
 
-#include <cstring>
+#include <algorithm>
+#include <cstdint>
 
 #include "ferry/error.h"
 #include "ferry/factories.h"
@@ -10,17 +11,26 @@
 
 namespace ferry {
 
-Dataset load_fashion_mnist(const std::string& dir, bool train) {
+Dataset load_fashion_mnist(const std::string& dir, bool train, std::int64_t limit) {
   const FashionMnistFiles files = find_fashion_mnist(dir);
   const RawDataset raw = load_fashion_mnist_split(files, train);
-  const std::int64_t n = raw.images.shape[0], h = raw.images.shape[1], w = raw.images.shape[2];
-  Tensor pixels = empty({n, 1, h, w}, {.dtype = DType::UInt8});
-  std::memcpy(pixels.data_ptr(), raw.images.data.data(), raw.images.data.size());
-  Tensor labels = empty({n}, {.dtype = DType::UInt8});
-  std::memcpy(labels.data_ptr(), raw.labels.data.data(), raw.labels.data.size());
+  const std::int64_t h = raw.images.shape[1], w = raw.images.shape[2];
+  const std::int64_t n = limit < 0 ? raw.images.shape[0] : std::min(limit, raw.images.shape[0]);
+  // Each of the 256 pixel values normalised by the ops a whole image tensor would go through, then every pixel
+  // looked up: bit for bit (x.to(float32) / 255 - mean) / std, in one pass and one buffer instead of four
+  // tensors the size of the split.
+  Tensor levels = empty({256}, {.dtype = DType::UInt8});
+  for (int v = 0; v < 256; ++v) levels.data<std::uint8_t>()[v] = static_cast<std::uint8_t>(v);
+  const Tensor table = (levels.to(DType::Float32) * (1.0 / 255.0) - kFashionMnistMean) * (1.0 / kFashionMnistStd);
+  const float* normalised = table.data<float>();
   Dataset dataset;
-  dataset.images = (pixels.to(DType::Float32) * (1.0 / 255.0) - kFashionMnistMean) * (1.0 / kFashionMnistStd);
-  dataset.labels = labels.to(DType::Int64);
+  dataset.images = empty({n, 1, h, w});
+  float* images = dataset.images.data<float>();
+  const std::uint8_t* pixels = raw.images.data.data();
+  for (std::int64_t i = 0; i < n * h * w; ++i) images[i] = normalised[pixels[i]];
+  dataset.labels = empty({n}, {.dtype = DType::Int64});
+  std::int64_t* labels = dataset.labels.data<std::int64_t>();
+  for (std::int64_t i = 0; i < n; ++i) labels[i] = raw.labels.data[static_cast<std::size_t>(i)];
   return dataset;
 }
 

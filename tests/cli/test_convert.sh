@@ -21,8 +21,8 @@ accuracy() {
 }
 
 original="$scratch/fmnist.safetensors"
-if ! "$FERRY" train --device cpu --max-steps 40 --data "$data_dir" --checkpoint "$original" --json \
-     >"$scratch/train.json" 2>"$scratch/train.err"; then
+if ! "$FERRY" train --device cpu --max-steps 40 --limit-test "$images" --data "$data_dir" --checkpoint "$original" \
+     --json >"$scratch/train.json" 2>"$scratch/train.err"; then
   fail "ferry train: $(tail -c 600 "$scratch/train.err")"
   finish test_convert
 fi

@@ -71,8 +71,7 @@ void register_eval_command(CLI::App& app) {
       }
     }
     model->to(device);
-    ferry::Dataset test_set = ferry::load_fashion_mnist(data, false);
-    if (limit_test > 0 && limit_test < test_set.size()) test_set = ferry::take(test_set, limit_test);
+    ferry::Dataset test_set = ferry::load_fashion_mnist(data, false, limit_test > 0 ? limit_test : -1);
     ferry::DataLoader loader(std::move(test_set),
                              {.batch_size = 1000, .shuffle = false, .placement = ferry::Placement::Resident, .device = device});
     // One pass, one read: the confusion matrix (row = the true class, column = the guess), from which the rest.
