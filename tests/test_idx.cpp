@@ -148,7 +148,12 @@ TEST_F(IdxTest, ReadsPlainFilesWithoutGzSuffix) {
 TEST_F(IdxTest, ReadsDataLargerThanOneChunk) {
   const std::vector<std::uint8_t> data = counting(3 * 1500 * 1000);  // ~4.5 MB, over a 4 MiB chunk
   write_gz(path("large.gz"), idx_bytes({3, 1500, 1000}, data));
-  EXPECT_EQ(read_idx_gz(path("large.gz")).data, data);
+  const IdxArray array = read_idx_gz(path("large.gz"));
+  EXPECT_EQ(array.data, data);
+  // Reserved once, for what the header claims (the file could hold it): never moved while it grew.
+  EXPECT_EQ(array.data.capacity(), data.size());
+  write_plain(path("large-plain"), idx_bytes({3, 1500, 1000}, data));
+  EXPECT_EQ(read_idx_gz(path("large-plain")).data.capacity(), data.size());
 }
 
 TEST_F(IdxTest, ParseIdxIsAPureFunctionOverABuffer) {

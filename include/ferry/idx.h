@@ -33,7 +33,7 @@ IdxArray parse_idx(const std::uint8_t* data, std::size_t size,
 // Reads an idx file: gzip-compressed when path ends in ".gz" (anything else is read as is).
 // IoError (path + strerror) when it cannot be opened; FormatError when it is malformed, including
 // gzip corruption (with zlib's message). Memory grows with the data actually read, not the header's
-// claims (up to 64 MiB of address space is reserved at once; pages are mapped as data arrives).
+// claims (what the file could hold, up to 64 MiB, is reserved at once; pages are mapped as data arrives).
 IdxArray read_idx_gz(const std::string& path);
 
 // --- Fashion-MNIST (https://github.com/zalandoresearch/fashion-mnist) ----------------------------
