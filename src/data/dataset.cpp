@@ -20,7 +20,8 @@ Dataset load_fashion_mnist(const std::string& dir, bool train, std::int64_t limi
   // looked up: bit for bit (x.to(float32) / 255 - mean) / std, in one pass and one buffer instead of four
   // tensors the size of the split.
   Tensor levels = empty({256}, {.dtype = DType::UInt8});
-  for (int v = 0; v < 256; ++v) levels.data<std::uint8_t>()[v] = static_cast<std::uint8_t>(v);
+  std::uint8_t* level = levels.data<std::uint8_t>();
+  for (int v = 0; v < 256; ++v) level[v] = static_cast<std::uint8_t>(v);
   const Tensor table = (levels.to(DType::Float32) * (1.0 / 255.0) - kFashionMnistMean) * (1.0 / kFashionMnistStd);
   const float* normalised = table.data<float>();
   Dataset dataset;

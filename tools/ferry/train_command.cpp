@@ -578,7 +578,7 @@ void register_train_command(CLI::App& app) {
     const bool is_rank0 = !group || group->rank() == 0;
     ferry::manual_seed(o.seed);
     auto model = ferry::make_model(o.model_name);  // before the data (reading it draws no random numbers)
-    // Only the images a --limit asks for are converted (a split is read whole, 60000 images normalised ~1 s).
+    // Only the images a --limit keeps are converted to floats (each file is still read and checked whole).
     const auto no_limit_if_zero = [](std::int64_t count) { return count > 0 ? count : -1; };
     ferry::Dataset train_set = ferry::load_fashion_mnist(a.data, true, no_limit_if_zero(a.limit_train));
     ferry::Dataset test_set = ferry::load_fashion_mnist(a.data, false, no_limit_if_zero(a.limit_test));
