@@ -2,6 +2,8 @@
 // reused through a free list per device (a mark is made every training step).
 #include "ready_event.h"
 
+#include <array>
+#include <atomic>
 #include <map>
 #include <mutex>
 #include <utility>
@@ -27,8 +29,16 @@ FreeEvents& free_events() {
 
 std::pair<int, int> key_of(Device device) { return {static_cast<int>(device.type), device.index}; }
 
+// Per device type: its backend gave no event when asked (sim: its work is done as it is called). Learnt at the
+// first mark, so that the marks after it (one a training step) skip the free list's lock.
+std::atomic<bool>& gives_no_events(DeviceType type) {
+  static std::array<std::atomic<bool>, kDeviceTypeCount> flags{};
+  return flags[static_cast<std::size_t>(type)];
+}
+
 // An idle event of `device`'s, or a new one; null on a device without events.
 void* take_event(Device device) {
+  if (gives_no_events(device.type).load(std::memory_order_relaxed)) return nullptr;
   {
     FreeEvents& free = free_events();
     std::lock_guard lock(free.mutex);
@@ -39,7 +49,9 @@ void* take_event(Device device) {
       return event;
     }
   }
-  return backend(device).create_event(device.index);
+  void* event = backend(device).create_event(device.index);
+  if (!event) gives_no_events(device.type).store(true, std::memory_order_relaxed);
+  return event;
 }
 
 }  // namespace

@@ -17,7 +17,7 @@
 void register_eval_command(CLI::App& app) {
   static std::string checkpoint, device_text = "auto", data = ferry::kDefaultFashionMnistDir, model_option;
   static bool json = false;
-  static std::int64_t limit_test = -1;
+  static std::int64_t limit_test = -1;  // -1: every test image (load_fashion_mnist's "all"); else >= 1
   auto* cmd = app.add_subcommand("eval", "Test accuracy of a model on Fashion-MNIST's 10000 test images: a `ferry train`\n"
                                          "checkpoint, or a weights-only safetensors file (a PyTorch state_dict of the\n"
                                          "same model, saved with safetensors) with --model.\n"
@@ -71,7 +71,7 @@ void register_eval_command(CLI::App& app) {
       }
     }
     model->to(device);
-    ferry::Dataset test_set = ferry::load_fashion_mnist(data, false, limit_test > 0 ? limit_test : -1);
+    ferry::Dataset test_set = ferry::load_fashion_mnist(data, false, limit_test);
     ferry::DataLoader loader(std::move(test_set),
                              {.batch_size = 1000, .shuffle = false, .placement = ferry::Placement::Resident, .device = device});
     // One pass, one read: the confusion matrix (row = the true class, column = the guess), from which the rest.

@@ -43,7 +43,7 @@ struct TrainArgs {
   std::string data = ferry::kDefaultFashionMnistDir;
   std::string plot_path;
   std::string trace_path;
-  std::int64_t limit_train = -1, limit_test = -1;
+  std::int64_t limit_train = -1, limit_test = -1;  // -1: all images (load_fashion_mnist's "all"); else >= 1
   bool json = false;
   bool quiet = false;
   bool ddp = false;
@@ -578,10 +578,10 @@ void register_train_command(CLI::App& app) {
     const bool is_rank0 = !group || group->rank() == 0;
     ferry::manual_seed(o.seed);
     auto model = ferry::make_model(o.model_name);  // before the data (reading it draws no random numbers)
-    // Only the images a --limit keeps are converted to floats (each file is still read and checked whole).
-    const auto no_limit_if_zero = [](std::int64_t count) { return count > 0 ? count : -1; };
-    ferry::Dataset train_set = ferry::load_fashion_mnist(a.data, true, no_limit_if_zero(a.limit_train));
-    ferry::Dataset test_set = ferry::load_fashion_mnist(a.data, false, no_limit_if_zero(a.limit_test));
+    // Only the images a --limit keeps are converted to floats (each file is still read and checked whole); -1,
+    // the unset limit, is load_fashion_mnist's "all".
+    ferry::Dataset train_set = ferry::load_fashion_mnist(a.data, true, a.limit_train);
+    ferry::Dataset test_set = ferry::load_fashion_mnist(a.data, false, a.limit_test);
     if (!o.resume_path.empty() && o.checkpoint_path.empty()) {
       notes.push_back(fmt::format("note: no --checkpoint given: this run's progress is not saved (--checkpoint {} "
                                   "continues the file)", o.resume_path));
