@@ -311,9 +311,19 @@ TEST_F(CudaBackend, StagingRingChoosesItsWayAfterItsFirstLargeCopiesEachWay) {
   // the large copy lays the ring out for 1 MB chunks, over the same pinned bytes.
   const Tensor smaller = randint(0, 256, {std::int64_t{16} << 20}, {.dtype = DType::UInt8});
   std::vector<Tensor> queued;
+  // A trial waits for its copy's last DMAs. For the second large copy, non-blocking, that wait is the host's only
+  // one: the ledger records it as a sync of its own, once (a blocking copy's trial is its copy's own wait).
+  const auto trial_syncs = [] {
+    std::size_t n = 0;
+    for (const SyncRecord& sync : Ledger::global().syncs()) n += sync.reason.starts_with("staging ring trial");
+    return n;
+  };
   for (int i = 0; i < 12; ++i) {  // six ways at most, twice each
     queued.push_back(smaller.to(kCuda, /*non_blocking=*/true));
-    const Tensor device = host.to(kCuda);
+    const bool trying = cuda::staging_choice(true) == "not chosen yet";
+    const std::size_t syncs_before = trial_syncs();
+    const Tensor device = host.to(kCuda, /*non_blocking=*/i == 1);
+    EXPECT_EQ(trial_syncs() - syncs_before, i == 1 && trying ? 1U : 0U) << "copy " << i << (trying ? ", a trial" : "");
     EXPECT_TRUE(same_bytes(device.cpu(), host)) << "copy " << i;
     if (i == 0) {
       EXPECT_EQ(cuda::staging_choice(true), "not chosen yet") << "chosen after one copy, with two stores to try";

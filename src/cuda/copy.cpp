@@ -6,7 +6,8 @@
 // threads hand chunks on without barriers (ChunkProgress); how many copy, with which stores, and in
 // chunks of what size, is timed on the first large copies and chosen (StagingChoice); with the way kept, each
 // thread's time is split into copying and waiting for the link, which says what limits the copy (StagedTimes).
-// Not here: the ledger (the door records every copy), pinned allocations (pinned.cpp).
+// Not here: the ledger (the door records every copy; this file records only the one host sync the door cannot see,
+// a trial's), pinned allocations (pinned.cpp).
 #include <cuda_runtime_api.h>
 #include <omp.h>
 #if defined(__x86_64__)
@@ -32,6 +33,7 @@
 #include "check.h"
 #include "device_state.h"
 #include "ferry/error.h"
+#include "ferry/ledger.h"
 #include "kernels.h"
 
 namespace ferry::cuda {
@@ -597,7 +599,20 @@ void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device
       // Timed to its end: host->device returns with up to a ring of DMAs in flight (32 MB with 4 MB chunks, 8 with
       // 1 MB), and a way must not look faster for leaving more of them untimed. So a trial copy waits for them (twelve
       // trials a process at most, each at most ~0.6 ms longer on a 55 GB/s link).
-      if (to_device) FERRY_CUDA_CHECK(cudaStreamSynchronize(s));
+      if (to_device) {
+        Ledger& ledger = Ledger::global();
+        const double wait_start = ledger.now_ms();
+        FERRY_CUDA_CHECK(cudaStreamSynchronize(s));
+        // A non-blocking copy's host now waited for its DMAs: a sync of its own, in the ledger with its reason (a
+        // blocking copy waits for them anyway, and the door records that wait as the copy's).
+        if (non_blocking)
+          ledger.record_sync({.device = Device(DeviceType::CUDA, device),
+                              .reason = ferry::detail::concat("staging ring trial: a non-blocking pageable host->device copy of ",
+                                                       bytes, " bytes timed to its end (the first copies of 64 MiB "
+                                                       "or more each way choose the ring's way)"),
+                              .start_ms = wait_start,
+                              .duration_ms = ledger.now_ms() - wait_start});
+      }
       choice.record(*trial, bytes, seconds_between(start, Clock::now()));
     } else {
       choice.add_times(bytes, times);
