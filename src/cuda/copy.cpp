@@ -607,9 +607,10 @@ void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device
         // blocking copy waits for them anyway, and the door records that wait as the copy's).
         if (non_blocking)
           ledger.record_sync({.device = Device(DeviceType::CUDA, device),
-                              .reason = ferry::detail::concat("staging ring trial: a non-blocking pageable host->device copy of ",
-                                                       bytes, " bytes timed to its end (the first copies of 64 MiB "
-                                                       "or more each way choose the ring's way)"),
+                              .reason = ferry::detail::concat(
+                                  "staging ring trial: a non-blocking pageable host->device copy of ", bytes,
+                                  " bytes timed to its end (the first copies of 64 MiB or more each way choose the "
+                                  "ring's way)"),
                               .start_ms = wait_start,
                               .duration_ms = ledger.now_ms() - wait_start});
       }
