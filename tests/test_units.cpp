@@ -330,6 +330,20 @@ TEST(Units, FormatBandwidthHertzNumbers) {
   EXPECT_EQ(ferry::format_thousands(std::numeric_limits<std::int64_t>::min()), "-9,223,372,036,854,775,808");
 }
 
+TEST(Units, FormatOrdinal) {
+  EXPECT_EQ(ferry::format_ordinal(1), "1st");
+  EXPECT_EQ(ferry::format_ordinal(2), "2nd");
+  EXPECT_EQ(ferry::format_ordinal(3), "3rd");
+  EXPECT_EQ(ferry::format_ordinal(4), "4th");
+  EXPECT_EQ(ferry::format_ordinal(11), "11th");
+  EXPECT_EQ(ferry::format_ordinal(12), "12th");
+  EXPECT_EQ(ferry::format_ordinal(13), "13th");
+  EXPECT_EQ(ferry::format_ordinal(21), "21st");
+  EXPECT_EQ(ferry::format_ordinal(100), "100th");
+  EXPECT_EQ(ferry::format_ordinal(112), "112th");
+  EXPECT_EQ(ferry::format_ordinal(1001), "1,001st");
+}
+
 TEST(Units, FormatNonFiniteAndExtremeValues) {
   constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
   constexpr double kInf = std::numeric_limits<double>::infinity();

@@ -72,4 +72,7 @@ std::string format_number(double value, int significant_digits = 6);
 // An integer with thousands separators: 1000000 -> "1,000,000", -1234 -> "-1,234".
 std::string format_thousands(std::int64_t value);
 
+// An ordinal with thousands separators: 1 -> "1st", 2 -> "2nd", 112 -> "112th", 1001 -> "1,001st".
+std::string format_ordinal(std::int64_t n);
+
 }  // namespace ferry

@@ -213,17 +213,6 @@ std::string percent(double fraction) {
   return fmt::format("{:.2g} %", value);
 }
 
-std::string ordinal(std::int64_t n) {
-  const std::int64_t last_two = n % 100;
-  const char* suffix = "th";
-  if (last_two < 11 || last_two > 13) {
-    if (n % 10 == 1) suffix = "st";
-    if (n % 10 == 2) suffix = "nd";
-    if (n % 10 == 3) suffix = "rd";
-  }
-  return fmt::format("{}{}", n, suffix);
-}
-
 // The accelerator most bytes went to, for advice ("keep the dataset resident on sim:0").
 std::string busiest_accelerator(const std::vector<StepInstance>& counted) {
   std::map<std::string, std::int64_t> bytes_to;
@@ -295,7 +284,7 @@ std::vector<std::string> advise(const LedgerReport& r, const ReportOptions& opti
     if (reason == "item()" && r.sync_reasons.size() == 1) {
       text = fmt::format("item(){} costs {} of the step: log every {} step instead (saves about {}), and keep "
                          "running sums on the device",
-                         every, percent(r.sync_fraction), ordinal(options.log_every), percent(saved));
+                         every, percent(r.sync_fraction), format_ordinal(options.log_every), percent(saved));
     } else {
       std::string reasons;
       for (const auto& [name, count] : r.sync_reasons) {
@@ -304,7 +293,7 @@ std::vector<std::string> advise(const LedgerReport& r, const ReportOptions& opti
       text = fmt::format("{} host syncs per step ({}) cost {} of the step: read values back every {} step only "
                          "(saves about {})",
                          fmt::format("{:.3g}", syncs_per_step), reasons, percent(r.sync_fraction),
-                         ordinal(options.log_every), percent(saved));
+                         format_ordinal(options.log_every), percent(saved));
     }
     if (host_timed_async) {
       text += "; timed on the host, so part of it is the device finishing queued work (PhaseTiming::Exact splits it)";
@@ -316,7 +305,7 @@ std::vector<std::string> advise(const LedgerReport& r, const ReportOptions& opti
     lines.push_back({0.0, fmt::format("{} come back to the host every step: keep metrics and predictions on the "
                                       "device and read them back every {} step",
                                       format_bytes(static_cast<double>(m.bytes_device_to_host)),
-                                      ordinal(options.log_every))});
+                                      format_ordinal(options.log_every))});
   }
   if (r.total.pageable_non_blocking > 0) {
     lines.push_back({0.0, fmt::format("{} non_blocking copies came from pageable memory, so they blocked: pin the "

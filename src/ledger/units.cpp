@@ -557,4 +557,15 @@ std::string format_thousands(std::int64_t value) {
   return out;
 }
 
+std::string format_ordinal(std::int64_t n) {
+  const std::int64_t last_two = n % 100;
+  const char* suffix = "th";
+  if (last_two < 11 || last_two > 13) {
+    if (n % 10 == 1) suffix = "st";
+    if (n % 10 == 2) suffix = "nd";
+    if (n % 10 == 3) suffix = "rd";
+  }
+  return format_thousands(n) + suffix;
+}
+
 }  // namespace ferry

@@ -75,18 +75,6 @@ std::string shape_words(const std::vector<std::int64_t>& shape) {
   return words;
 }
 
-// 1 -> "1st", 2 -> "2nd", 100 -> "100th", 112 -> "112th".
-std::string ordinal(std::int64_t n) {
-  const std::int64_t last_two = n % 100;
-  const char* suffix = "th";
-  if (last_two < 11 || last_two > 13) {
-    if (n % 10 == 1) suffix = "st";
-    if (n % 10 == 2) suffix = "nd";
-    if (n % 10 == 3) suffix = "rd";
-  }
-  return ferry::format_thousands(n) + suffix;
-}
-
 std::string plural(std::int64_t count, const char* singular, const char* many) {
   return fmt::format("{} {}", ferry::format_thousands(count), count == 1 ? singular : many);
 }
@@ -651,7 +639,7 @@ void add_loop_command(CLI::App& plan) {
         "(c) Logging every step wastes ({} - {}) / {} = {} ({}%) of the run\n",
         seconds(transfer_s), seconds(compute_s), seconds(per_step_s), seconds(per_step_s), seconds(log_s),
         plural(steps, "step", "steps"), seconds(loop.total_s_log_every_step),
-        ordinal(log_every), seconds(per_step_s),
+        ferry::format_ordinal(log_every), seconds(per_step_s),
         plural(steps, "step", "steps"), seconds(log_s), plural(loop.logs, "log", "logs"), seconds(loop.total_s),
         seconds(loop.total_s_log_every_step), seconds(loop.total_s), seconds(loop.total_s_log_every_step),
         ferry::format_number(waste_rounded, 4), ferry::format_number(100.0 * waste_rounded, 4));
