@@ -16,6 +16,9 @@ threads=${FERRY_BENCH_THREADS:-$(nproc)}
 epochs=${FERRY_BENCH_EPOCHS:-1}
 export OMP_NUM_THREADS=$threads
 
+# which OpenBLAS kernels the GEMMs run on (OPENBLAS_CORETYPE, where the machine sets it, is left as it is)
+blas=$("$build/tools/ferry/ferry" devices | sed -n 's/^ *libraries: //p' | head -1)
+echo "== cpu BLAS: $blas"
 echo "== step benchmark (bench/cpu_step_bench, $threads threads)"
 step_table=$("$build/bench/cpu_step_bench" --threads "$threads" --warmup 3 --steps "${FERRY_BENCH_STEPS:-20}" --breakdown)
 echo "$step_table"
@@ -27,6 +30,7 @@ torch_json=$(/usr/bin/python3 bench/torch_fmnist.py --device cpu --threads "$thr
 
 echo
 echo "ferry vs PyTorch on $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $threads threads, $(date -u +%F)"
+echo "cpu BLAS: $blas"
 echo "$step_table" | sed -n '/^workload/,$p' | grep -v '^ '
 python3 - "$ferry_json" "$torch_json" <<'PY'
 import json, sys

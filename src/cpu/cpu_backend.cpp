@@ -15,6 +15,7 @@
 #include "host_cache.h"
 #include "host_kernels.h"
 #include "host_memory.h"
+#include "openblas_info.h"
 #include "ferry/error.h"
 
 #if defined(__has_feature)
@@ -94,6 +95,7 @@ class CpuBackend final : public HostKernels {
     p.cores = static_cast<int>(std::thread::hardware_concurrency());
     p.clock_hz = cpu_clock_hz();
     p.memory_bytes = physical_memory_bytes();
+    p.libraries = openblas_description();
     return p;
   }
   void* allocate(std::size_t bytes, int) override {

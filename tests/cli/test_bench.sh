@@ -135,6 +135,12 @@ expect_status 2 "--cpu-clock" plan speedup --gpu sim:0
 expect_status 2 "cuda:7" plan speedup --gpu cuda:7 --cpu
 check_json 'all(("speedup_theoretical" in d) == (d["device"] != "cpu") for d in j["devices"])
   and all(d["speedup_theoretical"] == 1 for d in j["devices"] if d["device"].startswith("sim"))' devices --json
+# the cpu's BLAS and its kernels, and the variable that chose them where one did
+OPENBLAS_CORETYPE=Haswell check_json '"Haswell kernels (OPENBLAS_CORETYPE=Haswell" in
+  [d for d in j["devices"] if d["device"] == "cpu"][0]["libraries"]' devices --json
+env -u OPENBLAS_CORETYPE "$FERRY" devices --json >"$scratch/out" 2>"$scratch/err"
+check_file '[d for d in j["devices"] if d["device"] == "cpu"][0]["libraries"].startswith("OpenBLAS ")
+  and "OPENBLAS_CORETYPE" not in [d for d in j["devices"] if d["device"] == "cpu"][0]["libraries"]' "$scratch/out"
 
 # ---- bad input: exit 2, one line on stderr --------------------------------------------------------
 expect_status 2 "no host link" bench link --device cpu --sizes 4KB
