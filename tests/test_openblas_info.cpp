@@ -24,6 +24,9 @@ TEST(OpenblasInfo, KernelsSetByTheVariableAreSaidSo) {
             "OpenBLAS 0.3.21, SkylakeX kernels (OPENBLAS_CORETYPE=SkylakeX)");
   EXPECT_EQ(describe_openblas(kConfig, "Haswell", "Haswell", false),
             "OpenBLAS 0.3.21, Haswell kernels (OPENBLAS_CORETYPE=Haswell)");  // no wider kernels to miss
+  // an OpenBLAS built for one target does not read the variable
+  EXPECT_EQ(describe_openblas("OpenBLAS 0.3.21 NO_AFFINITY HASWELL MAX_THREADS=64", "Haswell", "SkylakeX", true),
+            "OpenBLAS 0.3.21, Haswell kernels");
 }
 
 TEST(OpenblasInfo, AnAvx2SetOnAnAvx512CpuIsSaidToBeNarrower) {

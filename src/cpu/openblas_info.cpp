@@ -21,7 +21,8 @@ std::string describe_openblas(const std::string& config, const std::string& core
   const std::size_t first = config.find(' ');
   const std::size_t second = first == std::string::npos ? first : config.find(' ', first + 1);
   std::string text = config.substr(0, second) + ", " + corename + " kernels";
-  if (coretype_variable == nullptr) return text;
+  // only an OpenBLAS built for every core reads the variable; one built for a single target has no choice
+  if (coretype_variable == nullptr || config.find("DYNAMIC_ARCH") == std::string::npos) return text;
   text += " (OPENBLAS_CORETYPE=";
   text += coretype_variable;
   if (cpu_has_avx512 && !is_avx512_kernel_set(corename))

@@ -17,7 +17,8 @@ namespace ferry::cpu {
 bool is_avx512_kernel_set(const std::string& corename);
 
 // What `ferry devices` and `ferry train` say of the cpu's BLAS, from OpenBLAS's config and kernel set, the
-// variable (nullptr when unset) and whether the CPU has AVX-512:
+// variable (nullptr when unset; named only where the config says DYNAMIC_ARCH, the builds that read it) and
+// whether the CPU has AVX-512:
 //   "OpenBLAS 0.3.21, Cooperlake kernels"
 //   "OpenBLAS 0.3.21, Haswell kernels (OPENBLAS_CORETYPE=Haswell)"
 //   "..., Haswell kernels (OPENBLAS_CORETYPE=Haswell: kernels without AVX-512 on a CPU that has it)"
