@@ -7,7 +7,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 packages=(build-essential cmake ninja-build pkg-config
-          libopenblas-dev libgtest-dev libgmock-dev libbenchmark-dev
+          libopenblas-dev libdnnl-dev libgtest-dev libgmock-dev libbenchmark-dev
           libcli11-dev nlohmann-json3-dev libfmt-dev zlib1g-dev
           dataset-fashion-mnist python3
           clang libclang-rt-14-dev

@@ -15,6 +15,7 @@
 #include "host_cache.h"
 #include "host_kernels.h"
 #include "host_memory.h"
+#include "onednn_info.h"
 #include "openblas_info.h"
 #include "ferry/error.h"
 
@@ -95,7 +96,8 @@ class CpuBackend final : public HostKernels {
     p.cores = static_cast<int>(std::thread::hardware_concurrency());
     p.clock_hz = cpu_clock_hz();
     p.memory_bytes = physical_memory_bytes();
-    p.libraries = openblas_description();
+    const std::string onednn = onednn_description();
+    p.libraries = openblas_description() + (onednn.empty() ? "" : "; convolutions on " + onednn);
     return p;
   }
   void* allocate(std::size_t bytes, int) override {

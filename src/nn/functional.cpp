@@ -16,6 +16,7 @@
 #include "conv_grads.h"
 #include "host_bn_relu_pool.h"
 #include "host_conv.h"
+#include "onednn_conv.h"
 #include "ferry/autograd.h"
 #include "ferry/backend.h"
 #include "ferry/factories.h"
@@ -234,6 +235,10 @@ void conv2d_grads(const Tensor& g, const Tensor& x, const Tensor& w, const Backe
     if (grad_weight) grad_weight->fill_(0);
     return;
   }
+  if (detail::use_onednn_conv(g.device(), g.dtype(), s)) {
+    detail::onednn_conv2d_backward(g, x, w, s, grad_input, grad_weight);
+    return;
+  }
   if (detail::use_host_conv(g.device(), s)) {
     detail::host_conv2d_backward(g, x, w, s, grad_input, grad_weight, kept_columns);
     return;
@@ -338,11 +343,14 @@ Tensor conv2d(const Tensor& input_in, const Tensor& weight, const Tensor& bias, 
   const Tensor w = weight.detach().contiguous();  // (O, C, kh, kw) = (O, K)
   const TensorOptions like{.device = x.device(), .dtype = x.dtype()};
   Tensor out = empty({N, O, out_h, out_w}, like);  // (N, O, oh, ow) = (N, O, L)
-  const bool host = K > 0 && detail::use_host_conv(x.device(), s);
-  // cuDNN on cuda (one call per direction) where it has an algorithm for the shape; else im2col + GEMM.
-  bool library = !host && K > 0 && out.numel() > 0 && library_layers() &&
+  // float32 on the cpu (and sim): oneDNN where the build has it; else the host path (samples over threads,
+  // im2col + GEMM each); cuDNN on cuda (one call per direction) where it has an algorithm for the shape; else
+  // im2col + GEMM through the backend.
+  const bool onednn = K > 0 && out.numel() > 0 && detail::use_onednn_conv(x.device(), x.dtype(), s);
+  const bool host = !onednn && K > 0 && detail::use_host_conv(x.device(), s);
+  bool library = !onednn && !host && K > 0 && out.numel() > 0 && library_layers() &&
                  backend(x.device()).conv2d_library(s, x.dtype(), x.device().index);
-  if (bias.defined() && !host && out.numel() > 0) fill_with_channel_vector(out, bias.detach());
+  if (bias.defined() && !host && !onednn && out.numel() > 0) fill_with_channel_vector(out, bias.detach());
   const float beta = bias.defined() ? 1.0f : 0.0f;
   const bool pointwise = is_pointwise(s);
   const std::int64_t chunk = samples_per_chunk(s, x.element_size());
@@ -356,7 +364,9 @@ Tensor conv2d(const Tensor& input_in, const Tensor& weight, const Tensor& bias, 
       N * K * L * static_cast<std::int64_t>(x.element_size()) <= kMaxKeptColumnsBytes)
     kept_columns = empty({N, K * L}, like);
   if (out.numel() > 0 && K > 0) {
-    if (host) {
+    if (onednn) {
+      detail::onednn_conv2d_forward(x, w, bias.defined() ? bias.detach().contiguous() : Tensor(), out, s);
+    } else if (host) {
       detail::host_conv2d_forward(x, w, bias.defined() ? bias.detach().contiguous() : Tensor(), out, s, kept_columns);
     } else if (library) {  // out (N, O, oh, ow) = conv(x, w) + beta * out (the bias written above)
       try {
@@ -368,7 +378,7 @@ Tensor conv2d(const Tensor& input_in, const Tensor& weight, const Tensor& bias, 
         library = false;
       }
     }
-    if (host || library) {
+    if (onednn || host || library) {
       // done above
     } else if (pointwise) {  // the columns are the image itself: out[n] (O, L) = w (O, C) @ x[n] (C, L)
       run_gemm({.m = O, .n = L, .k = K, .a = &w, .lda = K, .b = &x, .ldb = L, .stride_b = C * L, .c = &out,

@@ -141,6 +141,11 @@ OPENBLAS_CORETYPE=Haswell check_json '"Haswell kernels (OPENBLAS_CORETYPE=Haswel
 env -u OPENBLAS_CORETYPE "$FERRY" devices --json >"$scratch/out" 2>"$scratch/err"
 check_file '[d for d in j["devices"] if d["device"] == "cpu"][0]["libraries"].startswith("OpenBLAS ")
   and "OPENBLAS_CORETYPE" not in [d for d in j["devices"] if d["device"] == "cpu"][0]["libraries"]' "$scratch/out"
+# and the convolutions' library, in a build with oneDNN (its --version names it)
+if "$FERRY" --version | grep -q "; oneDNN "; then
+  check_json '"; convolutions on oneDNN " in [d for d in j["devices"] if d["device"] == "cpu"][0]["libraries"]
+    and " kernels)" in [d for d in j["devices"] if d["device"] == "cpu"][0]["libraries"]' devices --json
+fi
 
 # ---- bad input: exit 2, one line on stderr --------------------------------------------------------
 expect_status 2 "no host link" bench link --device cpu --sizes 4KB

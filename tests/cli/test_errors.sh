@@ -191,6 +191,7 @@ if [[ -f "$data_dir/train-images-idx3-ubyte.gz" ]]; then
   fi
   FERRY_FUSED_ACTIVATIONS=maybe expect_failure 2 "FERRY_FUSED_ACTIVATIONS='maybe' is not a switch" train "${quick[@]}" --max-steps 1
   FERRY_LIBRARY_LAYERS=nope expect_failure 2 "FERRY_LIBRARY_LAYERS='nope' is not a switch" train "${quick[@]}" --max-steps 1
+  FERRY_ONEDNN=nah expect_failure 2 "FERRY_ONEDNN='nah' is not a switch" train "${quick[@]}" --max-steps 1
   FERRY_READY_EVENTS=perhaps expect_failure 2 "FERRY_READY_EVENTS='perhaps' is not a switch" train "${quick[@]}" --max-steps 1
   touch "$scratch/real.safetensors"
   ln -s real.safetensors "$scratch/link.safetensors"

@@ -21,7 +21,8 @@ namespace {
 std::string version_text() {
   std::string text = "ferry " FERRY_VERSION "\nbuilt with: cpu (";
   text += openblas_get_config();
-  text += ")";
+  const std::string onednn = ferry::nn::functional::onednn_version();
+  text += onednn.empty() ? "; no oneDNN: convolutions on OpenBLAS)" : "; " + onednn + ")";
 #ifdef FERRY_HAVE_CUDA
   text += ", cuda";
 #ifdef FERRY_HAVE_CUDNN
@@ -94,6 +95,7 @@ int main(int argc, char** argv) {
     (void)ferry::sim_link_bandwidth();  // throws InvalidArgument for a bad FERRY_SIM_LINK or FERRY_SIM_DEVICES
     (void)ferry::nn::functional::fused_activations();  // FERRY_FUSED_ACTIVATIONS, a switch (1/0, on/off, ...)
     (void)ferry::nn::functional::library_layers();     // FERRY_LIBRARY_LAYERS
+    (void)ferry::nn::functional::onednn();             // FERRY_ONEDNN
     (void)ferry::deterministic_algorithms();           // FERRY_DETERMINISTIC
     (void)ferry::ready_events_enabled();               // FERRY_READY_EVENTS
   });

@@ -184,4 +184,13 @@ bool library_layers();
 void set_fused_activations(bool enabled);
 bool fused_activations();
 
+// Whether float32 convolutions on the cpu and sim run through oneDNN (PyTorch's torch.backends.mkldnn.enabled), where
+// this build has it: its kernels follow the CPU (AVX-512 where there is one) in oneDNN's blocked layouts, with each
+// call reordering from and to NCHW. On by default; off, they run as im2col + OpenBLAS GEMMs, as float64 always does.
+// FERRY_ONEDNN=0 for a run (a switch, read as FERRY_LIBRARY_LAYERS is). onednn_version(): "oneDNN 2.6.3
+// (avx512_core kernels)", or "" in a build without it.
+void set_onednn(bool enabled);
+bool onednn();
+std::string onednn_version();
+
 }  // namespace ferry::nn::functional
