@@ -3,6 +3,7 @@
 // input channel, one sample, no bias and groups; the same bits on every run and on sim as on cpu.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 #include <vector>

@@ -1,7 +1,7 @@
 // onednn_conv.cpp — float32 conv2d on host memory through oneDNN (onednn_conv.h). Per shape, once: the three
 // primitives (forward, backward-data, backward-weights) in the layouts oneDNN prefers for them ("any": blocked,
 // e.g. nChw16c on an AVX-512 CPU), and the reorders between those layouts and ferry's NCHW / OIHW. Per call: the
-// reorders and the primitive, on scratch tensors of the device (ferry's host block cache, so no page faults).
+// reorders and the primitive, on scratch tensors of the device (from its block cache, as any tensor's memory).
 // Not here: the im2col path (host_conv.cpp), the choice between the paths (functional.cpp).
 #include "onednn_conv.h"
 
