@@ -1,6 +1,7 @@
 // cpu_step_bench.cpp — one training step (forward, cross-entropy, backward, SGD momentum 0.9) of the `mlp`,
 // `cnn` and `fmnist` workloads (DESIGN.md) in ferry and in Debian's libtorch, in one process on the same number of
-// threads; prints medians and the ferry / libtorch ratio. Not a correctness test (tests/ do that).
+// threads; prints medians and the ferry / libtorch ratio. Also (--workload) float32 <-> 16-bit conversions, and
+// single convolutions forward and backward. Not a correctness test (tests/ do that).
 //
 // Threads: OpenMP (ferry's loops, libtorch's ATen and oneDNN) and OpenBLAS (both libraries' GEMMs; libtorch
 // may load its own copy through libblas.so.3) read their thread counts when loaded, so the program sets
@@ -26,6 +27,7 @@
 #include "ferry/nn/activation.h"
 #include "ferry/nn/batchnorm.h"
 #include "ferry/nn/conv.h"
+#include "ferry/nn/functional.h"
 #include "ferry/nn/linear.h"
 #include "ferry/nn/loss.h"
 #include "ferry/nn/pooling.h"
@@ -42,7 +44,7 @@ struct Settings {
   int threads = 2;
   int warmup = 3;
   int steps = 10;
-  std::string workload = "all";  // mlp | cnn | fmnist | all
+  std::string workload = "all";  // mlp | cnn | fmnist | all | convert | conv
   std::int64_t mlp_batch = 512;
   std::int64_t cnn_batch = 256;
   std::int64_t fmnist_batch = 128;
@@ -261,13 +263,93 @@ void time_conversions(const Settings& s) {
   }
 }
 
+// One convolution's forward and both gradients (input, weight; bias too), sum(out).backward() on random data, in
+// three ways one after another, call by call: ferry on oneDNN, ferry on im2col + OpenBLAS (FERRY_ONEDNN=0's path),
+// and libtorch. Medians; the ratio is ferry's oneDNN path against libtorch. The shapes: fmnist's second layer, and
+// the transposed and 1-d convolutions of a decoder and of a sequence model (batch 32).
+void time_convolutions(const Settings& s) {
+  enum class Kind { Conv2d, ConvTranspose2d, Conv1d, ConvTranspose1d };
+  struct Case {
+    const char* name;
+    Kind kind;
+    std::vector<std::int64_t> input, weight;  // (N, C, [H,] W); conv (O, C, k..), transposed (C, O, k..)
+    std::int64_t stride, padding;
+  };
+  const std::int64_t fb = s.fmnist_batch;
+  const Case cases[] = {
+      {"conv2d      (fmnist layer 2) -> 64x14x14", Kind::Conv2d, {fb, 32, 14, 14}, {64, 32, 3, 3}, 1, 1},
+      {"conv_transpose2d 64x14x14 k4 s2 -> 32x28x28", Kind::ConvTranspose2d, {32, 64, 14, 14}, {64, 32, 4, 4}, 2, 1},
+      {"conv_transpose2d 128x7x7 k4 s2 -> 64x14x14", Kind::ConvTranspose2d, {32, 128, 7, 7}, {128, 64, 4, 4}, 2, 1},
+      {"conv1d 64x256 k5 p2 -> 64x256", Kind::Conv1d, {32, 64, 256}, {64, 64, 5}, 1, 2},
+      {"conv1d 128x128 k3 s2 -> 128x64", Kind::Conv1d, {32, 128, 128}, {128, 128, 3}, 2, 1},
+      {"conv_transpose1d 64x128 k4 s2 -> 64x256", Kind::ConvTranspose1d, {32, 64, 128}, {64, 64, 4}, 2, 1},
+  };
+  namespace F = ferry::nn::functional;
+  std::printf("%-45s %10s %10s %12s %8s   (forward + backward, batch first in each shape)\n", "convolution",
+              "oneDNN ms", "im2col ms", "libtorch ms", "ratio");
+  for (const Case& c : cases) {
+    const bool transposed = c.kind == Kind::ConvTranspose2d || c.kind == Kind::ConvTranspose1d;
+    const std::int64_t out_channels = transposed ? c.weight[1] : c.weight[0];
+    ferry::manual_seed(0);
+    const ferry::Tensor fx = ferry::randn(ferry::Shape(c.input)).requires_grad_(true);
+    const ferry::Tensor fw = (ferry::randn(ferry::Shape(c.weight)) * 0.05).detach().requires_grad_(true);
+    const ferry::Tensor fb_ = ferry::zeros({out_channels}).requires_grad_(true);
+    torch::manual_seed(0);
+    const torch::Tensor tx = torch::randn(c.input).requires_grad_(true);
+    const torch::Tensor tw = (torch::randn(c.weight) * 0.05).detach().requires_grad_(true);
+    const torch::Tensor tb = torch::zeros({out_channels}).requires_grad_(true);
+    const auto ferry_conv = [&] {
+      switch (c.kind) {
+        case Kind::Conv2d: return F::conv2d(fx, fw, fb_, c.stride, c.padding);
+        case Kind::ConvTranspose2d: return F::conv_transpose2d(fx, fw, fb_, c.stride, c.padding);
+        case Kind::Conv1d: return F::conv1d(fx, fw, fb_, c.stride, c.padding);
+        case Kind::ConvTranspose1d: return F::conv_transpose1d(fx, fw, fb_, c.stride, c.padding);
+      }
+      return ferry::Tensor();
+    };
+    const auto torch_conv = [&] {
+      switch (c.kind) {
+        case Kind::Conv2d: return torch::conv2d(tx, tw, tb, c.stride, c.padding);
+        case Kind::ConvTranspose2d: return torch::conv_transpose2d(tx, tw, tb, c.stride, c.padding);
+        case Kind::Conv1d: return torch::conv1d(tx, tw, tb, c.stride, c.padding);
+        case Kind::ConvTranspose1d: return torch::conv_transpose1d(tx, tw, tb, c.stride, c.padding);
+      }
+      return torch::Tensor();
+    };
+    std::vector<double> onednn, im2col, libtorch;
+    const bool onednn_was = F::onednn();
+    for (int i = 0; i < s.warmup + s.steps; ++i) {
+      for (const bool use_onednn : {true, false}) {
+        F::set_onednn(use_onednn);
+        for (const ferry::Tensor& t : {fx, fw, fb_}) t.set_grad(ferry::Tensor());
+        const auto start = Clock::now();
+        ferry::sum(ferry_conv()).backward();
+        if (i >= s.warmup) (use_onednn ? onednn : im2col).push_back(ms_since(start));
+      }
+    }
+    F::set_onednn(onednn_was);
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));  // ferry's OpenMP threads go to sleep first
+    for (int i = 0; i < s.warmup + s.steps; ++i) {
+      for (const torch::Tensor& t : {tx, tw, tb}) t.mutable_grad() = torch::Tensor();
+      const auto start = Clock::now();
+      torch_conv().sum().backward();
+      if (i >= s.warmup) libtorch.push_back(ms_since(start));
+    }
+    const double on = median(onednn), off = median(im2col), t = median(libtorch);
+    std::printf("%-45s %10.2f %10.2f %12.2f %8.2f\n", c.name, on, off, t, on / t);
+    std::fflush(stdout);
+  }
+}
+
 void usage() {
   std::puts(
-      "cpu_step_bench [--threads N] [--warmup N] [--steps N] [--workload mlp|cnn|fmnist|all|convert] [--mlp-batch N]\n"
-      "               [--cnn-batch N] [--fmnist-batch N] [--breakdown] [--only ferry|libtorch]\n"
+      "cpu_step_bench [--threads N] [--warmup N] [--steps N] [--workload mlp|cnn|fmnist|all|convert|conv]\n"
+      "               [--mlp-batch N] [--cnn-batch N] [--fmnist-batch N] [--breakdown] [--only ferry|libtorch]\n"
       "Times one SGD training step of DESIGN.md's mlp, cnn and fmnist workloads in ferry and libtorch (cpu),\n"
       "on random data of the workload's shape (ferry train times the real fmnist epoch). --workload convert times\n"
-      "float32 <-> float16 / bfloat16 conversions of a 64 MiB tensor instead.");
+      "float32 <-> float16 / bfloat16 conversions of a 64 MiB tensor instead; --workload conv one convolution's\n"
+      "forward and backward (conv2d, conv_transpose2d, conv1d, conv_transpose1d) in ferry on oneDNN, in ferry on\n"
+      "im2col + OpenBLAS, and in libtorch (--only does not apply to these two).");
 }
 
 }  // namespace
@@ -325,6 +407,15 @@ int main(int argc, char** argv) {
               s.threads, omp_get_max_threads(), torch::get_num_threads(), s.warmup, s.steps);
   if (s.workload == "convert") {
     time_conversions(s);
+    return 0;
+  }
+  if (s.workload == "conv") {
+    try {
+      time_convolutions(s);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "cpu_step_bench: %s\n", e.what());
+      return 1;
+    }
     return 0;
   }
   std::printf("%-8s %6s %12s %12s %10s   %s\n", "workload", "batch", "ferry ms", "libtorch ms", "ratio", "losses (first -> last)");

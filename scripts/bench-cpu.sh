@@ -3,7 +3,9 @@
 # libtorch-dev and python3-torch, 1.13) if missing, builds, then
 #   1. bench/cpu_step_bench: one training step of the mlp and cnn workloads, ferry and libtorch alternating
 #      in one process on the same thread count (issue 4's ratios);
-#   2. the fmnist epoch: `ferry train --json` and bench/torch_fmnist.py, same model, data, settings and loop
+#   2. the same program's --workload conv: one convolution's forward and backward (conv2d, conv_transpose2d,
+#      conv1d, conv_transpose1d) in ferry on oneDNN, in ferry on im2col + OpenBLAS, and in libtorch;
+#   3. the fmnist epoch: `ferry train --json` and bench/torch_fmnist.py, same model, data, settings and loop
 #      (issue 6's ratio), each on the same thread count.
 # Prints a short table last; paste it into docs/BENCHMARKS.md. Run it on a quiet machine: other load lands on
 # whichever library runs at that moment.
@@ -22,6 +24,9 @@ echo "== cpu BLAS: $blas"
 echo "== step benchmark (bench/cpu_step_bench, $threads threads)"
 step_table=$("$build/bench/cpu_step_bench" --threads "$threads" --warmup 3 --steps "${FERRY_BENCH_STEPS:-20}" --breakdown)
 echo "$step_table"
+echo "== convolutions (bench/cpu_step_bench --workload conv)"
+conv_table=$("$build/bench/cpu_step_bench" --threads "$threads" --warmup 3 --steps 15 --workload conv)
+echo "$conv_table"
 
 echo "== fmnist epoch ($epochs epoch(s), $threads threads): ferry train"
 ferry_json=$("$build/tools/ferry/ferry" train --device cpu --epochs "$epochs" --json)
@@ -32,6 +37,7 @@ echo
 echo "ferry vs PyTorch on $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $threads threads, $(date -u +%F)"
 echo "cpu BLAS: $blas"
 echo "$step_table" | sed -n '/^workload/,$p' | grep -v '^ '
+echo "$conv_table" | sed -n '/^convolution/,$p'
 python3 - "$ferry_json" "$torch_json" <<'PY'
 import json, sys
 f, t = json.loads(sys.argv[1]), json.loads(sys.argv[2])
