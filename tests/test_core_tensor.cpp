@@ -2,6 +2,7 @@
 // and value access.
 #include <limits>
 
+#include "../src/cpu/host_cache.h"
 #include "test_helpers.h"
 
 namespace ferry {
@@ -314,6 +315,54 @@ TEST(CoreTensor, MemoryStatsCountAllocations) {
     EXPECT_EQ(sim.memory_stats(1).allocated, before + 4000);
   }
   EXPECT_EQ(sim.memory_stats(1).allocated, before);
+}
+
+// A sim device keeps freed blocks as a card's memory pool does: reserved, not allocated, reused by the next request
+// of the same size, given back by empty_cache(); free is the capacity less what is reserved. Its capacity counts
+// live bytes only: a request that fits only without the cache gives the cache back and succeeds. (Under
+// AddressSanitizer the cache is off and only the counting is checked.)
+TEST(CoreTensor, SimKeepsFreedBlocksAsACardsPoolDoes) {
+  Backend& sim = backend(DeviceType::Sim);
+  const Device sim1 = Device::parse("sim:1");
+  sim.empty_cache(1);
+  const MemoryStats before = sim.memory_stats(1);
+  EXPECT_EQ(before.reserved, before.allocated);
+  EXPECT_EQ(before.free, before.total - before.reserved);
+  const void* first = nullptr;
+  {
+    Tensor block = empty({1 << 20}, {.device = sim1});  // 4 MiB
+    first = block.data_ptr();
+  }
+  const MemoryStats freed = sim.memory_stats(1);
+  EXPECT_EQ(freed.allocated, before.allocated);
+  EXPECT_EQ(freed.free, freed.total - freed.reserved);
+  if (cpu::host_cache_limit() == 0) {  // AddressSanitizer: every block freed at once
+    EXPECT_EQ(freed.reserved, freed.allocated);
+    return;
+  }
+  EXPECT_EQ(freed.reserved - freed.allocated, std::int64_t{4} << 20);
+  {
+    Tensor again = empty({1 << 20}, {.device = sim1});
+    EXPECT_EQ(again.data_ptr(), first);
+    EXPECT_EQ(sim.memory_stats(1).reserved, sim.memory_stats(1).allocated);
+  }
+  sim.empty_cache(1);
+  EXPECT_EQ(sim.memory_stats(1).reserved, sim.memory_stats(1).allocated);
+
+  // 3 GiB cached, then 6 GiB asked for: 9 GiB reserved would pass the 8 GiB capacity, 6 GiB live does not. Neither
+  // block is written, so the host maps no pages for them.
+  const std::int64_t gib = std::int64_t{1} << 30;
+  { Tensor three = empty({3 * gib / 4}, {.device = sim1}); }
+  if (cpu::host_cache_limit() < static_cast<std::size_t>(3 * gib)) GTEST_SKIP() << "3 GiB is over the cache's limit";
+  EXPECT_EQ(sim.memory_stats(1).reserved - sim.memory_stats(1).allocated, 3 * gib);
+  EXPECT_LT(sim.memory_stats(1).free, 6 * gib);
+  {
+    Tensor six = empty({6 * gib / 4}, {.device = sim1});
+    const MemoryStats during = sim.memory_stats(1);
+    EXPECT_EQ(during.reserved, during.allocated);  // the cache went first
+    EXPECT_EQ(during.allocated, before.allocated + 6 * gib);
+  }
+  sim.empty_cache(1);
 }
 
 TEST(CoreTensor, OutOfMemoryHasTheNumbersAndTheProcessComputesOn) {

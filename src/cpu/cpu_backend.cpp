@@ -19,15 +19,6 @@
 #include "openblas_info.h"
 #include "ferry/error.h"
 
-#if defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define FERRY_CLANG_ASAN 1
-#endif
-#endif
-#ifndef FERRY_CLANG_ASAN
-#define FERRY_CLANG_ASAN 0
-#endif
-
 namespace ferry::cpu {
 
 namespace {
@@ -101,21 +92,10 @@ class CpuBackend final : public HostKernels {
     return p;
   }
   void* allocate(std::size_t bytes, int) override {
-    const std::size_t block = block_size(bytes);
-    if (void* cached = cache_.take(block)) {
-      counter_.add(bytes);
-      return cached;
-    }
-    try {
-      return host_allocate(block, bytes, kCPU, counter_, physical_memory_bytes());
-    } catch (const OutOfMemory&) {
-      if (cache_.cached_bytes() == 0) throw;
-      cache_.release_all();  // what the cache holds may be just what is missing
-      return host_allocate(block, bytes, kCPU, counter_, physical_memory_bytes());
-    }
+    return allocate_cached(cache_, bytes, kCPU, counter_, physical_memory_bytes());
   }
   void deallocate(void* ptr, std::size_t bytes, int) noexcept override {
-    cache_.give(ptr, block_size(bytes));
+    cache_.give(ptr, cached_block_size(bytes));
     counter_.remove(bytes);
   }
   void empty_cache(int) override { cache_.release_all(); }
@@ -135,23 +115,8 @@ class CpuBackend final : public HostKernels {
   }
 
  private:
-  // Large blocks are rounded up to whole pages (bytes) so that sizes a little apart share cached blocks.
-  static std::size_t block_size(std::size_t bytes) {
-    constexpr std::size_t kPage = 4096;
-    return bytes >= HostBlockCache::kMinBytes ? (bytes + kPage - 1) / kPage * kPage : bytes;
-  }
-  // The cache's limit, bytes: a quarter of the machine's memory, at most 4 GiB; none under AddressSanitizer,
-  // which must see every block freed to catch a use after free.
-  static std::size_t cache_limit() {
-#if defined(__SANITIZE_ADDRESS__) || FERRY_CLANG_ASAN  // GCC defines the first, clang has the feature
-    return 0;
-#else
-    return static_cast<std::size_t>(std::min<std::int64_t>(physical_memory_bytes() / 4, std::int64_t{4} << 30));
-#endif
-  }
-
   HostMemoryCounter counter_;
-  HostBlockCache cache_{cache_limit()};
+  HostBlockCache cache_;
 };
 
 std::unique_ptr<Backend> make_cpu_backend() { return std::make_unique<CpuBackend>(); }

@@ -1,9 +1,34 @@
-// host_cache.cpp — the cpu device's cache of large host blocks (see host_cache.h).
+// host_cache.cpp — the host-memory devices' cache of large host blocks (see host_cache.h).
 #include "host_cache.h"
 
+#include <algorithm>
 #include <cstdlib>
 
+#include "ferry/error.h"
+
+#if defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define FERRY_CLANG_ASAN 1
+#endif
+#endif
+#ifndef FERRY_CLANG_ASAN
+#define FERRY_CLANG_ASAN 0
+#endif
+
 namespace ferry::cpu {
+
+std::size_t cached_block_size(std::size_t bytes) {
+  constexpr std::size_t kPage = 4096;  // bytes
+  return bytes >= HostBlockCache::kMinBytes ? (bytes + kPage - 1) / kPage * kPage : bytes;
+}
+
+std::size_t host_cache_limit() {
+#if defined(__SANITIZE_ADDRESS__) || FERRY_CLANG_ASAN  // GCC defines the first, clang has the feature
+  return 0;
+#else
+  return static_cast<std::size_t>(std::min<std::int64_t>(physical_memory_bytes() / 4, std::int64_t{4} << 30));
+#endif
+}
 
 void* HostBlockCache::take(std::size_t bytes) {
   if (bytes < kMinBytes) return nullptr;
@@ -46,6 +71,22 @@ void HostBlockCache::release_all() noexcept {
 std::size_t HostBlockCache::cached_bytes() const {
   std::lock_guard lock(mutex_);
   return cached_;
+}
+
+void* allocate_cached(HostBlockCache& cache, std::size_t bytes, Device device, HostMemoryCounter& counter,
+                      std::int64_t total) {
+  const std::size_t block = cached_block_size(bytes);
+  if (void* cached = cache.take(block)) {
+    counter.add(bytes);
+    return cached;
+  }
+  try {
+    return host_allocate(block, bytes, device, counter, total);
+  } catch (const OutOfMemory&) {
+    if (cache.cached_bytes() == 0) throw;
+    cache.release_all();
+    return host_allocate(block, bytes, device, counter, total);
+  }
 }
 
 }  // namespace ferry::cpu

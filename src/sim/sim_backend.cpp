@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "../core/registry.h"
+#include "../cpu/host_cache.h"
 #include "../cpu/host_kernels.h"
 #include "../cpu/host_memory.h"
 #include "ferry/error.h"
@@ -121,18 +122,24 @@ class SimBackend final : public cpu::HostKernels {
     p.link = "simulated";
     return p;
   }
+  // Memory as a card's pool keeps it: freed blocks of 64 KiB and more wait in the device's cache for the next
+  // request of their size (reserved, not allocated), so a step does not fault in fresh pages each time. The
+  // capacity counts live bytes: a request that fits only without the cache gives the cache back first.
   void* allocate(std::size_t bytes, int index) override {
     check_index(index);
-    const MemoryStats s = counters_[index].stats(kSimCapacity, kSimCapacity - counters_[index].stats(0, 0).allocated);
-    if (static_cast<std::int64_t>(bytes) > kSimCapacity - s.allocated) {
+    const auto request = static_cast<std::int64_t>(bytes);
+    if (request > memory_stats(index).free) caches_[index].release_all();
+    const MemoryStats s = memory_stats(index);
+    if (request > s.free) {
       throw OutOfMemory(detail::concat("Out of memory on sim:", index, ": tried to allocate ", bytes, " bytes; ",
                                        s.allocated, " bytes allocated, ", s.reserved, " reserved, ", s.free,
                                        " free of ", s.total, " bytes total"));
     }
-    void* ptr = cpu::host_allocate(bytes, Device(DeviceType::Sim, index), counters_[index], kSimCapacity);
+    void* ptr = cpu::allocate_cached(caches_[index], bytes, Device(DeviceType::Sim, index), counters_[index],
+                                     kSimCapacity);
     if (SimGraph* graph = recording(index)) {  // the graph owns it: same address on every replay
       std::lock_guard lock(graph_mutex_);
-      owned_[ptr] = {graph, false};
+      owned_[ptr] = {graph, false, cpu::cached_block_size(bytes)};
       graph->blocks.push_back(ptr);
       graph->memory_operations += 1;
     }
@@ -148,7 +155,7 @@ class SimBackend final : public cpu::HostKernels {
         if (capturing && it->second.graph == capturing) capturing->memory_operations += 1;
         if (it->second.graph == nullptr) {  // its graph is gone already
           owned_.erase(it);
-          std::free(ptr);
+          caches_[index].give(ptr, cpu::cached_block_size(bytes));
         }
         return;
       }
@@ -158,12 +165,20 @@ class SimBackend final : public cpu::HostKernels {
                                                "such tensors before capturing");
       }
     }
-    std::free(ptr);
+    caches_[index].give(ptr, cpu::cached_block_size(bytes));
   }
+  void empty_cache(int index) override {
+    check_index(index);
+    caches_[index].release_all();
+  }
+  // reserved = live bytes + the cache's; free = the capacity less what is reserved (what a card's driver reports)
   MemoryStats memory_stats(int index) const override {
     check_index(index);
+    const auto cached = static_cast<std::int64_t>(caches_[index].cached_bytes());
     const std::int64_t allocated = counters_[index].stats(0, 0).allocated;
-    return counters_[index].stats(kSimCapacity, kSimCapacity - allocated);
+    MemoryStats s = counters_[index].stats(kSimCapacity, kSimCapacity - allocated - cached);
+    s.reserved += cached;
+    return s;
   }
   void reset_peak_memory_stats(int index) override { counters_[index].reset_peak(); }
   Stream compute_stream(int index) override { return {Device(DeviceType::Sim, index), nullptr}; }
@@ -351,7 +366,7 @@ class SimBackend final : public cpu::HostKernels {
       auto it = owned_.find(ptr);
       if (it == owned_.end()) continue;
       if (it->second.released) {
-        std::free(ptr);
+        caches_[graph->index].give(ptr, it->second.block_bytes);
         owned_.erase(it);
       } else {
         it->second.graph = nullptr;
@@ -379,8 +394,9 @@ class SimBackend final : public cpu::HostKernels {
   }
 
   struct OwnedBlock {
-    SimGraph* graph = nullptr;  // nullptr once the graph is destroyed
-    bool released = false;      // the tensor let go (its memory stays the graph's)
+    SimGraph* graph = nullptr;    // nullptr once the graph is destroyed
+    bool released = false;        // the tensor let go (its memory stays the graph's)
+    std::size_t block_bytes = 0;  // the block's size, for the cache when the graph goes
   };
   std::atomic<SimGraph*> recording_[kMaxSimDevices] = {};
   std::mutex graph_mutex_;
@@ -392,6 +408,7 @@ class SimBackend final : public cpu::HostKernels {
                 " is not available; devices present: ", available_devices_text());
   }
   mutable cpu::HostMemoryCounter counters_[kMaxSimDevices];
+  mutable cpu::HostBlockCache caches_[kMaxSimDevices];  // each with the cpu's limit; it holds what its device freed
 };
 
 std::unique_ptr<Backend> make_sim_backend() { return std::make_unique<SimBackend>(); }

@@ -174,8 +174,8 @@ void add_link_bench(CLI::App& bench) {
   add_common_options(command, options->common, "Copy sizes, comma-separated: 4KB,1MB,256MB (default 4 KB..256 MB)");
   command->add_flag("--pageable-only", options->pageable_only, "Skip the pinned-memory paths");
   command->add_flag("--with-allocation", options->with_allocation,
-                    "Time x.to(device) with a fresh destination each run (allocation and page faults included) "
-                    "instead of copies into buffers allocated once");
+                    "Time x.to(device) with a fresh destination tensor each run (the allocator's cost included: a "
+                    "block from the device's cache, or fresh pages) instead of copies into buffers allocated once");
   command->callback([options] {
     RunContext context = run_context(options->common, true, true);
     context.measure.include_allocation = options->with_allocation;
