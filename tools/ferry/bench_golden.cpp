@@ -378,6 +378,11 @@ void run_golden(const GoldenOptions& o) {
   if (device.type == ferry::DeviceType::Sim) {
     text += "sim computes with the cpu's kernels (S ~ 1) and waits out its link (FERRY_SIM_LINK): the copies and the\n"
             "Golden Rule are real, the speedup is not; on a cuda machine both are.\n";
+    if (!graph_line.empty()) {
+      text += "A sim graph replays the kernels of the composed layers: oneDNN's convolutions and the fused host loops\n"
+              "run only eagerly, so a replayed cnn step is slower here; on cuda the graph runs the same kernels, launched\n"
+              "once.\n";
+    }
   }
   if (!o.trace.empty()) {
     ferry::write_chrome_trace(o.trace);
