@@ -34,6 +34,16 @@ struct DeviceCount {
   std::string reason;  // why count is 0
 };
 
+// The driver's two usual answers on a machine without a usable GPU, in plain words (its own wording, "CUDA driver
+// version is insufficient", reads as "update the driver" where there is no driver at all).
+std::string in_plain_words(cudaError_t status) {
+  if (status == cudaErrorInsufficientDriver) {
+    return "no NVIDIA driver (so no GPU), or one too old for ferry's CUDA runtime: ";
+  }
+  if (status == cudaErrorNoDevice) return "the NVIDIA driver sees no GPU: ";
+  return "";
+}
+
 const DeviceCount& discovered_devices() {
   static const DeviceCount found = [] {
     DeviceCount d;
@@ -41,7 +51,8 @@ const DeviceCount& discovered_devices() {
     const cudaError_t status = cudaGetDeviceCount(&n);
     if (status != cudaSuccess) {
       cudaGetLastError();  // no driver / no device is an answer, not a failure: clear it
-      d.reason = std::string("cudaGetDeviceCount: ") + cudaGetErrorName(status) + " (" + cudaGetErrorString(status) + ")";
+      d.reason = in_plain_words(status) + "cudaGetDeviceCount: " + cudaGetErrorName(status) + " (" +
+                 cudaGetErrorString(status) + ")";
       return d;
     }
     if (n == 0) d.reason = "cudaGetDeviceCount: 0 devices";

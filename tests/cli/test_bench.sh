@@ -135,6 +135,16 @@ expect_status 2 "--cpu-clock" plan speedup --gpu sim:0
 expect_status 2 "cuda:7" plan speedup --gpu cuda:7 --cpu
 check_json 'all(("speedup_theoretical" in d) == (d["device"] != "cpu") for d in j["devices"])
   and all(d["speedup_theoretical"] == 1 for d in j["devices"] if d["device"].startswith("sim"))' devices --json
+# without a cuda device, why not (in words, then the driver's answer); with one, no such line
+check_json '("cuda_unavailable_reason" in j) != any(d["device"].startswith("cuda:") for d in j["devices"])
+  and len(j.get("cuda_unavailable_reason", "x")) > 0' devices --json
+if grep -q '"cuda_unavailable_reason"' "$scratch/out"; then
+  if "$FERRY" devices | tail -n 1 | grep -q "^cuda     none: ."; then
+    ok "ferry devices says why there is no cuda device"
+  else
+    fail "ferry devices has no 'cuda     none: <why>' line: $("$FERRY" devices | tail -n 2)"
+  fi
+fi
 # the cpu's BLAS and its kernels, and the variable that chose them where one did
 OPENBLAS_CORETYPE=Haswell check_json '"Haswell kernels (OPENBLAS_CORETYPE=Haswell" in
   [d for d in j["devices"] if d["device"] == "cpu"][0]["libraries"]' devices --json

@@ -50,8 +50,13 @@ void register_devices_command(CLI::App& app) {
       }
       list.push_back(entry);
     }
+    // No cuda device: say why (no CUDA backend in this build, or the driver's answer), as `ferry train --device
+    // auto` does, rather than leave the user to wonder where cuda:0 went.
+    const std::string no_cuda = ferry::unavailable_reason(ferry::DeviceType::CUDA);
     if (as_json) {
-      fmt::print("{}\n", nlohmann::ordered_json{{"devices", list}}.dump());
+      nlohmann::ordered_json object{{"devices", list}};
+      if (!no_cuda.empty()) object["cuda_unavailable_reason"] = no_cuda;
+      fmt::print("{}\n", object.dump());
       return;
     }
     for (const auto& d : list) {
@@ -76,5 +81,6 @@ void register_devices_command(CLI::App& app) {
         }
       }
     }
+    if (!no_cuda.empty()) fmt::print("{:<8} none: {}\n", "cuda", no_cuda);
   });
 }
