@@ -128,8 +128,11 @@ class SimBackend final : public cpu::HostKernels {
   void* allocate(std::size_t bytes, int index) override {
     check_index(index);
     const auto request = static_cast<std::int64_t>(bytes);
-    if (request > memory_stats(index).free) caches_[index].release_all();
-    const MemoryStats s = memory_stats(index);
+    MemoryStats s = stats(index);
+    if (request > s.free && s.reserved > s.allocated) {
+      caches_[index].release_all();
+      s = stats(index);
+    }
     if (request > s.free) {
       throw OutOfMemory(detail::concat("Out of memory on sim:", index, ": tried to allocate ", bytes, " bytes; ",
                                        s.allocated, " bytes allocated, ", s.reserved, " reserved, ", s.free,
@@ -171,14 +174,9 @@ class SimBackend final : public cpu::HostKernels {
     check_index(index);
     caches_[index].release_all();
   }
-  // reserved = live bytes + the cache's; free = the capacity less what is reserved (what a card's driver reports)
   MemoryStats memory_stats(int index) const override {
     check_index(index);
-    const auto cached = static_cast<std::int64_t>(caches_[index].cached_bytes());
-    const std::int64_t allocated = counters_[index].stats(0, 0).allocated;
-    MemoryStats s = counters_[index].stats(kSimCapacity, kSimCapacity - allocated - cached);
-    s.reserved += cached;
-    return s;
+    return stats(index);
   }
   void reset_peak_memory_stats(int index) override { counters_[index].reset_peak(); }
   Stream compute_stream(int index) override { return {Device(DeviceType::Sim, index), nullptr}; }
@@ -403,6 +401,14 @@ class SimBackend final : public cpu::HostKernels {
   std::string capture_error_[kMaxSimDevices];
   std::unordered_map<void*, OwnedBlock> owned_;
 
+  // reserved = live bytes + the cache's; free = the capacity less what is reserved (what a card's driver reports)
+  MemoryStats stats(int index) const {
+    const auto cached = static_cast<std::int64_t>(caches_[index].cached_bytes());
+    const std::int64_t allocated = counters_[index].stats(0, 0).allocated;
+    MemoryStats s = counters_[index].stats(kSimCapacity, kSimCapacity - allocated - cached);
+    s.reserved += cached;
+    return s;
+  }
   void check_index(int index) const {
     FERRY_CHECK(index >= 0 && index < device_count(), DeviceUnavailable, "sim:", index,
                 " is not available; devices present: ", available_devices_text());
