@@ -16,8 +16,9 @@ namespace {
 
 const Device kSim0{DeviceType::Sim, 0};
 
-// sim computes BatchNorm and large convolutions with fused host loops when it runs eagerly; inside a capture
-// it takes the backend's kernels (as cuda always does). Bit-for-bit comparisons use those kernels in both arms.
+// sim computes BatchNorm (and, without oneDNN, large convolutions) with fused host loops when it runs eagerly;
+// inside a capture it takes the backend's calls (as cuda always does). Bit-for-bit comparisons use those in both
+// arms.
 struct BackendKernelsOnly {
   BackendKernelsOnly() { nn::functional::set_fused_host_kernels(false); }
   ~BackendKernelsOnly() { nn::functional::set_fused_host_kernels(true); }

@@ -1,6 +1,7 @@
-// test_onednn_conv.cpp — float32 conv2d through oneDNN (src/nn/onednn_conv.h) against ferry's im2col paths: the
-// output and all three gradients, on shapes that cover strides, padding, dilation, odd sizes, 1x1 kernels, one
-// input channel, one sample, no bias and groups; the same bits on every run and on sim as on cpu.
+// test_onednn_conv.cpp — float32 conv2d through oneDNN (src/cpu/onednn_conv.h), the host devices' library layer,
+// against ferry's im2col paths: the output and all three gradients, on shapes that cover strides, padding,
+// dilation, odd sizes, 1x1 kernels, one input channel, one sample, no bias and groups; the same bits on every run,
+// on sim as on cpu, and replayed from a graph captured on sim as run eagerly.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -8,8 +9,9 @@
 #include <string>
 #include <vector>
 
-#include "../src/nn/onednn_conv.h"
+#include "../src/cpu/onednn_conv.h"
 #include "ferry/ferry.h"
+#include "ferry/graph.h"
 #include "ferry/nn/functional.h"
 
 namespace F = ferry::nn::functional;
@@ -102,7 +104,7 @@ TEST(OnednnConv, MatchesTheIm2colPathsOnEveryShape) {
   if (F::onednn_version().empty()) GTEST_SKIP() << "this build has no oneDNN";
   for (const Case& c : cases()) {
     const std::string what = describe(c);
-    EXPECT_TRUE(ferry::nn::detail::use_onednn_conv(ferry::kCPU, ferry::DType::Float32, shape_of(c))) << what;
+    EXPECT_TRUE(ferry::backend(ferry::kCPU).conv2d_library(shape_of(c), ferry::DType::Float32, 0)) << what;
     const auto onednn = run(c, ferry::kCPU);
     F::set_onednn(false);
     const auto host = run(c, ferry::kCPU);  // im2col + GEMM, samples over threads where the shape is big enough
@@ -126,14 +128,60 @@ TEST(OnednnConv, SameBitsEveryRunAndOnSim) {
 TEST(OnednnConv, OffSwitchAndDoubleTakeTheIm2colPath) {
   if (F::onednn_version().empty()) GTEST_SKIP() << "this build has no oneDNN";
   const ferry::Backend::Conv2dShape s = shape_of(cases()[1]);
-  EXPECT_TRUE(ferry::nn::detail::use_onednn_conv(ferry::kCPU, ferry::DType::Float32, s));
-  EXPECT_FALSE(ferry::nn::detail::use_onednn_conv(ferry::kCPU, ferry::DType::Float64, s));
+  ferry::Backend& cpu = ferry::backend(ferry::kCPU);
+  ferry::Backend& sim = ferry::backend(Device::parse("sim:0"));
+  EXPECT_TRUE(cpu.conv2d_library(s, ferry::DType::Float32, 0));
+  EXPECT_TRUE(sim.conv2d_library(s, ferry::DType::Float32, 0));
+  EXPECT_FALSE(cpu.conv2d_library(s, ferry::DType::Float64, 0));
   F::set_onednn(false);
-  EXPECT_FALSE(ferry::nn::detail::use_onednn_conv(ferry::kCPU, ferry::DType::Float32, s));
+  EXPECT_FALSE(cpu.conv2d_library(s, ferry::DType::Float32, 0));
+  EXPECT_FALSE(sim.conv2d_library(s, ferry::DType::Float32, 0));
   F::set_onednn(true);
-  F::set_fused_host_kernels(false);  // as in a graph capture on sim: the backend's kernels, which a capture records
-  EXPECT_FALSE(ferry::nn::detail::use_onednn_conv(Device::parse("sim:0"), ferry::DType::Float32, s));
-  F::set_fused_host_kernels(true);
+  ferry::Backend::Conv2dShape none = s;
+  none.batch = 0;  // nothing to compute: not asked of oneDNN
+  EXPECT_FALSE(ferry::cpu::onednn_conv2d_supported(none, ferry::DType::Float32));
+}
+
+// A graph captured on sim records oneDNN's calls as it records any kernel (cuda's graphs record cuDNN's): the
+// replay gives the eager step's bits, output and gradients, on new input values too.
+TEST(OnednnConv, ACaptureOnSimRecordsTheCallsAndReplaysTheEagerBits) {
+  if (F::onednn_version().empty()) GTEST_SKIP() << "this build has no oneDNN";
+  const Device sim = Device::parse("sim:0");
+  ferry::manual_seed(3);
+  const Tensor x = ferry::randn({8, 4, 12, 12}).to(sim).requires_grad_(true);
+  const Tensor w = (ferry::randn({6, 4, 3, 3}) * 0.3).to(sim).requires_grad_(true);
+  const Tensor b = ferry::randn({6}).to(sim).requires_grad_(true);
+  const Tensor r = ferry::randn({8, 6, 12, 12}).to(sim);
+  auto step = [&] {  // out, and the gradients of sum(out * r), into tensors that keep their addresses
+    Tensor out = F::conv2d(x, w, b, 1, 1, 1);
+    ferry::sum(out * r).backward();
+    return out.detach();
+  };
+  auto read = [&](const Tensor& out) {
+    return std::vector<std::vector<float>>{out.cpu().to_vector<float>(), x.grad().cpu().to_vector<float>(),
+                                           w.grad().cpu().to_vector<float>(), b.grad().cpu().to_vector<float>()};
+  };
+  auto clear = [&] {
+    for (const Tensor* t : {&x, &w, &b}) t->grad().zero_();
+  };
+  const auto eager = read(step());
+  clear();
+
+  Tensor out;
+  ferry::Graph graph(sim);
+  graph.capture([&] { out = step(); });
+  ASSERT_TRUE(graph.captured());
+  graph.replay();
+  EXPECT_EQ(read(out), eager) << "the replayed convolution differs from the eager one";
+
+  // New input values in the same tensor: the replay computes with them (oneDNN runs at replay, not at capture).
+  x.detach().mul_(2.0);
+  clear();
+  graph.replay();
+  const auto replayed = read(out);
+  clear();
+  EXPECT_EQ(replayed, read(step())) << "the replay on new input values differs from an eager step on them";
+  EXPECT_NE(replayed[0], eager[0]);
 }
 
 TEST(OnednnConv, NamesItsVersionAndKernels) {

@@ -302,15 +302,16 @@ class Backend {
                          const KernelTensor* exp_avg_sqs, const KernelTensor* max_exp_avg_sqs, std::size_t count,
                          const AdamStep& step, const Stream& stream) = 0;
 
-  // --- library layers (cuDNN on cuda) ------------------------------------------------------------
+  // --- library layers (cuDNN on cuda, oneDNN on cpu and sim) ---------------------------------------
   // Convolution and BatchNorm as one vendor-library call each, where the device has such a library.
   // The *_library queries (for device `index`) never throw: false means "compose the layer from the
-  // kernels above" (im2col + GEMM, per-channel passes), which every device can do. cpu and sim say false.
+  // kernels above" (im2col + GEMM, per-channel passes), which every device can do. cpu and sim say yes
+  // to float32 convolutions in a build with oneDNN (src/cpu/onednn_conv.h).
   // All tensors contiguous NCHW; weight (O, C, kh, kw).
   virtual bool conv2d_library(const Conv2dShape& /*shape*/, DType /*dtype*/, int /*index*/) { return false; }
-  // out (N, O, oh, ow) = conv(input (N, C, H, W), weight) + beta * out (beta 1 keeps a bias written first).
+  // out (N, O, oh, ow) = conv(input (N, C, H, W), weight) + bias (O), overwritten; bias.data null for none.
   virtual void conv2d_forward(const KernelTensor& out, const KernelTensor& input, const KernelTensor& weight,
-                              const Conv2dShape& shape, float beta, const Stream& stream);
+                              const KernelTensor& bias, const Conv2dShape& shape, const Stream& stream);
   // grad_input (N, C, H, W) = the input gradient of the convolution, overwritten.
   virtual void conv2d_backward_input(const KernelTensor& grad_input, const KernelTensor& grad_out,
                                      const KernelTensor& weight, const Conv2dShape& shape, const Stream& stream);

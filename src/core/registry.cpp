@@ -20,8 +20,8 @@ namespace {
 }
 }  // namespace
 
-void Backend::conv2d_forward(const KernelTensor&, const KernelTensor&, const KernelTensor&, const Conv2dShape&, float,
-                             const Stream&) {
+void Backend::conv2d_forward(const KernelTensor&, const KernelTensor&, const KernelTensor&, const KernelTensor&,
+                             const Conv2dShape&, const Stream&) {
   no_library("conv2d");
 }
 void Backend::conv2d_backward_input(const KernelTensor&, const KernelTensor&, const KernelTensor&, const Conv2dShape&,

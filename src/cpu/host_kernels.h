@@ -54,6 +54,15 @@ class HostKernels : public Backend {
                   const Stream& stream) override;
   void avg_pool2d_backward(const KernelTensor& grad_in, const KernelTensor& grad_out, const Pool2dShape& shape,
                            const Stream& stream) override;
+  // Convolution through oneDNN (onednn_conv.h): float32, in a build with it, the switch on. The scratch
+  // blocks come from this device's allocate(), so a sim device's memory_stats count them as a card's would.
+  bool conv2d_library(const Conv2dShape& shape, DType dtype, int index) override;
+  void conv2d_forward(const KernelTensor& out, const KernelTensor& input, const KernelTensor& weight,
+                      const KernelTensor& bias, const Conv2dShape& shape, const Stream& stream) override;
+  void conv2d_backward_input(const KernelTensor& grad_input, const KernelTensor& grad_out, const KernelTensor& weight,
+                             const Conv2dShape& shape, const Stream& stream) override;
+  void conv2d_backward_weight(const KernelTensor& grad_weight, const KernelTensor& grad_out, const KernelTensor& input,
+                              const Conv2dShape& shape, const Stream& stream) override;
   // BatchNorm + ReLU with cuda's fused arithmetic (batch_norm.cpp); BatchNorm alone is composed
   // (nn/batch_norm_kernels.cpp), so cpu and sim answer yes only with a ReLU.
   bool batch_norm_library(const BatchNormShape& shape, DType dtype, int /*index*/) override {

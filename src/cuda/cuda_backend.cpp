@@ -649,9 +649,15 @@ class CudaBackend final : public Backend {
     return library_query(index, [&] { return cudnn_conv2d_supported(shape, dtype, index); });
   }
   void conv2d_forward(const KernelTensor& out, const KernelTensor& input, const KernelTensor& weight,
-                      const Conv2dShape& shape, float beta, const Stream& stream) override {
+                      const KernelTensor& bias, const Conv2dShape& shape, const Stream& stream) override {
     DeviceGuard guard(stream.device.index);
-    cudnn_conv2d_forward(out, input, weight, shape, beta, stream.device.index, to_cuda(stream));
+    if (bias.data) {  // out = the bias over every sample and position, then cuDNN adds the convolution (beta 1)
+      KernelTensor per_channel = out;  // (N, O, oh, ow) with strides (0, 1, 0, 0) into bias (O)
+      per_channel.data = bias.data;
+      per_channel.strides = {0, 1, 0, 0};
+      unary(UnaryOp::Copy, out, per_channel, stream);
+    }
+    cudnn_conv2d_forward(out, input, weight, shape, bias.data ? 1.0f : 0.0f, stream.device.index, to_cuda(stream));
   }
   void conv2d_backward_input(const KernelTensor& grad_input, const KernelTensor& grad_out, const KernelTensor& weight,
                              const Conv2dShape& shape, const Stream& stream) override {

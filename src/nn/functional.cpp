@@ -12,11 +12,12 @@
 
 #include "../core/environment.h"
 #include "../core/internal.h"
+#include "../cpu/onednn_conv.h"
+#include "../cpu/onednn_info.h"
 #include "batch_norm_kernels.h"
 #include "conv_grads.h"
 #include "host_bn_relu_pool.h"
 #include "host_conv.h"
-#include "onednn_conv.h"
 #include "ferry/autograd.h"
 #include "ferry/backend.h"
 #include "ferry/factories.h"
@@ -235,15 +236,7 @@ void conv2d_grads(const Tensor& g, const Tensor& x, const Tensor& w, const Backe
     if (grad_weight) grad_weight->fill_(0);
     return;
   }
-  if (detail::use_onednn_conv(g.device(), g.dtype(), s)) {
-    detail::onednn_conv2d_backward(g, x, w, s, grad_input, grad_weight);
-    return;
-  }
-  if (detail::use_host_conv(g.device(), s)) {
-    detail::host_conv2d_backward(g, x, w, s, grad_input, grad_weight, kept_columns);
-    return;
-  }
-  if (library) {  // cuDNN: one call per gradient
+  if (library) {  // cuDNN on cuda, oneDNN on cpu and sim: one call per gradient
     Backend& be = backend(g.device());
     try {
       if (grad_weight) be.conv2d_backward_weight(kernel(*grad_weight), kernel(g), kernel(x), s, stream_of(g.device()));
@@ -252,6 +245,10 @@ void conv2d_grads(const Tensor& g, const Tensor& x, const Tensor& w, const Backe
     } catch (const BackendError&) {  // refused before it ran (as in forward): composed below
       if (be.conv2d_library(s, g.dtype(), g.device().index)) throw;
     }
+  }
+  if (detail::use_host_conv(g.device(), s)) {
+    detail::host_conv2d_backward(g, x, w, s, grad_input, grad_weight, kept_columns);
+    return;
   }
   if (is_pointwise(s)) {
     if (grad_weight) {  // gw (O, C) += g[n] (O, L) @ x[n]^T (L, C), sample by sample (in order: any device)
@@ -343,14 +340,13 @@ Tensor conv2d(const Tensor& input_in, const Tensor& weight, const Tensor& bias, 
   const Tensor w = weight.detach().contiguous();  // (O, C, kh, kw) = (O, K)
   const TensorOptions like{.device = x.device(), .dtype = x.dtype()};
   Tensor out = empty({N, O, out_h, out_w}, like);  // (N, O, oh, ow) = (N, O, L)
-  // float32 on the cpu (and sim): oneDNN where the build has it; else the host path (samples over threads,
-  // im2col + GEMM each); cuDNN on cuda (one call per direction) where it has an algorithm for the shape; else
+  // One library call where the device has one for the shape: oneDNN on the cpu and sim (float32, a build with
+  // it), cuDNN on cuda. Else, on host memory, the host path (samples over threads, im2col + GEMM each); else
   // im2col + GEMM through the backend.
-  const bool onednn = K > 0 && out.numel() > 0 && detail::use_onednn_conv(x.device(), x.dtype(), s);
-  const bool host = !onednn && K > 0 && detail::use_host_conv(x.device(), s);
-  bool library = !onednn && !host && K > 0 && out.numel() > 0 && library_layers() &&
+  bool library = K > 0 && out.numel() > 0 && library_layers() &&
                  backend(x.device()).conv2d_library(s, x.dtype(), x.device().index);
-  if (bias.defined() && !host && !onednn && out.numel() > 0) fill_with_channel_vector(out, bias.detach());
+  const bool host = !library && K > 0 && detail::use_host_conv(x.device(), s);
+  if (bias.defined() && !host && !library && out.numel() > 0) fill_with_channel_vector(out, bias.detach());
   const float beta = bias.defined() ? 1.0f : 0.0f;
   const bool pointwise = is_pointwise(s);
   const std::int64_t chunk = samples_per_chunk(s, x.element_size());
@@ -364,21 +360,22 @@ Tensor conv2d(const Tensor& input_in, const Tensor& weight, const Tensor& bias, 
       N * K * L * static_cast<std::int64_t>(x.element_size()) <= kMaxKeptColumnsBytes)
     kept_columns = empty({N, K * L}, like);
   if (out.numel() > 0 && K > 0) {
-    if (onednn) {
-      detail::onednn_conv2d_forward(x, w, bias.defined() ? bias.detach().contiguous() : Tensor(), out, s);
-    } else if (host) {
-      detail::host_conv2d_forward(x, w, bias.defined() ? bias.detach().contiguous() : Tensor(), out, s, kept_columns);
-    } else if (library) {  // out (N, O, oh, ow) = conv(x, w) + beta * out (the bias written above)
+    if (library) {  // out (N, O, oh, ow) = conv(x, w) + bias
+      const Tensor b = bias.defined() ? bias.detach().contiguous() : Tensor();
       try {
-        backend(x.device()).conv2d_forward(kernel(out), kernel(x), kernel(w), s, beta, stream_of(x.device()));
+        backend(x.device()).conv2d_forward(kernel(out), kernel(x), kernel(w), b.defined() ? kernel(b) : KernelTensor{},
+                                           s, stream_of(x.device()));
       } catch (const BackendError&) {
         // The library refused the call before running it and now says so for this shape: composed below, in
         // this direction and in backward. Any other failure is the caller's to see.
         if (backend(x.device()).conv2d_library(s, x.dtype(), x.device().index)) throw;
         library = false;
+        if (bias.defined()) fill_with_channel_vector(out, bias.detach());
       }
+    } else if (host) {
+      detail::host_conv2d_forward(x, w, bias.defined() ? bias.detach().contiguous() : Tensor(), out, s, kept_columns);
     }
-    if (onednn || host || library) {
+    if (host || library) {
       // done above
     } else if (pointwise) {  // the columns are the image itself: out[n] (O, L) = w (O, C) @ x[n] (C, L)
       run_gemm({.m = O, .n = L, .k = K, .a = &w, .lda = K, .b = &x, .ldb = L, .stride_b = C * L, .c = &out,
@@ -471,6 +468,10 @@ bool fused_activations() { return fused_activations_flag(); }
 
 void set_library_layers(bool enabled) { library_layers_flag() = enabled; }
 bool library_layers() { return library_layers_flag(); }
+
+void set_onednn(bool enabled) { cpu::set_onednn_enabled(enabled); }
+bool onednn() { return cpu::onednn_enabled(); }
+std::string onednn_version() { return cpu::onednn_description(); }
 
 namespace {
 // batch_norm's argument checks (shared with batch_norm_relu_max_pool2d); returns the input as (N, C, inner).

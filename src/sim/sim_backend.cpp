@@ -304,6 +304,23 @@ class SimBackend final : public cpu::HostKernels {
     run_or_record(stream, [=, this] { HostKernels::avg_pool2d_backward(grad_in, grad_out, shape, stream); });
   }
 
+  // --- convolution through oneDNN, as the cpu's (HostKernels, src/cpu/onednn_conv.h): recorded while capturing,
+  // as cuda's graphs record cuDNN's kernels; its scratch blocks are allocated when the call runs.
+  void conv2d_forward(const KernelTensor& out, const KernelTensor& input, const KernelTensor& weight,
+                      const KernelTensor& bias, const Conv2dShape& shape, const Stream& stream) override {
+    run_or_record(stream, [=, this] { HostKernels::conv2d_forward(out, input, weight, bias, shape, stream); });
+  }
+  void conv2d_backward_input(const KernelTensor& grad_input, const KernelTensor& grad_out, const KernelTensor& weight,
+                             const Conv2dShape& shape, const Stream& stream) override {
+    run_or_record(stream,
+                  [=, this] { HostKernels::conv2d_backward_input(grad_input, grad_out, weight, shape, stream); });
+  }
+  void conv2d_backward_weight(const KernelTensor& grad_weight, const KernelTensor& grad_out, const KernelTensor& input,
+                              const Conv2dShape& shape, const Stream& stream) override {
+    run_or_record(stream,
+                  [=, this] { HostKernels::conv2d_backward_weight(grad_weight, grad_out, input, shape, stream); });
+  }
+
   // --- BatchNorm + ReLU: cuda runs it as fused kernels of ferry's own (src/cuda/batch_norm.cu); sim, like
   // the cpu, runs the same arithmetic on the host (src/cpu/batch_norm.cpp): one call each way here too.
   void batch_norm_forward(const KernelTensor& out, const KernelTensor& x, const KernelTensor& weight,

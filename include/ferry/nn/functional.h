@@ -169,10 +169,10 @@ void set_fused_host_kernels(bool enabled);
 bool fused_host_kernels();
 
 // Library layers: convolution and training-mode BatchNorm through the device's vendor library (cuDNN
-// on cuda) when the backend has one for the shape, and BatchNorm + ReLU through ferry's fused kernels
-// (cuda and sim); on by default. Off, every device composes them from ferry's kernels (im2col + GEMM,
-// per-channel passes): tests compare the two. FERRY_LIBRARY_LAYERS=0 sets it off for a whole run;
-// FERRY_CUDNN=0 turns only cuDNN off. Both are switches (1/true/yes/on or 0/false/no/off, any case): another value
+// on cuda, oneDNN's convolutions on cpu and sim) when the backend has one for the shape, and BatchNorm + ReLU
+// through ferry's fused kernels (cuda, cpu and sim); on by default. Off, every device composes them from ferry's
+// kernels (im2col + GEMM, per-channel passes): tests compare the two. FERRY_LIBRARY_LAYERS=0 sets it off for a
+// whole run; FERRY_CUDNN=0 turns only cuDNN off, FERRY_ONEDNN=0 only oneDNN. Both are switches (1/true/yes/on or 0/false/no/off, any case): another value
 // is an InvalidArgument, thrown by the first call that reads it (ferry's command line reads it before a command runs).
 void set_library_layers(bool enabled);
 bool library_layers();
@@ -187,6 +187,8 @@ bool fused_activations();
 // Whether float32 convolutions on the cpu and sim run through oneDNN (PyTorch's torch.backends.mkldnn.enabled), where
 // this build has it: its kernels follow the CPU (AVX-512 where there is one) in oneDNN's blocked layouts, with each
 // call reordering from and to NCHW. On by default; off, they run as im2col + OpenBLAS GEMMs, as float64 always does.
+// It is these devices' library layer (set_library_layers off turns it off too), so a graph captured on sim records
+// its calls.
 // FERRY_ONEDNN=0 for a run (a switch, read as FERRY_LIBRARY_LAYERS is). onednn_version(): "oneDNN 2.6.3
 // (avx512_core kernels)", or "" in a build without it.
 void set_onednn(bool enabled);

@@ -1,20 +1,18 @@
 // onednn_conv.cpp — float32 conv2d on host memory through oneDNN (onednn_conv.h). Per shape, once: the three
 // primitives (forward, backward-data, backward-weights) in the layouts oneDNN prefers for them ("any": blocked,
 // e.g. nChw16c on an AVX-512 CPU), and the reorders between those layouts and ferry's NCHW / OIHW. Per call: the
-// reorders and the primitive, on scratch tensors of the device (from its block cache, as any tensor's memory).
-// Not here: the im2col path (host_conv.cpp), the choice between the paths (functional.cpp).
+// reorders and the primitive, on scratch blocks of the device (from its block cache, as any tensor's memory).
+// Not here: the im2col path (nn/host_conv.cpp), the choice between the paths (nn/functional.cpp).
 #include "onednn_conv.h"
 
 #include <omp.h>
 
 #include <atomic>
+#include <cstring>
 
 #include "../core/environment.h"
-#include "../cpu/onednn_info.h"
-#include "batch_norm_kernels.h"
+#include "host_kernels.h"
 #include "ferry/error.h"
-#include "ferry/factories.h"
-#include "ferry/nn/functional.h"
 
 #if FERRY_HAVE_ONEDNN
 #include <oneapi/dnnl/dnnl.hpp>
@@ -24,10 +22,11 @@
 #include <mutex>
 #include <optional>
 #include <tuple>
+#include <utility>
 #include <vector>
 #endif
 
-namespace ferry::nn::detail {
+namespace ferry::cpu {
 
 namespace {
 // FERRY_ONEDNN=0 switches the path off for a whole run; a switch read on first use (../core/environment.h).
@@ -36,6 +35,9 @@ std::atomic<bool>& onednn_flag() {
   return enabled;
 }
 }  // namespace
+
+void set_onednn_enabled(bool enabled) { onednn_flag() = enabled; }
+bool onednn_enabled() { return onednn_flag(); }
 
 #if FERRY_HAVE_ONEDNN
 
@@ -160,23 +162,23 @@ std::shared_ptr<const ConvPlan> plan_for(const Backend::Conv2dShape& s) {
   return plan;
 }
 
-// One call's buffers: ferry tensors on the device, wrapped as oneDNN memory.
+// One call's buffers: ferry's tensors wrapped as oneDNN memory, and scratch blocks from the device's allocator,
+// given back when the call returns (its stream is waited for before that).
 class Buffers {
  public:
-  explicit Buffers(Device device) : device_(device) {}
-  // A view of a ferry tensor's data in its own (plain) layout.
-  memory wrap(const memory::desc& desc, const Tensor& t) {
-    return memory(desc, cpu_engine(), const_cast<void*>(static_cast<const void*>(t.data<float>())));
+  Buffers(Backend& memory, int index) : memory_(memory), index_(index) {}
+  Buffers(const Buffers&) = delete;
+  Buffers& operator=(const Buffers&) = delete;
+  ~Buffers() {
+    for (const auto& [ptr, bytes] : blocks_) memory_.deallocate(ptr, bytes, index_);
   }
-  memory scratch(const memory::desc& desc) {
-    const std::size_t bytes = desc.get_size();
-    kept_.push_back(empty({static_cast<std::int64_t>(bytes > 0 ? bytes : 1)}, {.device = device_, .dtype = DType::UInt8}));
-    return memory(desc, cpu_engine(), kept_.back().data_ptr());
-  }
+  // A view of a tensor's data in its own (plain) layout.
+  static memory wrap(const memory::desc& desc, const KernelTensor& t) { return memory(desc, cpu_engine(), t.data); }
+  memory scratch(const memory::desc& desc) { return memory(desc, cpu_engine(), block(desc.get_size())); }
   memory zeros(const memory::desc& desc) {
-    kept_.push_back(ferry::zeros({static_cast<std::int64_t>(desc.get_size() / sizeof(float))},
-                                 {.device = device_, .dtype = DType::Float32}));
-    return memory(desc, cpu_engine(), kept_.back().data_ptr());
+    void* data = block(desc.get_size());
+    std::memset(data, 0, desc.get_size());
+    return memory(desc, cpu_engine(), data);
   }
   // `user` in the layout `r.to`: the same memory when no reorder is needed, else a scratch buffer filled from it.
   memory into(const Reorder& r, memory user, dnnl::stream& stream) {  // memory: a handle, copied cheaply
@@ -192,82 +194,121 @@ class Buffers {
   }
 
  private:
-  Device device_;
-  std::vector<Tensor> kept_;  // alive until the call returns (the stream is waited for before that)
+  void* block(std::size_t bytes) {
+    bytes = bytes > 0 ? bytes : 1;
+    void* ptr = memory_.allocate(bytes, index_);
+    blocks_.emplace_back(ptr, bytes);
+    return ptr;
+  }
+  Backend& memory_;
+  int index_;
+  std::vector<std::pair<void*, std::size_t>> blocks_;
 };
 
 }  // namespace
 
-bool use_onednn_conv(Device device, DType dtype, const Backend::Conv2dShape& s) {
-  if (dtype != DType::Float32 || !use_fused_host_kernels(device) || !onednn_flag() || omp_in_parallel()) return false;
+bool onednn_conv2d_supported(const Backend::Conv2dShape& s, DType dtype) {
+  if (dtype != DType::Float32 || !onednn_flag() || omp_in_parallel()) return false;
   if (s.batch < 1 || s.in_channels < 1 || s.out_channels < 1 || s.out_h() < 1 || s.out_w() < 1) return false;
   return plan_for(s) != nullptr;
 }
 
-void onednn_conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& out,
-                           const Backend::Conv2dShape& s) {
-  const std::shared_ptr<const ConvPlan> plan = plan_for(s);
-  FERRY_ASSERT(plan, "onednn_conv2d_forward called for a shape oneDNN refused");
+namespace {
+std::shared_ptr<const ConvPlan> plan_or_fail(const Backend::Conv2dShape& s, const char* call) {
+  std::shared_ptr<const ConvPlan> plan = plan_for(s);
+  FERRY_ASSERT(plan, call, " called for a shape oneDNN refused (ask onednn_conv2d_supported first)");
+  return plan;
+}
+}  // namespace
+
+void onednn_conv2d_forward(const KernelTensor& out, const KernelTensor& x, const KernelTensor& w,
+                           const KernelTensor& bias, const Backend::Conv2dShape& s, Backend& memory, int index) {
+  const std::shared_ptr<const ConvPlan> plan = plan_or_fail(s, "onednn_conv2d_forward");
   dnnl::stream stream(cpu_engine());
-  Buffers buffers(x.device());
-  const memory x_user = buffers.wrap(plan->x_plain, x), w_user = buffers.wrap(plan->w_plain, w),
-               y_user = buffers.wrap(plan->y_plain, out);
-  const memory x_laid = buffers.into(plan->x_in, x_user, stream), w_laid = buffers.into(plan->w_in, w_user, stream),
-               y_laid = buffers.out(plan->y_out, y_user),
-               b = bias.defined() ? buffers.wrap(plan->b_plain, bias) : buffers.zeros(plan->b_plain),
-               scratchpad = buffers.scratch(plan->forward_pd.scratchpad_desc());
+  Buffers buffers(memory, index);
+  const dnnl::memory x_user = Buffers::wrap(plan->x_plain, x), w_user = Buffers::wrap(plan->w_plain, w),
+                     y_user = Buffers::wrap(plan->y_plain, out);
+  const dnnl::memory x_laid = buffers.into(plan->x_in, x_user, stream),
+                     w_laid = buffers.into(plan->w_in, w_user, stream), y_laid = buffers.out(plan->y_out, y_user),
+                     b = bias.data ? Buffers::wrap(plan->b_plain, bias) : buffers.zeros(plan->b_plain),
+                     scratchpad = buffers.scratch(plan->forward_pd.scratchpad_desc());
   plan->forward.execute(stream, {{DNNL_ARG_SRC, x_laid}, {DNNL_ARG_WEIGHTS, w_laid}, {DNNL_ARG_BIAS, b},
                                  {DNNL_ARG_DST, y_laid}, {DNNL_ARG_SCRATCHPAD, scratchpad}});
   Buffers::finish(plan->y_out, y_laid, y_user, stream);
   stream.wait();
 }
 
-void onednn_conv2d_backward(const Tensor& grad, const Tensor& x, const Tensor& w, const Backend::Conv2dShape& s,
-                            Tensor* grad_input, Tensor* grad_weight) {
-  const std::shared_ptr<const ConvPlan> plan = plan_for(s);
-  FERRY_ASSERT(plan, "onednn_conv2d_backward called for a shape oneDNN refused");
+void onednn_conv2d_backward_input(const KernelTensor& grad_input, const KernelTensor& grad_out, const KernelTensor& w,
+                                  const Backend::Conv2dShape& s, Backend& memory, int index) {
+  const std::shared_ptr<const ConvPlan> plan = plan_or_fail(s, "onednn_conv2d_backward_input");
   dnnl::stream stream(cpu_engine());
-  Buffers buffers(grad.device());
-  const memory g_user = buffers.wrap(plan->y_plain, grad);
-  if (grad_input) {  // gx = the convolution's adjoint applied to g
-    const memory gx_user = buffers.wrap(plan->x_plain, *grad_input);
-    const memory g_laid = buffers.into(plan->g_in_data, g_user, stream),
-                 w_laid = buffers.into(plan->w_in_data, buffers.wrap(plan->w_plain, w), stream),
-                 gx_laid = buffers.out(plan->gx_out, gx_user),
-                 scratchpad = buffers.scratch(plan->data_pd.scratchpad_desc());
-    plan->backward_data.execute(stream, {{DNNL_ARG_DIFF_DST, g_laid}, {DNNL_ARG_WEIGHTS, w_laid},
-                                         {DNNL_ARG_DIFF_SRC, gx_laid}, {DNNL_ARG_SCRATCHPAD, scratchpad}});
-    Buffers::finish(plan->gx_out, gx_laid, gx_user, stream);
-  }
-  if (grad_weight) {  // gw = sum over samples and positions of g x columns
-    const memory gw_user = buffers.wrap(plan->w_plain, *grad_weight);
-    const memory x_laid = buffers.into(plan->x_in_weights, buffers.wrap(plan->x_plain, x), stream),
-                 g_laid = buffers.into(plan->g_in_weights, g_user, stream), gw_laid = buffers.out(plan->gw_out, gw_user),
-                 scratchpad = buffers.scratch(plan->weights_pd.scratchpad_desc());
-    plan->backward_weights.execute(stream, {{DNNL_ARG_SRC, x_laid}, {DNNL_ARG_DIFF_DST, g_laid},
-                                            {DNNL_ARG_DIFF_WEIGHTS, gw_laid}, {DNNL_ARG_SCRATCHPAD, scratchpad}});
-    Buffers::finish(plan->gw_out, gw_laid, gw_user, stream);
-  }
+  Buffers buffers(memory, index);
+  const dnnl::memory gx_user = Buffers::wrap(plan->x_plain, grad_input);
+  const dnnl::memory g_laid = buffers.into(plan->g_in_data, Buffers::wrap(plan->y_plain, grad_out), stream),
+                     w_laid = buffers.into(plan->w_in_data, Buffers::wrap(plan->w_plain, w), stream),
+                     gx_laid = buffers.out(plan->gx_out, gx_user),
+                     scratchpad = buffers.scratch(plan->data_pd.scratchpad_desc());
+  plan->backward_data.execute(stream, {{DNNL_ARG_DIFF_DST, g_laid}, {DNNL_ARG_WEIGHTS, w_laid},
+                                       {DNNL_ARG_DIFF_SRC, gx_laid}, {DNNL_ARG_SCRATCHPAD, scratchpad}});
+  Buffers::finish(plan->gx_out, gx_laid, gx_user, stream);
+  stream.wait();
+}
+
+void onednn_conv2d_backward_weight(const KernelTensor& grad_weight, const KernelTensor& grad_out,
+                                   const KernelTensor& x, const Backend::Conv2dShape& s, Backend& memory, int index) {
+  const std::shared_ptr<const ConvPlan> plan = plan_or_fail(s, "onednn_conv2d_backward_weight");
+  dnnl::stream stream(cpu_engine());
+  Buffers buffers(memory, index);
+  const dnnl::memory gw_user = Buffers::wrap(plan->w_plain, grad_weight);
+  const dnnl::memory x_laid = buffers.into(plan->x_in_weights, Buffers::wrap(plan->x_plain, x), stream),
+                     g_laid = buffers.into(plan->g_in_weights, Buffers::wrap(plan->y_plain, grad_out), stream),
+                     gw_laid = buffers.out(plan->gw_out, gw_user),
+                     scratchpad = buffers.scratch(plan->weights_pd.scratchpad_desc());
+  plan->backward_weights.execute(stream, {{DNNL_ARG_SRC, x_laid}, {DNNL_ARG_DIFF_DST, g_laid},
+                                          {DNNL_ARG_DIFF_WEIGHTS, gw_laid}, {DNNL_ARG_SCRATCHPAD, scratchpad}});
+  Buffers::finish(plan->gw_out, gw_laid, gw_user, stream);
   stream.wait();
 }
 
 #else  // no oneDNN in this build: the im2col path takes every convolution
 
-bool use_onednn_conv(Device, DType, const Backend::Conv2dShape&) { return false; }
-void onednn_conv2d_forward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Backend::Conv2dShape&) {
+bool onednn_conv2d_supported(const Backend::Conv2dShape&, DType) { return false; }
+namespace {
+[[noreturn]] void no_onednn() {
   throw NotSupported("conv2d through oneDNN: this build of ferry has no oneDNN (apt-get install libdnnl-dev, rebuild)");
 }
-void onednn_conv2d_backward(const Tensor&, const Tensor&, const Tensor&, const Backend::Conv2dShape&, Tensor*,
-                            Tensor*) {
-  throw NotSupported("conv2d through oneDNN: this build of ferry has no oneDNN (apt-get install libdnnl-dev, rebuild)");
+}  // namespace
+void onednn_conv2d_forward(const KernelTensor&, const KernelTensor&, const KernelTensor&, const KernelTensor&,
+                           const Backend::Conv2dShape&, Backend&, int) {
+  no_onednn();
+}
+void onednn_conv2d_backward_input(const KernelTensor&, const KernelTensor&, const KernelTensor&,
+                                  const Backend::Conv2dShape&, Backend&, int) {
+  no_onednn();
+}
+void onednn_conv2d_backward_weight(const KernelTensor&, const KernelTensor&, const KernelTensor&,
+                                   const Backend::Conv2dShape&, Backend&, int) {
+  no_onednn();
 }
 
 #endif
 
-}  // namespace ferry::nn::detail
+// --- the host devices' library layer: the calls above, with this device's allocator --------------------------
 
-namespace ferry::nn::functional {
-void set_onednn(bool enabled) { detail::onednn_flag() = enabled; }
-bool onednn() { return detail::onednn_flag(); }
-std::string onednn_version() { return cpu::onednn_description(); }
-}  // namespace ferry::nn::functional
+bool HostKernels::conv2d_library(const Conv2dShape& shape, DType dtype, int /*index*/) {
+  return onednn_conv2d_supported(shape, dtype);
+}
+void HostKernels::conv2d_forward(const KernelTensor& out, const KernelTensor& input, const KernelTensor& weight,
+                                 const KernelTensor& bias, const Conv2dShape& shape, const Stream& stream) {
+  onednn_conv2d_forward(out, input, weight, bias, shape, *this, stream.device.index);
+}
+void HostKernels::conv2d_backward_input(const KernelTensor& grad_input, const KernelTensor& grad_out,
+                                        const KernelTensor& weight, const Conv2dShape& shape, const Stream& stream) {
+  onednn_conv2d_backward_input(grad_input, grad_out, weight, shape, *this, stream.device.index);
+}
+void HostKernels::conv2d_backward_weight(const KernelTensor& grad_weight, const KernelTensor& grad_out,
+                                         const KernelTensor& input, const Conv2dShape& shape, const Stream& stream) {
+  onednn_conv2d_backward_weight(grad_weight, grad_out, input, shape, *this, stream.device.index);
+}
+
+}  // namespace ferry::cpu
