@@ -344,6 +344,33 @@ class Backend {
                                    const KernelTensor& out, const KernelTensor& weight, const KernelTensor& save_mean,
                                    const KernelTensor& save_invstd, const BatchNormShape& shape,
                                    const Stream& stream);
+  // BatchNorm (training) + ReLU + 2x2/2 max pooling as one layer, the CNNs' block tail: x (N, C, H, W) ->
+  // out (N, C, H/2, W/2), the normalised activation never stored. cpu and sim run it as host loops
+  // (src/cpu/bn_relu_pool.cpp) for float32 and float64 with H, W >= 2; cuda composes it (BatchNorm + ReLU, pooling).
+  struct BnReluPoolShape {
+    std::int64_t batch = 0, channels = 0, height = 0, width = 0;
+    double eps = 1e-5;
+  };
+  virtual bool batch_norm_relu_max_pool_library(const BnReluPoolShape& /*shape*/, DType /*dtype*/, int /*index*/) {
+    return false;
+  }
+  // out and argmax (N, C, H/2, W/2; argmax int64, the winner's index in its (H, W) plane: the first maximum in
+  // window order, the first NaN, as PyTorch), save_mean and save_invstd (C), all overwritten. weight and bias (C),
+  // data null for ones and zeros; running_mean and running_var as in batch_norm_forward (data null: not updated).
+  virtual void batch_norm_relu_max_pool_forward(const KernelTensor& out, const KernelTensor& argmax,
+                                                const KernelTensor& x, const KernelTensor& weight,
+                                                const KernelTensor& bias, const KernelTensor& running_mean,
+                                                const KernelTensor& running_var, const KernelTensor& save_mean,
+                                                const KernelTensor& save_invstd, const BnReluPoolShape& shape,
+                                                double factor, const Stream& stream);
+  // grad_x (N, C, H, W), grad_weight and grad_bias (C), overwritten, from grad_out (N, C, H/2, W/2) and the
+  // forward's out, argmax and saved statistics; weight data null for ones.
+  virtual void batch_norm_relu_max_pool_backward(const KernelTensor& grad_x, const KernelTensor& grad_weight,
+                                                 const KernelTensor& grad_bias, const KernelTensor& grad_out,
+                                                 const KernelTensor& out, const KernelTensor& argmax,
+                                                 const KernelTensor& x, const KernelTensor& weight,
+                                                 const KernelTensor& save_mean, const KernelTensor& save_invstd,
+                                                 const BnReluPoolShape& shape, const Stream& stream);
 
   // --- graphs (CUDA graphs on cuda; recorded host calls on sim; cpu: none) -------------------------
   // Between begin_capture and end_capture the compute stream of device `index` records the work this thread

@@ -42,6 +42,18 @@ void Backend::batch_norm_backward(const KernelTensor&, const KernelTensor&, cons
                                   const KernelTensor&, const BatchNormShape&, const Stream&) {
   no_library("batch_norm");
 }
+void Backend::batch_norm_relu_max_pool_forward(const KernelTensor&, const KernelTensor&, const KernelTensor&,
+                                               const KernelTensor&, const KernelTensor&, const KernelTensor&,
+                                               const KernelTensor&, const KernelTensor&, const KernelTensor&,
+                                               const BnReluPoolShape&, double, const Stream&) {
+  no_library("batch_norm_relu_max_pool2d");
+}
+void Backend::batch_norm_relu_max_pool_backward(const KernelTensor&, const KernelTensor&, const KernelTensor&,
+                                                const KernelTensor&, const KernelTensor&, const KernelTensor&,
+                                                const KernelTensor&, const KernelTensor&, const KernelTensor&,
+                                                const KernelTensor&, const BnReluPoolShape&, const Stream&) {
+  no_library("batch_norm_relu_max_pool2d");
+}
 
 namespace {
 [[noreturn]] void no_graphs(DeviceType type, int index) {

@@ -1,7 +1,7 @@
 // batch_norm_channel.h — one channel's training statistics over host memory: the shifted sums of its N rows,
 // the batch mean and invstd stored, the running statistics updated (batch_norm_rule.h's arithmetic). Shared by
 // the BatchNorm + ReLU host loops (batch_norm.cpp) and the fused BatchNorm + ReLU + pooling layer
-// (src/nn/host_bn_relu_pool.cpp). Not here: the apply passes, which differ between the two.
+// (bn_relu_pool.cpp). Not here: the apply passes, which differ between the two.
 #pragma once
 
 #include <cstdint>

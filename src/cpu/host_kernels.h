@@ -76,6 +76,21 @@ class HostKernels : public Backend {
                            const KernelTensor& grad_out, const KernelTensor& x, const KernelTensor& out,
                            const KernelTensor& weight, const KernelTensor& save_mean, const KernelTensor& save_invstd,
                            const BatchNormShape& shape, const Stream& stream) override;
+  // BatchNorm + ReLU + 2x2 pooling in one layer (bn_relu_pool.cpp): float32 and float64, H and W >= 2.
+  bool batch_norm_relu_max_pool_library(const BnReluPoolShape& shape, DType dtype, int /*index*/) override {
+    return (dtype == DType::Float32 || dtype == DType::Float64) && shape.height >= 2 && shape.width >= 2;
+  }
+  void batch_norm_relu_max_pool_forward(const KernelTensor& out, const KernelTensor& argmax, const KernelTensor& x,
+                                        const KernelTensor& weight, const KernelTensor& bias,
+                                        const KernelTensor& running_mean, const KernelTensor& running_var,
+                                        const KernelTensor& save_mean, const KernelTensor& save_invstd,
+                                        const BnReluPoolShape& shape, double factor, const Stream& stream) override;
+  void batch_norm_relu_max_pool_backward(const KernelTensor& grad_x, const KernelTensor& grad_weight,
+                                         const KernelTensor& grad_bias, const KernelTensor& grad_out,
+                                         const KernelTensor& out, const KernelTensor& argmax, const KernelTensor& x,
+                                         const KernelTensor& weight, const KernelTensor& save_mean,
+                                         const KernelTensor& save_invstd, const BnReluPoolShape& shape,
+                                         const Stream& stream) override;
 };
 
 }  // namespace ferry::cpu

@@ -16,7 +16,6 @@
 #include "../cpu/onednn_info.h"
 #include "batch_norm_kernels.h"
 #include "conv_grads.h"
-#include "host_bn_relu_pool.h"
 #include "host_conv.h"
 #include "ferry/autograd.h"
 #include "ferry/backend.h"
@@ -613,10 +612,15 @@ Tensor batch_norm_relu_max_pool2d(const Tensor& input, const Tensor& running_mea
   const auto same_dtype_contiguous = [&](const Tensor& t) {
     return !t.defined() || (t.dtype() == input.dtype() && t.is_contiguous());
   };
+  Backend::BnReluPoolShape shape;
+  if (input.dim() == 4) shape = {.batch = input.size(0), .channels = input.size(1), .height = input.size(2),
+                                 .width = input.size(3), .eps = eps};
+  // One library call each way where the device has the layer (cpu and sim: host loops); else composed.
   const bool fused = training && library_layers() && input.dim() == 4 && input.numel() > 0 &&
-                     detail::use_host_bn_relu_pool(input.device(), input.dtype(), input.size(2), input.size(3)) &&
                      same_dtype_contiguous(running_mean) && same_dtype_contiguous(running_var) &&
-                     same_dtype_contiguous(weight) && same_dtype_contiguous(bias);
+                     same_dtype_contiguous(weight) && same_dtype_contiguous(bias) &&
+                     backend(input.device()).batch_norm_relu_max_pool_library(shape, input.dtype(),
+                                                                               input.device().index);
   if (!fused) {
     return max_pool2d(batch_norm(input, running_mean, running_var, weight, bias, training, momentum, eps,
                                  num_batches_tracked, Activation::ReLU),
@@ -631,15 +635,21 @@ Tensor batch_norm_relu_max_pool2d(const Tensor& input, const Tensor& running_mea
   Tensor out = empty({N, C, oh, ow}, like);
   const Tensor argmax = empty({N, C, oh, ow}, {.device = x.device(), .dtype = DType::Int64});
   const Tensor save_mean = empty({C}, like), save_invstd = empty({C}, like);
-  detail::host_bn_relu_pool_forward(x, w, b, running_mean, running_var, factor, eps, out, argmax, save_mean, save_invstd);
+  const auto maybe = [](const Tensor& t) { return t.defined() ? kernel(t) : KernelTensor{}; };  // undefined: null
+  backend(x.device()).batch_norm_relu_max_pool_forward(kernel(out), kernel(argmax), kernel(x), maybe(w), maybe(b),
+                                                       maybe(running_mean), maybe(running_var), kernel(save_mean),
+                                                       kernel(save_invstd), shape, factor, stream_of(x.device()));
   if (needs_grad({&input, &weight, &bias})) {
     const bool want_x = input.requires_grad(), want_w = weight.requires_grad(), want_b = bias.requires_grad();
     record("batch_norm_relu_max_pool2d", {input, weight, bias}, out,
-           [x, w, pooled = out.detach(), argmax, save_mean, save_invstd, want_x, want_w, want_b](const Tensor& grad) {
+           [x, w, pooled = out.detach(), argmax, save_mean, save_invstd, shape, maybe, want_x, want_w,
+            want_b](const Tensor& grad) {
              const TensorOptions like{.device = x.device(), .dtype = x.dtype()};
              Tensor gx = empty(x.shape(), like), gw = empty({x.size(1)}, like), gb = empty({x.size(1)}, like);
-             detail::host_bn_relu_pool_backward(grad.contiguous(), pooled, argmax, x, w, save_mean, save_invstd, gx, gw,
-                                                gb);
+             const Tensor g = grad.contiguous();
+             backend(x.device()).batch_norm_relu_max_pool_backward(
+                 kernel(gx), kernel(gw), kernel(gb), kernel(g), kernel(pooled), kernel(argmax), kernel(x), maybe(w),
+                 kernel(save_mean), kernel(save_invstd), shape, stream_of(x.device()));
              return Grads{want_x ? gx : Tensor(), want_w ? gw : Tensor(), want_b ? gb : Tensor()};
            }, autograd::Saved::InputsAndOutput, /*inputs_read=*/2);  // not the bias
   }

@@ -322,7 +322,8 @@ class SimBackend final : public cpu::HostKernels {
   }
 
   // --- BatchNorm + ReLU: cuda runs it as fused kernels of ferry's own (src/cuda/batch_norm.cu); sim, like
-  // the cpu, runs the same arithmetic on the host (src/cpu/batch_norm.cpp): one call each way here too.
+  // the cpu, runs the same arithmetic on the host (src/cpu/batch_norm.cpp): one call each way here too; and
+  // BatchNorm + ReLU + 2x2 pooling as the cpu's one layer (src/cpu/bn_relu_pool.cpp).
   void batch_norm_forward(const KernelTensor& out, const KernelTensor& x, const KernelTensor& weight,
                           const KernelTensor& bias, const KernelTensor& running_mean, const KernelTensor& running_var,
                           const KernelTensor& save_mean, const KernelTensor& save_invstd, const BatchNormShape& shape,
@@ -339,6 +340,28 @@ class SimBackend final : public cpu::HostKernels {
     run_or_record(stream, [=, this] {
       HostKernels::batch_norm_backward(grad_x, grad_weight, grad_bias, grad_out, x, out, weight, save_mean, save_invstd,
                                        shape, stream);
+    });
+  }
+
+  void batch_norm_relu_max_pool_forward(const KernelTensor& out, const KernelTensor& argmax, const KernelTensor& x,
+                                        const KernelTensor& weight, const KernelTensor& bias,
+                                        const KernelTensor& running_mean, const KernelTensor& running_var,
+                                        const KernelTensor& save_mean, const KernelTensor& save_invstd,
+                                        const BnReluPoolShape& shape, double factor, const Stream& stream) override {
+    run_or_record(stream, [=, this] {
+      HostKernels::batch_norm_relu_max_pool_forward(out, argmax, x, weight, bias, running_mean, running_var, save_mean,
+                                                    save_invstd, shape, factor, stream);
+    });
+  }
+  void batch_norm_relu_max_pool_backward(const KernelTensor& grad_x, const KernelTensor& grad_weight,
+                                         const KernelTensor& grad_bias, const KernelTensor& grad_out,
+                                         const KernelTensor& out, const KernelTensor& argmax, const KernelTensor& x,
+                                         const KernelTensor& weight, const KernelTensor& save_mean,
+                                         const KernelTensor& save_invstd, const BnReluPoolShape& shape,
+                                         const Stream& stream) override {
+    run_or_record(stream, [=, this] {
+      HostKernels::batch_norm_relu_max_pool_backward(grad_x, grad_weight, grad_bias, grad_out, out, argmax, x, weight,
+                                                     save_mean, save_invstd, shape, stream);
     });
   }
 

@@ -379,9 +379,8 @@ void run_golden(const GoldenOptions& o) {
     text += "sim computes with the cpu's kernels (S ~ 1) and waits out its link (FERRY_SIM_LINK): the copies and the\n"
             "Golden Rule are real, the speedup is not; on a cuda machine both are.\n";
     if (!graph_line.empty()) {
-      text += "A sim graph replays the same calls as the eager step (oneDNN's convolutions included), launched by a\n"
-              "loop instead of the layers' code, except the fused BatchNorm + ReLU + pooling host loop, which runs only\n"
-              "eagerly (a replay takes BatchNorm + ReLU, then the pooling); on cuda the graph runs the eager kernels.\n";
+      text += "A sim graph replays the calls of the eager step (oneDNN's convolutions, the fused BatchNorm + ReLU +\n"
+              "pooling) from a list instead of the layers' code; on cuda the graph launches the eager step's kernels.\n";
     }
   }
   if (!o.trace.empty()) {

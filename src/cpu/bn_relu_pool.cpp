@@ -1,60 +1,57 @@
-// host_bn_relu_pool.cpp — BatchNorm + ReLU + 2x2/2 max pooling in one layer over host memory (see the header).
-// Per channel, one OpenMP task:
+// bn_relu_pool.cpp — BatchNorm (training) + ReLU + 2x2/2 max pooling in one layer over host memory, the host
+// devices' Backend::batch_norm_relu_max_pool_* (cpu, and sim, which records the calls in a capture): the CNNs'
+// block tail. The normalised activation is never stored: forward pools it as it is computed, and backward rebuilds
+// the sparse gradient it would have had from the pooled output and the argmax. Per channel, one OpenMP task:
 //   forward:  sums of x (one pass); then a block of row pairs at a time, relu(x * scale + shift) into a small
 //             buffer and the pooled rows from it (one pass over x; only the pooled output and argmax are written);
 //   backward: the sums over the pooled gradient at the argmax positions (a quarter of the elements); then
 //             grad_x = x * a + b over the plane and g * k + x * a + b at each argmax (one pass).
 // Against BatchNorm + ReLU (3 passes forward, 7 backward) then pooling (1 + a zeroing pass and a scatter):
 // the full-size tensor between them is neither written nor read, and the backward's dy is never materialised.
-#include "host_bn_relu_pool.h"
-
 #include <algorithm>
 #include <vector>
 
-#include "../cpu/batch_norm_channel.h"
-#include "../cpu/dispatch.h"
-#include "../cpu/max_pool_2x2.h"
-#include "../cpu/strided.h"
-#include "batch_norm_kernels.h"
-#include "batch_norm_rule.h"
+#include "../nn/batch_norm_rule.h"
+#include "batch_norm_channel.h"
+#include "dispatch.h"
+#include "host_kernels.h"
+#include "max_pool_2x2.h"
+#include "strided.h"
 
-namespace ferry::nn::detail {
-
-bool use_host_bn_relu_pool(Device device, DType dtype, std::int64_t height, std::int64_t width) {
-  return use_fused_host_kernels(device) && (dtype == DType::Float32 || dtype == DType::Float64) && height >= 2 &&
-         width >= 2;
-}
+namespace ferry::cpu {
 
 namespace {
-
 constexpr std::int64_t kBlockElements = 4096;  // the forward's buffer of normalised rows: 16 KB of float32
-
-template <typename T>
-const T* data_or_null(const Tensor& t) {
-  return t.defined() ? t.data<T>() : nullptr;
-}
-
+using nn::detail::BatchNormBackward;
+using nn::detail::BatchNormForward;
+using nn::detail::BatchNormSums;
+using nn::detail::relu_masked;
+using nn::detail::relu_value;
 }  // namespace
 
-void host_bn_relu_pool_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& running_mean,
-                               const Tensor& running_var, double factor, double eps, const Tensor& out,
-                               const Tensor& argmax, const Tensor& save_mean, const Tensor& save_invstd) {
-  const std::int64_t N = x.size(0), C = x.size(1), H = x.size(2), W = x.size(3);
+void HostKernels::batch_norm_relu_max_pool_forward(const KernelTensor& out, const KernelTensor& argmax,
+                                                   const KernelTensor& x, const KernelTensor& weight,
+                                                   const KernelTensor& bias, const KernelTensor& running_mean,
+                                                   const KernelTensor& running_var, const KernelTensor& save_mean,
+                                                   const KernelTensor& save_invstd, const BnReluPoolShape& s,
+                                                   double factor, const Stream& /*stream*/) {
+  const std::int64_t N = s.batch, C = s.channels, H = s.height, W = s.width;
   const std::int64_t inner = H * W, oh = H / 2, ow = W / 2;
-  cpu::dispatch_float(x.dtype(), "batch_norm", [&](auto tag) {
+  const double eps = s.eps;
+  dispatch_float(x.dtype, "batch_norm", [&](auto tag) {
     using T = typename decltype(tag)::type;
-    const T* in = x.data<T>();
-    const T* w = data_or_null<T>(weight);
-    const T* b = data_or_null<T>(bias);
-    T* rm = running_mean.defined() ? running_mean.data<T>() : nullptr;
-    T* rv = running_var.defined() ? running_var.data<T>() : nullptr;
-    T* o = out.data<T>();
-    std::int64_t* arg = argmax.data<std::int64_t>();
-    T* mean_out = save_mean.data<T>();
-    T* invstd_out = save_invstd.data<T>();
-    cpu::parallel_for(C, N * inner * 2, [&](std::int64_t c) {
+    const T* in = x.ptr<const T>();
+    const T* w = weight.ptr<const T>();  // null: ones
+    const T* b = bias.ptr<const T>();    // null: zeros
+    T* rm = running_mean.ptr<T>();
+    T* rv = running_var.ptr<T>();
+    T* o = out.ptr<T>();
+    std::int64_t* arg = argmax.ptr<std::int64_t>();
+    T* mean_out = save_mean.ptr<T>();
+    T* invstd_out = save_invstd.ptr<T>();
+    parallel_for(C, N * inner * 2, [&](std::int64_t c) {
       const BatchNormForward f =
-          cpu::channel_statistics(in, N, C, inner, c, eps, w, b, rm, rv, factor, mean_out, invstd_out);
+          channel_statistics(in, N, C, inner, c, eps, w, b, rm, rv, factor, mean_out, invstd_out);
       // A block of row pairs at a time (~16 KB, all of a small plane), normalised and rectified into `rows` in one
       // loop, then pooled from there row by row.
       const T scale = static_cast<T>(f.scale), shift = static_cast<T>(f.shift);
@@ -74,8 +71,8 @@ void host_bn_relu_pool_forward(const Tensor& x, const Tensor& weight, const Tens
             const T* top = block + 2 * (y - y0) * W;
             T* out_row = out_plane + y * ow;
             std::int64_t* arg_row = arg_plane + y * ow;
-            if (cpu::max_pool_2x2_row(top, top + W, out_row, arg_row, ow, 2 * y * W, W)) {
-              cpu::max_pool_2x2_row_in_window_order(top, top + W, out_row, arg_row, ow, 2 * y * W, W);
+            if (max_pool_2x2_row(top, top + W, out_row, arg_row, ow, 2 * y * W, W)) {
+              max_pool_2x2_row_in_window_order(top, top + W, out_row, arg_row, ow, 2 * y * W, W);
             }
           }
         }
@@ -84,25 +81,28 @@ void host_bn_relu_pool_forward(const Tensor& x, const Tensor& weight, const Tens
   });
 }
 
-void host_bn_relu_pool_backward(const Tensor& grad_out, const Tensor& out, const Tensor& argmax, const Tensor& x,
-                                const Tensor& weight, const Tensor& save_mean, const Tensor& save_invstd,
-                                const Tensor& grad_x, const Tensor& grad_weight, const Tensor& grad_bias) {
-  const std::int64_t N = x.size(0), C = x.size(1), H = x.size(2), W = x.size(3);
+void HostKernels::batch_norm_relu_max_pool_backward(const KernelTensor& grad_x, const KernelTensor& grad_weight,
+                                                    const KernelTensor& grad_bias, const KernelTensor& grad_out,
+                                                    const KernelTensor& out, const KernelTensor& argmax,
+                                                    const KernelTensor& x, const KernelTensor& weight,
+                                                    const KernelTensor& save_mean, const KernelTensor& save_invstd,
+                                                    const BnReluPoolShape& s, const Stream& /*stream*/) {
+  const std::int64_t N = s.batch, C = s.channels, H = s.height, W = s.width;
   const std::int64_t inner = H * W, pooled = (H / 2) * (W / 2);
   const double count = static_cast<double>(N * inner);
-  cpu::dispatch_float(x.dtype(), "batch_norm", [&](auto tag) {
+  dispatch_float(x.dtype, "batch_norm", [&](auto tag) {
     using T = typename decltype(tag)::type;
-    const T* g = grad_out.data<T>();
-    const T* y = out.data<T>();
-    const std::int64_t* arg = argmax.data<std::int64_t>();
-    const T* in = x.data<T>();
-    const T* w = data_or_null<T>(weight);
-    T* dx = grad_x.data<T>();
-    T* gw = grad_weight.data<T>();
-    T* gb = grad_bias.data<T>();
-    cpu::parallel_for(C, N * (inner + pooled), [&](std::int64_t c) {
-      const double mean = static_cast<double>(save_mean.data<T>()[c]);
-      const double invstd = static_cast<double>(save_invstd.data<T>()[c]);
+    const T* g = grad_out.ptr<const T>();
+    const T* y = out.ptr<const T>();
+    const std::int64_t* arg = argmax.ptr<const std::int64_t>();
+    const T* in = x.ptr<const T>();
+    const T* w = weight.ptr<const T>();  // null: ones
+    T* dx = grad_x.ptr<T>();
+    T* gw = grad_weight.ptr<T>();
+    T* gb = grad_bias.ptr<T>();
+    parallel_for(C, N * (inner + pooled), [&](std::int64_t c) {
+      const double mean = static_cast<double>(save_mean.ptr<const T>()[c]);
+      const double invstd = static_cast<double>(save_invstd.ptr<const T>()[c]);
       // The ReLU-masked gradient is g at each window's winner (where its output is > 0) and 0 elsewhere: the
       // backward's sums need only the winners.
       BatchNormSums sums;
@@ -123,7 +123,7 @@ void host_bn_relu_pool_backward(const Tensor& grad_out, const Tensor& out, const
         sums.s2 += s2;
       }
       const BatchNormBackward r =
-          batch_norm_backward_numbers(sums, mean, invstd, w ? static_cast<double>(w[c]) : 1.0, count);
+          nn::detail::batch_norm_backward_numbers(sums, mean, invstd, w ? static_cast<double>(w[c]) : 1.0, count);
       gw[c] = static_cast<T>(r.grad_weight);
       gb[c] = static_cast<T>(r.grad_bias);
       const T k = static_cast<T>(r.k), a = static_cast<T>(r.a), b = static_cast<T>(r.b);
@@ -142,4 +142,4 @@ void host_bn_relu_pool_backward(const Tensor& grad_out, const Tensor& out, const
   });
 }
 
-}  // namespace ferry::nn::detail
+}  // namespace ferry::cpu
