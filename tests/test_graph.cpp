@@ -6,6 +6,7 @@
 #include "../src/core/ready_event.h"
 #include "ferry/nn/functional.h"
 #include "ferry/nn/loss.h"
+#include "ferry/nn/rnn.h"
 #include "ferry/optim.h"
 #include "ferry/step_graph.h"
 #include "ferry/trainer.h"
@@ -45,6 +46,65 @@ TEST(Graph, ReplaysTheCapturedWorkOnNewInputValues) {
     EXPECT_EQ(y.data_ptr(), address);  // the output keeps its address
     EXPECT_EQ(y.cpu().to_vector<float>(), (std::vector<float>{21, 41, 61, 81}));
     EXPECT_EQ(graph.replays(), 2);
+  }
+}
+
+// An LSTM or GRU layer's forward and backward captured on sim and cuda: the backend's recurrent cell is one
+// recorded call each way per step, and the replay gives the eager step's bits, on new input values too. With the
+// library layers off the capture records the composed step's elementwise ops instead, many more of them.
+TEST(Graph, ARecurrentLayerRecordsItsFusedCellsAndReplaysTheEagerBits) {
+  for (const Device device : testing::accelerators()) {
+    for (const bool lstm : {true, false}) {
+      SCOPED_TRACE(device.str() + (lstm ? " LSTM" : " GRU"));
+      manual_seed(5);
+      const TensorOptions on{.device = device};
+      const nn::RNNOptions options{.batch_first = true};
+      std::shared_ptr<nn::RNNBase> layer;
+      if (lstm) layer = std::make_shared<nn::LSTM>(4, 8, options, on);
+      else layer = std::make_shared<nn::GRU>(4, 8, options, on);
+      const Tensor x = randn({3, 6, 4}).to(device).requires_grad_(true);
+      const Tensor probe = randn({3, 6, 8}).to(device);
+      auto step = [&] {  // the output, and the gradients of sum(output * probe), into tensors that stay put
+        const Tensor out = layer->forward(x);
+        sum(mul(out, probe)).backward();
+        return out.detach();
+      };
+      std::vector<Tensor> with_grads = layer->parameters();
+      with_grads.push_back(x);
+      auto read = [&](const Tensor& out) {
+        std::vector<std::vector<float>> all{out.cpu().to_vector<float>()};
+        for (const Tensor& t : with_grads) all.push_back(t.grad().cpu().to_vector<float>());
+        return all;
+      };
+      auto clear = [&] {
+        for (const Tensor& t : with_grads) t.grad().zero_();
+      };
+      const auto eager = read(step());
+      clear();
+
+      Tensor out;
+      Graph graph(device);
+      graph.capture([&] { out = step(); });
+      ASSERT_TRUE(graph.captured());
+      graph.replay();
+      EXPECT_EQ(read(out), eager) << "the replayed layer differs from the eager one";
+      x.detach().mul_(-0.5);  // new input values: the replay computes with them
+      clear();
+      graph.replay();
+      const auto replayed = read(out);
+      clear();
+      EXPECT_EQ(replayed, read(step())) << "the replay on new input values differs from an eager step on them";
+
+      nn::functional::set_library_layers(false);
+      Tensor composed_out;
+      Graph composed(device);
+      composed.capture([&] { composed_out = step(); });
+      nn::functional::set_library_layers(true);
+      ASSERT_TRUE(composed.captured());
+      EXPECT_LT(graph.operations() * 3 / 2, composed.operations())
+          << "fused " << graph.operations() << " operations (" << graph.composition() << "), composed "
+          << composed.operations() << " (" << composed.composition() << ")";
+    }
   }
 }
 

@@ -703,45 +703,64 @@ TEST(NNGradcheck, RecurrentLayers) {
   }
 }
 
-// The fused LSTM and GRU steps (cpu) against the composed ones (the same layer with the fused host kernels off), in
-// float64: the outputs, final states and the gradients of the input, the initial states and every parameter agree
-// to rounding.
+// The fused LSTM and GRU steps (the backend's recurrent cell: host loops on cpu and sim, one kernel each way on
+// cuda) against the composed ones (the same layer with the library layers off), in float64, on every device: the
+// outputs, final states and the gradients of the input, the initial states and every parameter agree to rounding,
+// with each other and with the cpu's; sim gives the cpu's bits.
 TEST(NNGradcheck, FusedRecurrentStepsMatchTheComposedOnes) {
+  std::vector<Device> devices = {ferry::kCPU, Device::parse("sim:0")};
+  if (ferry::is_available(ferry::DeviceType::CUDA)) devices.push_back(Device::parse("cuda:0"));
   for (const bool lstm : {true, false}) {
-    std::vector<std::vector<double>> runs[2];
-    for (const bool fused : {true, false}) {
-      F::set_fused_host_kernels(fused);
-      ferry::manual_seed(12);
-      const ferry::nn::RNNOptions options{.num_layers = 2, .batch_first = true};
-      std::shared_ptr<ferry::nn::RNNBase> layer;
-      if (lstm) layer = std::make_shared<ferry::nn::LSTM>(3, 5, options, ferry::TensorOptions{.dtype = DType::Float64});
-      else layer = std::make_shared<ferry::nn::GRU>(3, 5, options, ferry::TensorOptions{.dtype = DType::Float64});
-      Tensor x = ferry::randn({2, 7, 3}, {.dtype = DType::Float64}).requires_grad_(true);
-      Tensor h0 = ferry::randn({2, 2, 5}, {.dtype = DType::Float64}).requires_grad_(true);
-      Tensor c0 = lstm ? ferry::randn({2, 2, 5}, {.dtype = DType::Float64}).requires_grad_(true) : Tensor();
-      const ferry::nn::RNNOutput r = layer->forward(x, h0, c0);
-      Tensor loss = ferry::add(ferry::sum(ferry::mul(r.output, ferry::sin(r.output))), ferry::sum(ferry::exp(r.h_n)));
-      if (lstm) loss = ferry::add(loss, ferry::sum(ferry::square(r.c_n)));
-      loss.backward();
-      auto& run = runs[fused ? 0 : 1];
-      run = {r.output.to_vector<double>(), r.h_n.to_vector<double>(), x.grad().to_vector<double>(),
-             h0.grad().to_vector<double>()};
-      if (lstm) {
-        run.push_back(r.c_n.to_vector<double>());
-        run.push_back(c0.grad().to_vector<double>());
+    std::vector<std::vector<double>> on_cpu;
+    for (const Device& device : devices) {
+      const std::string what = std::string(lstm ? "LSTM" : "GRU") + " on " + device.str();
+      EXPECT_TRUE(ferry::backend(device).rnn_cell_library({.batch = 2, .hidden = 5}, DType::Float64, device.index))
+          << what << ": the backend has no fused cell";
+      std::vector<std::vector<double>> runs[2];
+      for (const bool fused : {true, false}) {
+        F::set_library_layers(fused);
+        ferry::manual_seed(12);
+        const ferry::nn::RNNOptions options{.num_layers = 2, .batch_first = true};
+        const ferry::TensorOptions like{.device = device, .dtype = DType::Float64};
+        std::shared_ptr<ferry::nn::RNNBase> layer;
+        if (lstm) layer = std::make_shared<ferry::nn::LSTM>(3, 5, options, like);
+        else layer = std::make_shared<ferry::nn::GRU>(3, 5, options, like);
+        const auto input = [&](const ferry::Shape& shape) {
+          return ferry::randn(shape, {.dtype = DType::Float64}).to(device).requires_grad_(true);
+        };
+        Tensor x = input({2, 7, 3}), h0 = input({2, 2, 5});
+        Tensor c0 = lstm ? input({2, 2, 5}) : Tensor();
+        const ferry::nn::RNNOutput r = layer->forward(x, h0, c0);
+        Tensor loss = ferry::add(ferry::sum(ferry::mul(r.output, ferry::sin(r.output))), ferry::sum(ferry::exp(r.h_n)));
+        if (lstm) loss = ferry::add(loss, ferry::sum(ferry::square(r.c_n)));
+        loss.backward();
+        const auto host = [](const Tensor& t) { return t.cpu().to_vector<double>(); };
+        auto& run = runs[fused ? 0 : 1];
+        run = {host(r.output), host(r.h_n), host(x.grad()), host(h0.grad())};
+        if (lstm) {
+          run.push_back(host(r.c_n));
+          run.push_back(host(c0.grad()));
+        }
+        for (const Tensor& p : layer->parameters()) run.push_back(host(p.grad()));
       }
-      for (const Tensor& p : layer->parameters()) run.push_back(p.grad().to_vector<double>());
-    }
-    F::set_fused_host_kernels(true);
-    ASSERT_EQ(runs[0].size(), runs[1].size());
-    for (std::size_t k = 0; k < runs[0].size(); ++k) {
-      expect_near(runs[0][k], runs[1][k], std::string(lstm ? "LSTM" : "GRU") + " result " + std::to_string(k));
+      F::set_library_layers(true);
+      ASSERT_EQ(runs[0].size(), runs[1].size());
+      for (std::size_t k = 0; k < runs[0].size(); ++k) {
+        expect_near(runs[0][k], runs[1][k], what + ": fused against composed, result " + std::to_string(k));
+      }
+      if (device.is_cpu()) {
+        on_cpu = runs[0];
+      } else if (device.type == ferry::DeviceType::Sim) {
+        EXPECT_EQ(runs[0], on_cpu) << what << ": sim:0 differs from cpu";
+      } else {
+        for (std::size_t k = 0; k < runs[0].size(); ++k) {
+          expect_near(runs[0][k], on_cpu[k], what + ": against the cpu, result " + std::to_string(k));
+        }
+      }
     }
   }
 }
 
-// gather, scatter_add (both operands; repeated indices; an index smaller than the tensors), cumsum and prod, on
-// every device.
 TEST(NNGradcheck, GatherScatterAddCumsumAndProd) {
   const auto index = [](std::vector<std::int64_t> v, Shape s, const Tensor& like) {
     return ferry::from_vector<std::int64_t>(v, s, {.device = like.device()});

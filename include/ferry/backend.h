@@ -372,6 +372,39 @@ class Backend {
                                                  const KernelTensor& save_mean, const KernelTensor& save_invstd,
                                                  const BnReluPoolShape& shape, const Stream& stream);
 
+  // --- recurrent cells ------------------------------------------------------------------------------
+  // One step of an LSTM or GRU layer after its two projections (the GEMMs stay in the layer): the gate
+  // activations, the state update and the new hidden state as one call each way, where the composed step runs
+  // about ten elementwise kernels forward and twenty backward on small (N, H) tensors. cpu and sim run host loops
+  // (src/cpu/rnn_cells.cpp), cuda one kernel each way (src/cuda/rnn_cells.cu), both for float32 and float64; false
+  // means "compose the step from the kernels above". Every tensor contiguous, of the query's dtype; gates in
+  // PyTorch's order: LSTM (i, f, g, o), GRU (r, z, n). sigmoid(x) = 1 / (1 + e^-x), as UnaryOp::Sigmoid.
+  struct RnnCellShape {
+    std::int64_t batch = 0, hidden = 0;  // N, H
+  };
+  virtual bool rnn_cell_library(const RnnCellShape& /*shape*/, DType /*dtype*/, int /*index*/) { return false; }
+  // x_gates, h_gates (N, 4H): the step's input and hidden projections with their biases; c (N, H) ->
+  // out (2, N, H) = [h', c'] with c' = sigmoid(f) c + sigmoid(i) tanh(g) and h' = sigmoid(o) tanh(c');
+  // act (N, 4H) = the activated gates and tanh_c (N, H) = tanh(c'), kept for backward. All outputs overwritten.
+  virtual void lstm_cell_forward(const KernelTensor& out, const KernelTensor& act, const KernelTensor& tanh_c,
+                                 const KernelTensor& x_gates, const KernelTensor& h_gates, const KernelTensor& c,
+                                 const RnnCellShape& shape, const Stream& stream);
+  // grad_out (2, N, H) = [dh', dc'] -> d_gates (N, 4H), the gradient of x_gates and of h_gates alike, and d_c
+  // (N, H; data null: not wanted), overwritten, from the forward's act, tanh_c and c.
+  virtual void lstm_cell_backward(const KernelTensor& d_gates, const KernelTensor& d_c, const KernelTensor& grad_out,
+                                  const KernelTensor& act, const KernelTensor& tanh_c, const KernelTensor& c,
+                                  const RnnCellShape& shape, const Stream& stream);
+  // x_gates, h_gates (N, 3H), h (N, H) -> out (N, H) = n + z (h - n) with r = sigmoid(x_r + h_r),
+  // z = sigmoid(x_z + h_z), n = tanh(x_n + r h_n), as PyTorch's GRU; act (N, 3H) = [r, z, n] for backward.
+  virtual void gru_cell_forward(const KernelTensor& out, const KernelTensor& act, const KernelTensor& x_gates,
+                                const KernelTensor& h_gates, const KernelTensor& h, const RnnCellShape& shape,
+                                const Stream& stream);
+  // grad_out (N, H) -> d_x_gates, d_h_gates (N, 3H) and d_h (N, H; data null: not wanted), overwritten, from the
+  // forward's act, h_gates and h.
+  virtual void gru_cell_backward(const KernelTensor& d_x_gates, const KernelTensor& d_h_gates, const KernelTensor& d_h,
+                                 const KernelTensor& grad_out, const KernelTensor& act, const KernelTensor& h_gates,
+                                 const KernelTensor& h, const RnnCellShape& shape, const Stream& stream);
+
   // --- graphs (CUDA graphs on cuda; recorded host calls on sim; cpu: none) -------------------------
   // Between begin_capture and end_capture the compute stream of device `index` records the work this thread
   // enqueues instead of running it; memory allocated meanwhile belongs to the graph and keeps its address on

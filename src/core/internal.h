@@ -12,6 +12,8 @@ namespace ferry::detail {
 
 // The tensor as a kernel sees it.
 KernelTensor kernel_view(const Tensor& t);
+// kernel_view(t), or null data for an undefined tensor: an optional operand (no bias, a gradient not wanted).
+KernelTensor kernel_view_or_null(const Tensor& t);
 // A fresh contiguous tensor on an accelerator whose first writer is a host->device copy: allocated in the
 // copy stream's order (Backend::allocate_for_copy), so that copy waits for nothing on the compute stream.
 Tensor make_tensor_for_copy(const Shape& shape, const TensorOptions& options);

@@ -54,6 +54,23 @@ void Backend::batch_norm_relu_max_pool_backward(const KernelTensor&, const Kerne
                                                 const KernelTensor&, const BnReluPoolShape&, const Stream&) {
   no_library("batch_norm_relu_max_pool2d");
 }
+void Backend::lstm_cell_forward(const KernelTensor&, const KernelTensor&, const KernelTensor&, const KernelTensor&,
+                                const KernelTensor&, const KernelTensor&, const RnnCellShape&, const Stream&) {
+  no_library("lstm_cell");
+}
+void Backend::lstm_cell_backward(const KernelTensor&, const KernelTensor&, const KernelTensor&, const KernelTensor&,
+                                 const KernelTensor&, const KernelTensor&, const RnnCellShape&, const Stream&) {
+  no_library("lstm_cell");
+}
+void Backend::gru_cell_forward(const KernelTensor&, const KernelTensor&, const KernelTensor&, const KernelTensor&,
+                               const KernelTensor&, const RnnCellShape&, const Stream&) {
+  no_library("gru_cell");
+}
+void Backend::gru_cell_backward(const KernelTensor&, const KernelTensor&, const KernelTensor&, const KernelTensor&,
+                                const KernelTensor&, const KernelTensor&, const KernelTensor&, const RnnCellShape&,
+                                const Stream&) {
+  no_library("gru_cell");
+}
 
 namespace {
 [[noreturn]] void no_graphs(DeviceType type, int index) {
@@ -109,6 +126,8 @@ KernelTensor kernel_view(const Tensor& t) {
   }
   return k;
 }
+
+KernelTensor kernel_view_or_null(const Tensor& t) { return t.defined() ? kernel_view(t) : KernelTensor{}; }
 
 KernelTensor kernel_broadcast(const Tensor& t, const Shape& shape) {
   KernelTensor k;

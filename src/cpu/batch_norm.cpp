@@ -1,7 +1,7 @@
-// batch_norm.cpp — training-mode BatchNorm + ReLU as two passes per channel over host memory (sums, then
-// apply), with the arithmetic of cuda's fused kernels (src/nn/batch_norm_rule.h). cpu and sim run it for a
-// BatchNorm followed by a ReLU (HostKernels::batch_norm_library); BatchNorm alone is composed from the
-// passes in src/nn/batch_norm_kernels.cpp.
+// batch_norm.cpp — training-mode BatchNorm (+ ReLU) as two passes per channel over host memory (sums, then
+// apply), with the arithmetic of cuda's fused kernels (src/nn/batch_norm_rule.h): the host devices'
+// Backend::batch_norm_* (cpu, and sim, which records the calls in a capture). With the library layers off, and
+// in evaluation mode, BatchNorm is composed from the passes in src/nn/batch_norm_kernels.cpp instead.
 #include <algorithm>
 #include <cstdint>
 

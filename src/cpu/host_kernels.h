@@ -63,10 +63,10 @@ class HostKernels : public Backend {
                              const Conv2dShape& shape, const Stream& stream) override;
   void conv2d_backward_weight(const KernelTensor& grad_weight, const KernelTensor& grad_out, const KernelTensor& input,
                               const Conv2dShape& shape, const Stream& stream) override;
-  // BatchNorm + ReLU with cuda's fused arithmetic (batch_norm.cpp); BatchNorm alone is composed
-  // (nn/batch_norm_kernels.cpp), so cpu and sim answer yes only with a ReLU.
-  bool batch_norm_library(const BatchNormShape& shape, DType dtype, int /*index*/) override {
-    return shape.relu && (dtype == DType::Float32 || dtype == DType::Float64);
+  // Training-mode BatchNorm, with or without a ReLU, in cuda's fused arithmetic (batch_norm.cpp): two passes
+  // per channel each way.
+  bool batch_norm_library(const BatchNormShape& /*shape*/, DType dtype, int /*index*/) override {
+    return dtype == DType::Float32 || dtype == DType::Float64;
   }
   void batch_norm_forward(const KernelTensor& out, const KernelTensor& x, const KernelTensor& weight,
                           const KernelTensor& bias, const KernelTensor& running_mean, const KernelTensor& running_var,
@@ -91,6 +91,22 @@ class HostKernels : public Backend {
                                          const KernelTensor& weight, const KernelTensor& save_mean,
                                          const KernelTensor& save_invstd, const BnReluPoolShape& shape,
                                          const Stream& stream) override;
+  // One LSTM or GRU step after its projections (rnn_cells.cpp): float32 and float64.
+  bool rnn_cell_library(const RnnCellShape& /*shape*/, DType dtype, int /*index*/) override {
+    return dtype == DType::Float32 || dtype == DType::Float64;
+  }
+  void lstm_cell_forward(const KernelTensor& out, const KernelTensor& act, const KernelTensor& tanh_c,
+                         const KernelTensor& x_gates, const KernelTensor& h_gates, const KernelTensor& c,
+                         const RnnCellShape& shape, const Stream& stream) override;
+  void lstm_cell_backward(const KernelTensor& d_gates, const KernelTensor& d_c, const KernelTensor& grad_out,
+                          const KernelTensor& act, const KernelTensor& tanh_c, const KernelTensor& c,
+                          const RnnCellShape& shape, const Stream& stream) override;
+  void gru_cell_forward(const KernelTensor& out, const KernelTensor& act, const KernelTensor& x_gates,
+                        const KernelTensor& h_gates, const KernelTensor& h, const RnnCellShape& shape,
+                        const Stream& stream) override;
+  void gru_cell_backward(const KernelTensor& d_x_gates, const KernelTensor& d_h_gates, const KernelTensor& d_h,
+                         const KernelTensor& grad_out, const KernelTensor& act, const KernelTensor& h_gates,
+                         const KernelTensor& h, const RnnCellShape& shape, const Stream& stream) override;
 };
 
 }  // namespace ferry::cpu

@@ -701,6 +701,34 @@ class CudaBackend final : public Backend {
     cudnn_batch_norm_backward(grad_x, grad_weight, grad_bias, grad_out, x, weight, save_mean, save_invstd, shape,
                               stream.device.index, to_cuda(stream));
   }
+  // One LSTM or GRU step: ferry's kernels (rnn_cells.cu), one launch each way.
+  bool rnn_cell_library(const RnnCellShape& /*shape*/, DType dtype, int index) override {
+    return library_query(index, [&] { return rnn_cell_supported(dtype); });
+  }
+  void lstm_cell_forward(const KernelTensor& out, const KernelTensor& act, const KernelTensor& tanh_c,
+                         const KernelTensor& x_gates, const KernelTensor& h_gates, const KernelTensor& c,
+                         const RnnCellShape& shape, const Stream& stream) override {
+    DeviceGuard guard(stream.device.index);
+    launch_lstm_cell_forward(out, act, tanh_c, x_gates, h_gates, c, shape, to_cuda(stream));
+  }
+  void lstm_cell_backward(const KernelTensor& d_gates, const KernelTensor& d_c, const KernelTensor& grad_out,
+                          const KernelTensor& act, const KernelTensor& tanh_c, const KernelTensor& c,
+                          const RnnCellShape& shape, const Stream& stream) override {
+    DeviceGuard guard(stream.device.index);
+    launch_lstm_cell_backward(d_gates, d_c, grad_out, act, tanh_c, c, shape, to_cuda(stream));
+  }
+  void gru_cell_forward(const KernelTensor& out, const KernelTensor& act, const KernelTensor& x_gates,
+                        const KernelTensor& h_gates, const KernelTensor& h, const RnnCellShape& shape,
+                        const Stream& stream) override {
+    DeviceGuard guard(stream.device.index);
+    launch_gru_cell_forward(out, act, x_gates, h_gates, h, shape, to_cuda(stream));
+  }
+  void gru_cell_backward(const KernelTensor& d_x_gates, const KernelTensor& d_h_gates, const KernelTensor& d_h,
+                         const KernelTensor& grad_out, const KernelTensor& act, const KernelTensor& h_gates,
+                         const KernelTensor& h, const RnnCellShape& shape, const Stream& stream) override {
+    DeviceGuard guard(stream.device.index);
+    launch_gru_cell_backward(d_x_gates, d_h_gates, d_h, grad_out, act, h_gates, h, shape, to_cuda(stream));
+  }
 };
 
 }  // namespace

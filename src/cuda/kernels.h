@@ -92,6 +92,22 @@ void launch_batch_norm_backward(const KernelTensor& grad_x, const KernelTensor& 
                                 const KernelTensor& save_invstd, const Backend::BatchNormShape& shape,
                                 cudaStream_t stream);
 
+// --- rnn_cells.cu: one LSTM or GRU step after its projections, one launch each way -----------------------
+// The Backend::lstm_cell_* / gru_cell_* contract (ferry/backend.h), for float32 and float64.
+bool rnn_cell_supported(DType dtype);
+void launch_lstm_cell_forward(const KernelTensor& out, const KernelTensor& act, const KernelTensor& tanh_c,
+                              const KernelTensor& x_gates, const KernelTensor& h_gates, const KernelTensor& c,
+                              const Backend::RnnCellShape& shape, cudaStream_t stream);
+void launch_lstm_cell_backward(const KernelTensor& d_gates, const KernelTensor& d_c, const KernelTensor& grad_out,
+                               const KernelTensor& act, const KernelTensor& tanh_c, const KernelTensor& c,
+                               const Backend::RnnCellShape& shape, cudaStream_t stream);
+void launch_gru_cell_forward(const KernelTensor& out, const KernelTensor& act, const KernelTensor& x_gates,
+                             const KernelTensor& h_gates, const KernelTensor& h, const Backend::RnnCellShape& shape,
+                             cudaStream_t stream);
+void launch_gru_cell_backward(const KernelTensor& d_x_gates, const KernelTensor& d_h_gates, const KernelTensor& d_h,
+                              const KernelTensor& grad_out, const KernelTensor& act, const KernelTensor& h_gates,
+                              const KernelTensor& h, const Backend::RnnCellShape& shape, cudaStream_t stream);
+
 // --- gemm.cpp: cuBLAS, row-major via the swap of operands ---------------------------------------------------
 void gemm(const Backend::GemmArgs& args, int device, cudaStream_t stream);
 // Makes device `device`'s cuBLAS handle and workspace now if no GEMM has (before a graph capture).

@@ -31,6 +31,7 @@ using Grads = std::vector<Tensor>;
 namespace {
 
 KernelTensor kernel(const Tensor& t) { return ferry::detail::kernel_view(t); }
+KernelTensor kernel_or_null(const Tensor& t) { return ferry::detail::kernel_view_or_null(t); }  // undefined: null
 Stream stream_of(Device device) { return ferry::detail::compute_stream(device); }
 
 
@@ -362,8 +363,8 @@ Tensor conv2d(const Tensor& input_in, const Tensor& weight, const Tensor& bias, 
     if (library) {  // out (N, O, oh, ow) = conv(x, w) + bias
       const Tensor b = bias.defined() ? bias.detach().contiguous() : Tensor();
       try {
-        backend(x.device()).conv2d_forward(kernel(out), kernel(x), kernel(w), b.defined() ? kernel(b) : KernelTensor{},
-                                           s, stream_of(x.device()));
+        backend(x.device()).conv2d_forward(kernel(out), kernel(x), kernel(w), kernel_or_null(b), s,
+                                           stream_of(x.device()));
       } catch (const BackendError&) {
         // The library refused the call before running it and now says so for this shape: composed below, in
         // this direction and in backward. Any other failure is the caller's to see.
@@ -430,10 +431,9 @@ Tensor batch_norm_library(const Tensor& input, const Tensor& x, const Backend::B
   const Tensor b = bias.defined() ? bias.detach().contiguous() : zeros({C}, like);      // (C)
   Tensor out = empty(x.shape(), like);                                                  // (N, C, *)
   Tensor save_mean = empty({C}, like), save_invstd = empty({C}, like);                  // (C)
-  backend(x.device()).batch_norm_forward(kernel(out), kernel(x), kernel(w), kernel(b),
-                                         running_mean.defined() ? kernel(running_mean) : KernelTensor{},
-                                         running_var.defined() ? kernel(running_var) : KernelTensor{},
-                                         kernel(save_mean), kernel(save_invstd), shape, factor, stream_of(x.device()));
+  backend(x.device()).batch_norm_forward(kernel(out), kernel(x), kernel(w), kernel(b), kernel_or_null(running_mean),
+                                         kernel_or_null(running_var), kernel(save_mean), kernel(save_invstd), shape,
+                                         factor, stream_of(x.device()));
   const Tensor relu_out = shape.relu ? out.detach() : Tensor();  // (N, C, *): the backward's ReLU mask
   out = out.reshape(input.shape());
   if (needs_grad({&input, &weight, &bias})) {
@@ -444,9 +444,8 @@ Tensor batch_norm_library(const Tensor& input, const Tensor& x, const Backend::B
              const TensorOptions like{.device = g.device(), .dtype = g.dtype()};
              Tensor gx = empty(x.shape(), like), gw = empty({shape.channels}, like), gb = empty({shape.channels}, like);
              backend(g.device()).batch_norm_backward(kernel(gx), kernel(gw), kernel(gb), kernel(g), kernel(x),
-                                                     relu_out.defined() ? kernel(relu_out) : KernelTensor{},
-                                                     kernel(w), kernel(save_mean), kernel(save_invstd), shape,
-                                                     stream_of(g.device()));
+                                                     kernel_or_null(relu_out), kernel(w), kernel(save_mean),
+                                                     kernel(save_invstd), shape, stream_of(g.device()));
              return Grads{want_x ? gx : Tensor(), want_w ? gw : Tensor(), want_b ? gb : Tensor()};
            }, autograd::Saved::InputsAndOutput, /*inputs_read=*/2);  // not the bias
   }
@@ -635,21 +634,21 @@ Tensor batch_norm_relu_max_pool2d(const Tensor& input, const Tensor& running_mea
   Tensor out = empty({N, C, oh, ow}, like);
   const Tensor argmax = empty({N, C, oh, ow}, {.device = x.device(), .dtype = DType::Int64});
   const Tensor save_mean = empty({C}, like), save_invstd = empty({C}, like);
-  const auto maybe = [](const Tensor& t) { return t.defined() ? kernel(t) : KernelTensor{}; };  // undefined: null
-  backend(x.device()).batch_norm_relu_max_pool_forward(kernel(out), kernel(argmax), kernel(x), maybe(w), maybe(b),
-                                                       maybe(running_mean), maybe(running_var), kernel(save_mean),
+  backend(x.device()).batch_norm_relu_max_pool_forward(kernel(out), kernel(argmax), kernel(x), kernel_or_null(w),
+                                                       kernel_or_null(b), kernel_or_null(running_mean),
+                                                       kernel_or_null(running_var), kernel(save_mean),
                                                        kernel(save_invstd), shape, factor, stream_of(x.device()));
   if (needs_grad({&input, &weight, &bias})) {
     const bool want_x = input.requires_grad(), want_w = weight.requires_grad(), want_b = bias.requires_grad();
     record("batch_norm_relu_max_pool2d", {input, weight, bias}, out,
-           [x, w, pooled = out.detach(), argmax, save_mean, save_invstd, shape, maybe, want_x, want_w,
-            want_b](const Tensor& grad) {
+           [x, w, pooled = out.detach(), argmax, save_mean, save_invstd, shape, want_x, want_w, want_b](
+               const Tensor& grad) {
              const TensorOptions like{.device = x.device(), .dtype = x.dtype()};
              Tensor gx = empty(x.shape(), like), gw = empty({x.size(1)}, like), gb = empty({x.size(1)}, like);
              const Tensor g = grad.contiguous();
              backend(x.device()).batch_norm_relu_max_pool_backward(
-                 kernel(gx), kernel(gw), kernel(gb), kernel(g), kernel(pooled), kernel(argmax), kernel(x), maybe(w),
-                 kernel(save_mean), kernel(save_invstd), shape, stream_of(x.device()));
+                 kernel(gx), kernel(gw), kernel(gb), kernel(g), kernel(pooled), kernel(argmax), kernel(x),
+                 kernel_or_null(w), kernel(save_mean), kernel(save_invstd), shape, stream_of(x.device()));
              return Grads{want_x ? gx : Tensor(), want_w ? gw : Tensor(), want_b ? gb : Tensor()};
            }, autograd::Saved::InputsAndOutput, /*inputs_read=*/2);  // not the bias
   }

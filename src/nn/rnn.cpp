@@ -76,7 +76,8 @@ void RNNBase::run(const Tensor& x, const Weights& w, bool reverse, Tensor& h, Te
   const std::int64_t L = x.size(0);
   const Tensor projected = functional::linear(x, w.w_ih, w.b_ih);  // (L, N, G * H): every step's x W_ih^T + b_ih
   steps.assign(static_cast<std::size_t>(L), Tensor());
-  const bool fused = detail::use_fused_rnn_cells(x.device(), x.dtype());  // on cpu and sim (rnn_cells.h)
+  const bool fused = (cell_ == Cell::LSTM || cell_ == Cell::GRU) &&  // one backend call each way (rnn_cells.h)
+                     detail::use_fused_rnn_cells(x.device(), x.dtype(), h.size(0), h.size(1));
   for (std::int64_t s = 0; s < L; ++s) {
     const std::int64_t t = reverse ? L - 1 - s : s;
     const Tensor xt = projected.select(0, t);                      // (N, G * H)

@@ -365,6 +365,34 @@ class SimBackend final : public cpu::HostKernels {
     });
   }
 
+  // --- one LSTM or GRU step after its projections, as the cpu's (src/cpu/rnn_cells.cpp) ---------------
+  void lstm_cell_forward(const KernelTensor& out, const KernelTensor& act, const KernelTensor& tanh_c,
+                         const KernelTensor& x_gates, const KernelTensor& h_gates, const KernelTensor& c,
+                         const RnnCellShape& shape, const Stream& stream) override {
+    run_or_record(stream, [=, this] {
+      HostKernels::lstm_cell_forward(out, act, tanh_c, x_gates, h_gates, c, shape, stream);
+    });
+  }
+  void lstm_cell_backward(const KernelTensor& d_gates, const KernelTensor& d_c, const KernelTensor& grad_out,
+                          const KernelTensor& act, const KernelTensor& tanh_c, const KernelTensor& c,
+                          const RnnCellShape& shape, const Stream& stream) override {
+    run_or_record(stream, [=, this] {
+      HostKernels::lstm_cell_backward(d_gates, d_c, grad_out, act, tanh_c, c, shape, stream);
+    });
+  }
+  void gru_cell_forward(const KernelTensor& out, const KernelTensor& act, const KernelTensor& x_gates,
+                        const KernelTensor& h_gates, const KernelTensor& h, const RnnCellShape& shape,
+                        const Stream& stream) override {
+    run_or_record(stream, [=, this] { HostKernels::gru_cell_forward(out, act, x_gates, h_gates, h, shape, stream); });
+  }
+  void gru_cell_backward(const KernelTensor& d_x_gates, const KernelTensor& d_h_gates, const KernelTensor& d_h,
+                         const KernelTensor& grad_out, const KernelTensor& act, const KernelTensor& h_gates,
+                         const KernelTensor& h, const RnnCellShape& shape, const Stream& stream) override {
+    run_or_record(stream, [=, this] {
+      HostKernels::gru_cell_backward(d_x_gates, d_h_gates, d_h, grad_out, act, h_gates, h, shape, stream);
+    });
+  }
+
   // --- graphs --------------------------------------------------------------------------------------
   bool graph_supported(int index) override { return index >= 0 && index < device_count(); }
   void begin_capture(int index) override {
