@@ -1,5 +1,5 @@
 // batch_norm.cpp — training-mode BatchNorm (+ ReLU) as two passes per channel over host memory (sums, then
-// apply), with the arithmetic of cuda's fused kernels (src/nn/batch_norm_rule.h): the host devices'
+// apply; for (N, C) features, per block of channels), with the arithmetic of cuda's fused kernels (src/nn/batch_norm_rule.h): the host devices'
 // Backend::batch_norm_* (cpu, and sim, which records the calls in a capture). With the library layers off, and
 // in evaluation mode, BatchNorm is composed from the passes in src/nn/batch_norm_kernels.cpp instead.
 #include <algorithm>
@@ -51,6 +51,90 @@ void gradient_apply(T* dx, const T* dy, const T* y, const T* x, std::int64_t n, 
     dx[i] = (kRelu ? nn::detail::relu_masked(dy[i], y[i]) : dy[i]) * k + x[i] * a + b;
   }
 }
+
+// --- features: x (N, C) (inner 1, BatchNorm1d's), a block of kFeatureBlock channels per task --------------------
+// The per-channel loops above would read one element per row, C apart: here each row's block of channels is read
+// as one contiguous, vectorised run, with a sum per channel. Every channel still adds its N values in row order,
+// as the per-channel loops do.
+constexpr std::int64_t kFeatureBlock = 64;
+
+template <typename T>
+void features_forward(T* y, const T* x, const T* w, const T* b, T* rm, T* rv, T* save_mean, T* save_invstd,
+                      std::int64_t N, std::int64_t C, double eps, double factor, bool relu) {
+  const double count = static_cast<double>(N);
+  parallel_for((C + kFeatureBlock - 1) / kFeatureBlock, N * kFeatureBlock * 3, [&](std::int64_t block) {
+    const std::int64_t c0 = block * kFeatureBlock, m = std::min(kFeatureBlock, C - c0);
+    double shift_by[kFeatureBlock], s1[kFeatureBlock] = {}, s2[kFeatureBlock] = {};
+    for (std::int64_t j = 0; j < m; ++j) shift_by[j] = static_cast<double>(x[c0 + j]);  // K: row 0's value
+    for (std::int64_t n = 0; n < N; ++n) {
+      const T* row = x + n * C + c0;
+#pragma omp simd
+      for (std::int64_t j = 0; j < m; ++j) {
+        const double d = static_cast<double>(row[j]) - shift_by[j];
+        s1[j] += d;
+        s2[j] += d * d;
+      }
+    }
+    T scale[kFeatureBlock], shift[kFeatureBlock];
+    for (std::int64_t j = 0; j < m; ++j) {
+      const auto f = channel_numbers(c0 + j, shift_by[j], {s1[j], s2[j]}, count, eps, w, b, rm, rv, factor, save_mean,
+                                     save_invstd);
+      scale[j] = static_cast<T>(f.scale);
+      shift[j] = static_cast<T>(f.shift);
+    }
+    for (std::int64_t n = 0; n < N; ++n) {
+      const T* row = x + n * C + c0;
+      T* dst = y + n * C + c0;
+      if (relu) {
+#pragma omp simd
+        for (std::int64_t j = 0; j < m; ++j) dst[j] = nn::detail::relu_value<T>(row[j] * scale[j] + shift[j]);
+      } else {
+#pragma omp simd
+        for (std::int64_t j = 0; j < m; ++j) dst[j] = row[j] * scale[j] + shift[j];
+      }
+    }
+  });
+}
+
+template <typename T, bool kRelu>
+void features_backward(T* dx, T* grad_weight, T* grad_bias, const T* dy, const T* y, const T* x, const T* w,
+                       const T* save_mean, const T* save_invstd, std::int64_t N, std::int64_t C) {
+  const double count = static_cast<double>(N);
+  parallel_for((C + kFeatureBlock - 1) / kFeatureBlock, N * kFeatureBlock * 4, [&](std::int64_t block) {
+    const std::int64_t c0 = block * kFeatureBlock, m = std::min(kFeatureBlock, C - c0);
+    double mean[kFeatureBlock], s1[kFeatureBlock] = {}, s2[kFeatureBlock] = {};
+    for (std::int64_t j = 0; j < m; ++j) mean[j] = static_cast<double>(save_mean[c0 + j]);
+    for (std::int64_t n = 0; n < N; ++n) {
+      const std::int64_t at = n * C + c0;
+#pragma omp simd
+      for (std::int64_t j = 0; j < m; ++j) {
+        const double g = static_cast<double>(kRelu ? nn::detail::relu_masked(dy[at + j], y[at + j]) : dy[at + j]);
+        s1[j] += g;
+        s2[j] += g * (static_cast<double>(x[at + j]) - mean[j]);
+      }
+    }
+    T k[kFeatureBlock], a[kFeatureBlock], b[kFeatureBlock];
+    for (std::int64_t j = 0; j < m; ++j) {
+      const std::int64_t c = c0 + j;
+      const auto r = nn::detail::batch_norm_backward_numbers({s1[j], s2[j]}, mean[j],
+                                                             static_cast<double>(save_invstd[c]),
+                                                             static_cast<double>(w[c]), count);
+      grad_weight[c] = static_cast<T>(r.grad_weight);
+      grad_bias[c] = static_cast<T>(r.grad_bias);
+      k[j] = static_cast<T>(r.k);
+      a[j] = static_cast<T>(r.a);
+      b[j] = static_cast<T>(r.b);
+    }
+    for (std::int64_t n = 0; n < N; ++n) {
+      const std::int64_t at = n * C + c0;
+#pragma omp simd
+      for (std::int64_t j = 0; j < m; ++j) {
+        dx[at + j] = (kRelu ? nn::detail::relu_masked(dy[at + j], y[at + j]) : dy[at + j]) * k[j] + x[at + j] * a[j] +
+                     b[j];
+      }
+    }
+  });
+}
 }  // namespace
 
 void HostKernels::batch_norm_forward(const KernelTensor& out, const KernelTensor& x, const KernelTensor& weight,
@@ -67,6 +151,10 @@ void HostKernels::batch_norm_forward(const KernelTensor& out, const KernelTensor
     T* rm = running_mean.data ? running_mean.ptr<T>() : nullptr;
     T* rv = running_var.data ? running_var.ptr<T>() : nullptr;
     const std::int64_t N = s.batch, C = s.channels, inner = s.inner;
+    if (inner == 1) {
+      features_forward(y, in, w, b, rm, rv, save_mean.ptr<T>(), save_invstd.ptr<T>(), N, C, s.eps, factor, s.relu);
+      return;
+    }
     parallel_for(C, N * inner * 3, [&](std::int64_t c) {
       const auto f = channel_statistics(in, N, C, inner, c, s.eps, w, b, rm, rv, factor, save_mean.ptr<T>(),
                                         save_invstd.ptr<T>());
@@ -97,6 +185,12 @@ void HostKernels::batch_norm_backward(const KernelTensor& grad_x, const KernelTe
     const T* y = s.relu ? out.ptr<const T>() : nullptr;
     T* dx = grad_x.ptr<T>();
     const std::int64_t N = s.batch, C = s.channels, inner = s.inner;
+    if (inner == 1) {
+      const auto run = y ? features_backward<T, true> : features_backward<T, false>;
+      run(dx, grad_weight.ptr<T>(), grad_bias.ptr<T>(), dy, y, in, weight.ptr<const T>(), save_mean.ptr<const T>(),
+          save_invstd.ptr<const T>(), N, C);
+      return;
+    }
     const double count = static_cast<double>(N * inner);
     parallel_for(C, N * inner * 4, [&](std::int64_t c) {
       const double mean = static_cast<double>(save_mean.ptr<const T>()[c]);

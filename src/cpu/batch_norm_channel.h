@@ -23,6 +23,25 @@ nn::detail::BatchNormSums shifted_sums(const T* row, std::int64_t n, double shif
   return {s1, s2};
 }
 
+// Channel c's forward numbers from its shifted sums over `count` elements, with save_mean[c] and save_invstd[c]
+// written and, when rm and rv are not null, running_mean[c] and running_var[c] updated by `factor`. w and b may be
+// null (1 and 0).
+template <typename T>
+nn::detail::BatchNormForward channel_numbers(std::int64_t c, double shift_by, nn::detail::BatchNormSums sums,
+                                             double count, double eps, const T* w, const T* b, T* rm, T* rv,
+                                             double factor, T* save_mean, T* save_invstd) {
+  using namespace nn::detail;
+  const BatchNormForward f = batch_norm_forward_numbers(shift_by, sums, count, eps, w ? static_cast<double>(w[c]) : 1.0,
+                                                        b ? static_cast<double>(b[c]) : 0.0);
+  save_mean[c] = static_cast<T>(f.mean);
+  save_invstd[c] = static_cast<T>(f.invstd);
+  if (rm) {
+    rm[c] = static_cast<T>(running_mean_update(static_cast<double>(rm[c]), f.mean, factor));
+    rv[c] = static_cast<T>(running_var_update(static_cast<double>(rv[c]), f.var, count, factor));
+  }
+  return f;
+}
+
 // Channel c of x (N, C, inner): its forward numbers, with save_mean[c] and save_invstd[c] written and, when rm
 // and rv are not null, running_mean[c] and running_var[c] updated by `factor`. w and b may be null (1 and 0).
 template <typename T>
@@ -38,15 +57,7 @@ nn::detail::BatchNormForward channel_statistics(const T* x, std::int64_t N, std:
     sums.s1 += row.s1;
     sums.s2 += row.s2;
   }
-  const BatchNormForward f = batch_norm_forward_numbers(shift_by, sums, count, eps, w ? static_cast<double>(w[c]) : 1.0,
-                                                        b ? static_cast<double>(b[c]) : 0.0);
-  save_mean[c] = static_cast<T>(f.mean);
-  save_invstd[c] = static_cast<T>(f.invstd);
-  if (rm) {
-    rm[c] = static_cast<T>(running_mean_update(static_cast<double>(rm[c]), f.mean, factor));
-    rv[c] = static_cast<T>(running_var_update(static_cast<double>(rv[c]), f.var, count, factor));
-  }
-  return f;
+  return channel_numbers(c, shift_by, sums, count, eps, w, b, rm, rv, factor, save_mean, save_invstd);
 }
 
 }  // namespace ferry::cpu

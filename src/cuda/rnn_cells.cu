@@ -99,16 +99,17 @@ __global__ void gru_backward_kernel(T* d_x, T* d_hg, T* d_h, const T* grad, cons
   }
 }
 
-unsigned blocks_for(std::int64_t units) {
-  return static_cast<unsigned>(std::min<std::int64_t>((units + kThreads - 1) / kThreads, kMaxBlocks));
-}
-
-// Runs body(T{}) for float32 or float64; other dtypes are refused (rnn_cell_supported said no to them).
+// Runs launch(T{}, blocks) for float32 or float64 over the step's N * H units, then checks the launch; other dtypes
+// are refused (rnn_cell_supported said no to them).
 template <typename F>
-void dispatch_cell(DType dtype, const char* op, F&& body) {
-  if (dtype == DType::Float32) body(float{});
-  else if (dtype == DType::Float64) body(double{});
+void launch_cell(DType dtype, const char* op, const Backend::RnnCellShape& s, F&& launch) {
+  const std::int64_t units = s.batch * s.hidden;
+  if (units == 0) return;
+  const auto blocks = static_cast<unsigned>(std::min<std::int64_t>((units + kThreads - 1) / kThreads, kMaxBlocks));
+  if (dtype == DType::Float32) launch(float{}, blocks);
+  else if (dtype == DType::Float64) launch(double{}, blocks);
   else throw DTypeMismatch(detail::concat(op, ": expected float32 or float64, got ", dtype_name(dtype)));
+  FERRY_LAUNCH_CHECK();
 }
 
 }  // namespace
@@ -118,56 +119,45 @@ bool rnn_cell_supported(DType dtype) { return dtype == DType::Float32 || dtype =
 void launch_lstm_cell_forward(const KernelTensor& out, const KernelTensor& act, const KernelTensor& tanh_c,
                               const KernelTensor& x_gates, const KernelTensor& h_gates, const KernelTensor& c,
                               const Backend::RnnCellShape& s, cudaStream_t stream) {
-  const std::int64_t units = s.batch * s.hidden;
-  if (units == 0) return;
-  dispatch_cell(c.dtype, "lstm_cell", [&](auto zero) {
+  launch_cell(c.dtype, "lstm_cell", s, [&](auto zero, unsigned blocks) {
     using T = decltype(zero);
-    lstm_forward_kernel<T><<<blocks_for(units), kThreads, 0, stream>>>(
-        out.ptr<T>(), act.ptr<T>(), tanh_c.ptr<T>(), x_gates.ptr<const T>(), h_gates.ptr<const T>(),
-        c.ptr<const T>(), s.batch, s.hidden);
-    FERRY_LAUNCH_CHECK();
+    lstm_forward_kernel<T><<<blocks, kThreads, 0, stream>>>(out.ptr<T>(), act.ptr<T>(), tanh_c.ptr<T>(),
+                                                           x_gates.ptr<const T>(), h_gates.ptr<const T>(),
+                                                           c.ptr<const T>(), s.batch, s.hidden);
   });
 }
 
 void launch_lstm_cell_backward(const KernelTensor& d_gates, const KernelTensor& d_c, const KernelTensor& grad_out,
                                const KernelTensor& act, const KernelTensor& tanh_c, const KernelTensor& c,
                                const Backend::RnnCellShape& s, cudaStream_t stream) {
-  const std::int64_t units = s.batch * s.hidden;
-  if (units == 0) return;
-  dispatch_cell(c.dtype, "lstm_cell", [&](auto zero) {
+  launch_cell(c.dtype, "lstm_cell", s, [&](auto zero, unsigned blocks) {
     using T = decltype(zero);
-    lstm_backward_kernel<T><<<blocks_for(units), kThreads, 0, stream>>>(
-        d_gates.ptr<T>(), d_c.ptr<T>(), grad_out.ptr<const T>(), act.ptr<const T>(), tanh_c.ptr<const T>(),
-        c.ptr<const T>(), s.batch, s.hidden);
-    FERRY_LAUNCH_CHECK();
+    lstm_backward_kernel<T><<<blocks, kThreads, 0, stream>>>(d_gates.ptr<T>(), d_c.ptr<T>(), grad_out.ptr<const T>(),
+                                                            act.ptr<const T>(), tanh_c.ptr<const T>(),
+                                                            c.ptr<const T>(), s.batch, s.hidden);
   });
 }
 
 void launch_gru_cell_forward(const KernelTensor& out, const KernelTensor& act, const KernelTensor& x_gates,
                              const KernelTensor& h_gates, const KernelTensor& h, const Backend::RnnCellShape& s,
                              cudaStream_t stream) {
-  const std::int64_t units = s.batch * s.hidden;
-  if (units == 0) return;
-  dispatch_cell(h.dtype, "gru_cell", [&](auto zero) {
+  launch_cell(h.dtype, "gru_cell", s, [&](auto zero, unsigned blocks) {
     using T = decltype(zero);
-    gru_forward_kernel<T><<<blocks_for(units), kThreads, 0, stream>>>(
-        out.ptr<T>(), act.ptr<T>(), x_gates.ptr<const T>(), h_gates.ptr<const T>(), h.ptr<const T>(), s.batch,
-        s.hidden);
-    FERRY_LAUNCH_CHECK();
+    gru_forward_kernel<T><<<blocks, kThreads, 0, stream>>>(out.ptr<T>(), act.ptr<T>(), x_gates.ptr<const T>(),
+                                                          h_gates.ptr<const T>(), h.ptr<const T>(), s.batch,
+                                                          s.hidden);
   });
 }
 
 void launch_gru_cell_backward(const KernelTensor& d_x_gates, const KernelTensor& d_h_gates, const KernelTensor& d_h,
                               const KernelTensor& grad_out, const KernelTensor& act, const KernelTensor& h_gates,
                               const KernelTensor& h, const Backend::RnnCellShape& s, cudaStream_t stream) {
-  const std::int64_t units = s.batch * s.hidden;
-  if (units == 0) return;
-  dispatch_cell(h.dtype, "gru_cell", [&](auto zero) {
+  launch_cell(h.dtype, "gru_cell", s, [&](auto zero, unsigned blocks) {
     using T = decltype(zero);
-    gru_backward_kernel<T><<<blocks_for(units), kThreads, 0, stream>>>(
-        d_x_gates.ptr<T>(), d_h_gates.ptr<T>(), d_h.ptr<T>(), grad_out.ptr<const T>(), act.ptr<const T>(),
-        h_gates.ptr<const T>(), h.ptr<const T>(), s.batch, s.hidden);
-    FERRY_LAUNCH_CHECK();
+    gru_backward_kernel<T><<<blocks, kThreads, 0, stream>>>(d_x_gates.ptr<T>(), d_h_gates.ptr<T>(), d_h.ptr<T>(),
+                                                           grad_out.ptr<const T>(), act.ptr<const T>(),
+                                                           h_gates.ptr<const T>(), h.ptr<const T>(), s.batch,
+                                                           s.hidden);
   });
 }
 
