@@ -1,4 +1,4 @@
-// The cpu backend's float exp, erf and sigmoid (src/cpu/vec_math.h: branch-free, vectorised) against the exact
+// The cpu backend's float exp, erf, tanh and sigmoid (src/cpu/vec_math.h: branch-free, vectorised) against the exact
 // value in double, on every 1009th float bit pattern (4.3 million values, every exponent and both signs),
 // through the ops themselves, so the kernel's vectorised loop is what is checked.
 #include <gtest/gtest.h>
@@ -60,6 +60,11 @@ TEST(VecMath, ErfWithinTwoAndAHalfUlpsOfExact) {
   EXPECT_LE(w.ulps, 2.5) << "at x = " << w.at;
 }
 
+TEST(VecMath, TanhWithinTwoUlpsOfExact) {
+  const Worst w = worst_error([](const Tensor& t) { return tanh(t); }, [](double x) { return std::tanh(x); });
+  EXPECT_LE(w.ulps, 2.0) << "at x = " << w.at;
+}
+
 // Below -88.7, e^-x overflows and sigmoid gives 0 where the exact value is a subnormal (as glibc's expf did).
 TEST(VecMath, SigmoidWithinThreeUlpsOfExact) {
   const Worst w = worst_error([](const Tensor& t) { return sigmoid(t); },
@@ -73,16 +78,22 @@ TEST(VecMath, SpecialValuesAsTheStandardLibrary) {
                               1e-40f, -1e-40f, 3.9f, 4.0f, -5.0f, 1e30f};
   const auto e = exp(from_vector(xs)).to_vector<float>();
   const auto r = erf(from_vector(xs)).to_vector<float>();
+  const auto th = tanh(from_vector(xs)).to_vector<float>();
   for (std::size_t i = 0; i < xs.size(); ++i) {
     const float x = xs[i];
     if (std::isnan(x)) {
-      EXPECT_TRUE(std::isnan(e[i]) && std::isnan(r[i]));
+      EXPECT_TRUE(std::isnan(e[i]) && std::isnan(r[i]) && std::isnan(th[i]));
       continue;
     }
     EXPECT_LE(ulps(e[i], std::exp(static_cast<double>(x))), 1.0) << "exp(" << x << ") = " << e[i];
     EXPECT_LE(ulps(r[i], std::erf(static_cast<double>(x))), 2.5) << "erf(" << x << ") = " << r[i];
     EXPECT_EQ(std::signbit(r[i]), std::signbit(x)) << "erf keeps the sign of " << x;  // erf(-0) = -0
+    EXPECT_LE(ulps(th[i], std::tanh(static_cast<double>(x))), 2.0) << "tanh(" << x << ") = " << th[i];
+    EXPECT_EQ(std::signbit(th[i]), std::signbit(x)) << "tanh keeps the sign of " << x;  // tanh(-0) = -0
   }
+  EXPECT_EQ(th[2], 1.0f);
+  EXPECT_EQ(th[3], -1.0f);
+  EXPECT_EQ(th[16], 1.0f);  // tanh(1e30)
   EXPECT_EQ(e[0], 1.0f);
   EXPECT_EQ(e[2], inf);
   EXPECT_EQ(e[3], 0.0f);
@@ -97,7 +108,7 @@ TEST(VecMath, StridedAndContiguousGiveTheSameBits) {
   const Tensor x = randn({64, 48}) * 4.0;
   const Tensor xt = x.transpose(0, 1);
   for (const auto& op : {+[](const Tensor& t) { return exp(t); }, +[](const Tensor& t) { return erf(t); },
-                         +[](const Tensor& t) { return sigmoid(t); }}) {
+                         +[](const Tensor& t) { return tanh(t); }, +[](const Tensor& t) { return sigmoid(t); }}) {
     const auto strided = op(xt).contiguous().to_vector<float>();
     const auto contiguous = op(xt.contiguous()).to_vector<float>();
     EXPECT_EQ(strided, contiguous);

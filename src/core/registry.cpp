@@ -15,7 +15,7 @@ void Backend::deallocate_pinned(void*) noexcept {}
 
 namespace {
 [[noreturn]] void no_library(const char* layer) {
-  throw NotSupported(detail::concat(layer, " through a vendor library is not available on this device; ferry composes it "
+  throw NotSupported(detail::concat(layer, " as one library call is not available on this device; ferry composes it "
                                     "from kernels when the backend's *_library query says false"));
 }
 }  // namespace

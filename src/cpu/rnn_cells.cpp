@@ -3,10 +3,10 @@
 // (the gate activations, the state update, the new h) and one backward, where the composed step runs about ten
 // elementwise ops forward and twenty backward, each a pass of its own over a small (N, H) tensor; PyTorch's CPU
 // cells fuse the same way. Forward keeps the activated gates (and tanh(c') for the LSTM), so backward computes no
-// transcendental function. The sigmoid is UnaryOp::Sigmoid's (1 / (1 + e^-x), e^x from vec_math.h in float),
-// tanh std::tanh as UnaryOp::Tanh, and the sums in the composed order, so the forward gives the composed step's
-// values up to rounding (the compiler may fuse a multiply-add). One thread: a step's (32, 64) gates are too small
-// for a parallel region to pay (BENCHMARKS v0.23).
+// transcendental function. The sigmoid and tanh are UnaryOp::Sigmoid's and UnaryOp::Tanh's (in float vec_math.h's
+// branch-free exp_f32 and tanh_f32, so each loop below vectorises), and the sums in the composed order, so the
+// forward gives the composed step's values up to rounding (the compiler may fuse a multiply-add). One thread: a
+// step's (32, 64) gates are too small for a parallel region to pay (BENCHMARKS v0.23).
 #include <cmath>
 #include <type_traits>
 
@@ -24,6 +24,12 @@ T sigmoid_of(T x) {
   else return T(1) / (T(1) + std::exp(-x));
 }
 
+template <typename T>
+T tanh_of(T x) {
+  if constexpr (std::is_same_v<T, float>) return tanh_f32(x);
+  else return std::tanh(x);
+}
+
 }  // namespace
 
 void HostKernels::lstm_cell_forward(const KernelTensor& out, const KernelTensor& act, const KernelTensor& tanh_c,
@@ -36,14 +42,17 @@ void HostKernels::lstm_cell_forward(const KernelTensor& out, const KernelTensor&
     T *a = act.ptr<T>(), *tc = tanh_c.ptr<T>(), *h_out = out.ptr<T>(), *c_out = h_out + N * H;
     for (std::int64_t n = 0; n < N; ++n) {
       const std::int64_t row = n * 4 * H;
-      for (std::int64_t k = 0; k < 4 * H; ++k) {  // i, f, o: sigmoid; g: tanh
-        const T pre = x[row + k] + hh[row + k];
-        a[row + k] = (k >= 2 * H && k < 3 * H) ? static_cast<T>(std::tanh(pre)) : sigmoid_of(pre);
-      }
+#pragma omp simd
+      for (std::int64_t k = row; k < row + 2 * H; ++k) a[k] = sigmoid_of(x[k] + hh[k]);  // i, f
+#pragma omp simd
+      for (std::int64_t k = row + 2 * H; k < row + 3 * H; ++k) a[k] = tanh_of(x[k] + hh[k]);  // g
+#pragma omp simd
+      for (std::int64_t k = row + 3 * H; k < row + 4 * H; ++k) a[k] = sigmoid_of(x[k] + hh[k]);  // o
+#pragma omp simd
       for (std::int64_t j = 0; j < H; ++j) {
         const T i = a[row + j], f = a[row + H + j], g = a[row + 2 * H + j], o = a[row + 3 * H + j];
         const T next = f * cp[n * H + j] + i * g;
-        const T t = std::tanh(next);
+        const T t = tanh_of(next);
         c_out[n * H + j] = next;
         tc[n * H + j] = t;
         h_out[n * H + j] = o * t;
@@ -90,10 +99,12 @@ void HostKernels::gru_cell_forward(const KernelTensor& out, const KernelTensor& 
     T *a = act.ptr<T>(), *h_out = out.ptr<T>();
     for (std::int64_t n = 0; n < N; ++n) {
       const std::int64_t row = n * 3 * H;
-      for (std::int64_t k = 0; k < 2 * H; ++k) a[row + k] = sigmoid_of(x[row + k] + hh[row + k]);  // r, z
+#pragma omp simd
+      for (std::int64_t k = row; k < row + 2 * H; ++k) a[k] = sigmoid_of(x[k] + hh[k]);  // r, z
+#pragma omp simd
       for (std::int64_t j = 0; j < H; ++j) {
         const T r = a[row + j], z = a[row + H + j];
-        const T cand = static_cast<T>(std::tanh(x[row + 2 * H + j] + r * hh[row + 2 * H + j]));
+        const T cand = tanh_of(x[row + 2 * H + j] + r * hh[row + 2 * H + j]);
         a[row + 2 * H + j] = cand;
         h_out[n * H + j] = cand + z * (hp[n * H + j] - cand);
       }

@@ -1,10 +1,11 @@
-// vec_math.h — exp and erf in float, written so that GCC vectorises a loop of them (`#pragma omp simd`):
+// vec_math.h — exp, erf and tanh in float, written so that GCC vectorises a loop of them (`#pragma omp simd`):
 // no branches, no calls, no tables; the special cases (NaN, overflow, underflow) fall out of the arithmetic or a
 // select. glibc's expf and erff are scalar calls, one element at a time, and were most of the time of the
-// elementwise ops in a transformer step (GELU's erf, softmax's exp). Accuracy against the exact value (every
-// 1009th float in tests/test_vec_math.cpp; every float once, by hand): exp <= 1 ulp, erf <= 2.5 ulp (CUDA's
-// erff: 2), special values as std::'s. Compile with -fno-trapping-math, or GCC keeps the NaN selects as branches
-// and vectorises nothing (the results are the same either way).
+// elementwise ops in a transformer step (GELU's erf, softmax's exp) and, with tanhf, a fifth of an LSTM step.
+// Accuracy against the exact value (every 1009th float in tests/test_vec_math.cpp; exp and erf also every float
+// once, by hand): exp <= 1 ulp, erf <= 2.5 ulp (CUDA's erff: 2), tanh <= 2 ulp (1.29 at worst on the sample;
+// CUDA's tanhf: 2), special values as std::'s. Compile with -fno-trapping-math, or GCC keeps the NaN selects as
+// branches and vectorises nothing (the results are the same either way).
 #pragma once
 
 #include <bit>
@@ -65,6 +66,24 @@ inline float erf_f32(float x) {
   const float outer = 1.0f - exp_f32(q);
   const float e = std::copysign(a < 0.875f ? inner : outer, x);
   return x != x ? x : e;
+}
+
+// tanh(x), odd: computed for |x| and given x's sign. For |x| < 0.625, a + a^3 P(a^2) with P of degree 5 (relative
+// error of the fit 1.7e-10; least squares on Chebyshev nodes against mpmath); above, 1 - 2 / (e^2|x| + 1), whose
+// subtraction loses nothing there (the result is over 0.55). e^2|x| overflows to inf past 44.4 and the result is
+// then 1, as it rounds to from 9.01 on. NaN passes through exp_f32.
+inline float tanh_f32(float x) {
+  const float a = std::fabs(x);
+  const float u = a * a;
+  float p = 0.002148984107228979f;
+  p = std::fma(p, u, -0.008184661670043824f);
+  p = std::fma(p, u, 0.021704000399880366f);
+  p = std::fma(p, u, -0.05394745416959319f);
+  p = std::fma(p, u, 0.13333212501732733f);
+  p = std::fma(p, u, -0.3333333101037753f);
+  const float near_zero = std::fma(a * u, p, a);  // a = 0 gives +0, and the sign below -0
+  const float far = 1.0f - 2.0f / (exp_f32(2.0f * a) + 1.0f);
+  return std::copysign(a < 0.625f ? near_zero : far, x);
 }
 
 }  // namespace ferry::cpu
