@@ -1,7 +1,8 @@
-// batch_norm.cpp — training-mode BatchNorm (+ ReLU) as two passes per channel over host memory (sums, then
-// apply; for (N, C) features, per block of channels), with the arithmetic of cuda's fused kernels (src/nn/batch_norm_rule.h): the host devices'
-// Backend::batch_norm_* (cpu, and sim, which records the calls in a capture). With the library layers off, and
-// in evaluation mode, BatchNorm is composed from the passes in src/nn/batch_norm_kernels.cpp instead.
+// batch_norm.cpp — training-mode BatchNorm (+ ReLU) as two passes over host memory (sums, then apply), per
+// channel, or for (N, C) features per block of channels, with the arithmetic of cuda's fused kernels
+// (src/nn/batch_norm_rule.h): the host devices' Backend::batch_norm_* (cpu, and sim, which records the calls in a
+// capture). With the library layers off, and in evaluation mode, BatchNorm is composed from the passes in
+// src/nn/batch_norm_kernels.cpp instead.
 #include <algorithm>
 #include <cstdint>
 
