@@ -69,12 +69,8 @@ template <typename T>
       case UnaryOp::Abs: return static_cast<T>(v < 0 ? -v : v);
       case UnaryOp::Sign: return static_cast<T>((v > 0) - (v < 0));
       case UnaryOp::Relu: return v < 0 ? T(0) : x;  // NaN stays NaN, as in PyTorch
-      case UnaryOp::Sigmoid:
-        if constexpr (std::is_same_v<T, float>) return 1.0f / (1.0f + exp_f32(-x));
-        else return static_cast<T>(F(1) / (F(1) + std::exp(-v)));
-      case UnaryOp::Tanh:
-        if constexpr (std::is_same_v<T, float>) return tanh_f32(x);
-        else return static_cast<T>(std::tanh(v));
+      case UnaryOp::Sigmoid: return static_cast<T>(sigmoid_of(v));
+      case UnaryOp::Tanh: return static_cast<T>(tanh_of(v));
       case UnaryOp::Square: return static_cast<T>(v * v);
       case UnaryOp::Reciprocal: return static_cast<T>(F(1) / v);
       case UnaryOp::LogicalNot: return static_cast<T>(v == 0);

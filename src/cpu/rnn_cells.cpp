@@ -16,22 +16,6 @@
 
 namespace ferry::cpu {
 
-namespace {
-
-template <typename T>
-T sigmoid_of(T x) {
-  if constexpr (std::is_same_v<T, float>) return 1.0f / (1.0f + exp_f32(-x));
-  else return T(1) / (T(1) + std::exp(-x));
-}
-
-template <typename T>
-T tanh_of(T x) {
-  if constexpr (std::is_same_v<T, float>) return tanh_f32(x);
-  else return std::tanh(x);
-}
-
-}  // namespace
-
 void HostKernels::lstm_cell_forward(const KernelTensor& out, const KernelTensor& act, const KernelTensor& tanh_c,
                                     const KernelTensor& x_gates, const KernelTensor& h_gates, const KernelTensor& c,
                                     const RnnCellShape& s, const Stream& /*stream*/) {

@@ -11,6 +11,7 @@
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 namespace ferry::cpu {
 
@@ -84,6 +85,19 @@ inline float tanh_f32(float x) {
   const float near_zero = std::fma(a * u, p, a);  // a = 0 gives +0, and the sign below -0
   const float far = 1.0f - 2.0f / (exp_f32(2.0f * a) + 1.0f);
   return std::copysign(a < 0.625f ? near_zero : far, x);
+}
+
+// UnaryOp::Sigmoid and UnaryOp::Tanh of a float or double, as the unary kernel and the recurrent cells compute
+// them: float through the functions above, double through std::.
+template <typename T>
+T sigmoid_of(T x) {
+  if constexpr (std::is_same_v<T, float>) return 1.0f / (1.0f + exp_f32(-x));
+  else return T(1) / (T(1) + std::exp(-x));
+}
+template <typename T>
+T tanh_of(T x) {
+  if constexpr (std::is_same_v<T, float>) return tanh_f32(x);
+  else return std::tanh(x);
 }
 
 }  // namespace ferry::cpu

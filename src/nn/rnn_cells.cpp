@@ -22,10 +22,9 @@ bool use_fused_rnn_cells(Device device, DType dtype, std::int64_t batch, std::in
 namespace {
 
 using Grads = std::vector<Tensor>;
+using ferry::detail::compute_stream;
 using ferry::detail::kernel_view;
 using ferry::detail::kernel_view_or_null;
-
-Stream stream_of(Device device) { return ferry::detail::compute_stream(device); }
 
 // The inputs of a step as contiguous detached tensors (a step's x_gates is a select of the (L, N, G) projection,
 // already contiguous; c and h come from the previous step).
@@ -57,7 +56,7 @@ Tensor lstm_cell(const Tensor& x_gates, const Tensor& h_gates, const Tensor& c) 
   Tensor out = empty({2, N, H}, like);                                        // [h', c']
   const Tensor act = empty({N, 4 * H}, like), tanh_c = empty({N, H}, like);  // for backward
   backend(device).lstm_cell_forward(kernel_view(out), kernel_view(act), kernel_view(tanh_c), kernel_view(xg),
-                                    kernel_view(hg), kernel_view(c0), shape, stream_of(device));
+                                    kernel_view(hg), kernel_view(c0), shape, compute_stream(device));
   if (autograd::needs_grad({&x_gates, &h_gates, &c})) {
     const bool want_c = c.requires_grad();
     autograd::record(
@@ -69,7 +68,7 @@ Tensor lstm_cell(const Tensor& x_gates, const Tensor& h_gates, const Tensor& c) 
           Tensor d_c = want_c ? empty({shape.batch, shape.hidden}, like) : Tensor();
           backend(c0.device()).lstm_cell_backward(kernel_view(d_gates), kernel_view_or_null(d_c), kernel_view(g),
                                                   kernel_view(act), kernel_view(tanh_c), kernel_view(c0), shape,
-                                                  stream_of(c0.device()));
+                                                  compute_stream(c0.device()));
           return Grads{d_gates, d_gates, d_c};
         },
         autograd::Saved::Inputs);  // reads c (the LSTM) or h_gates and h (the GRU): refuse them written in place
@@ -86,7 +85,7 @@ Tensor gru_cell(const Tensor& x_gates, const Tensor& h_gates, const Tensor& h) {
   Tensor out = empty({N, H}, like);
   const Tensor act = empty({N, 3 * H}, like);  // r, z, n: for backward
   backend(device).gru_cell_forward(kernel_view(out), kernel_view(act), kernel_view(xg), kernel_view(hg),
-                                   kernel_view(h0), shape, stream_of(device));
+                                   kernel_view(h0), shape, compute_stream(device));
   if (autograd::needs_grad({&x_gates, &h_gates, &h})) {
     const bool want_h = h.requires_grad();
     autograd::record(
@@ -98,7 +97,7 @@ Tensor gru_cell(const Tensor& x_gates, const Tensor& h_gates, const Tensor& h) {
           Tensor d_h = want_h ? empty({shape.batch, shape.hidden}, like) : Tensor();
           backend(h0.device()).gru_cell_backward(kernel_view(d_x), kernel_view(d_h_gates), kernel_view_or_null(d_h),
                                                  kernel_view(g), kernel_view(act), kernel_view(hg), kernel_view(h0),
-                                                 shape, stream_of(h0.device()));
+                                                 shape, compute_stream(h0.device()));
           return Grads{d_x, d_h_gates, d_h};
         },
         autograd::Saved::Inputs);
