@@ -40,6 +40,7 @@ built=$SECONDS
 export ASAN_OPTIONS=${ASAN_OPTIONS:-halt_on_error=1:abort_on_error=1:detect_leaks=1:strict_string_checks=1:check_initialization_order=1:detect_stack_use_after_return=1}
 # Several tests at once, each with an OpenMP team as large as the machine: waiting threads sleep (scripts/test.sh).
 export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive}
+export FERRY_PARALLEL_SCALE=${FERRY_PARALLEL_SCALE:-1}  # the tests' loops stay threaded (scripts/test.sh)
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-halt_on_error=1:print_stacktrace=1}
 status=0
 # Open MPI never frees what MPI_Init allocates (its plugins are unloaded at MPI_Finalize, so LeakSanitizer

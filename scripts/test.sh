@@ -10,6 +10,9 @@ status=0
 # (libgomp's default) then take the cores from the other tests' working threads. Passive waiting keeps the teams
 # (their threaded paths stay tested) and gave the GoogleTest cases 25 s of wall time for 35-42 s on 2 cores.
 export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive}
+# With sleeping threads ferry splits only loops 16x larger (src/cpu/parallel_cost.h); the tests' sizes were chosen
+# for the threshold of spinning ones, so they keep it and their loops stay threaded.
+export FERRY_PARALLEL_SCALE=${FERRY_PARALLEL_SCALE:-1}
 ctest --test-dir "$build_dir" --output-on-failure -j "${FERRY_JOBS:-$(nproc)}" || status=$?
 log="$build_dir/Testing/Temporary/LastTest.log"
 if [ -f "$log" ]; then

@@ -433,4 +433,10 @@ void set_sim_link_bandwidth(double bytes_per_second);
 double sim_link_bandwidth();
 void set_sim_device_count(int count);
 
+// --- the host's threads (the cpu's and sim's loops and GEMMs) --------------------------------------
+// The factor on the work a host loop needs before it splits over OpenMP's threads: 1 where they spin between
+// loops (libgomp's default), 16 where they sleep (OMP_WAIT_POLICY=passive) and each loop would first wake them;
+// env FERRY_PARALLEL_SCALE=N (1 to 4096) sets it. Read at the first call; throws InvalidArgument for a bad value.
+std::int64_t host_parallel_work_scale();
+
 }  // namespace ferry

@@ -17,6 +17,7 @@
 #include "host_memory.h"
 #include "onednn_info.h"
 #include "openblas_info.h"
+#include "parallel_cost.h"
 #include "ferry/error.h"
 
 namespace ferry::cpu {
@@ -89,6 +90,8 @@ class CpuBackend final : public HostKernels {
     p.memory_bytes = physical_memory_bytes();
     const std::string onednn = onednn_description();
     p.libraries = openblas_description() + (onednn.empty() ? "" : "; convolutions on " + onednn);
+    const std::string threads = describe_parallel_work_scale();
+    if (!threads.empty()) p.libraries += "; " + threads;
     return p;
   }
   void* allocate(std::size_t bytes, int) override {

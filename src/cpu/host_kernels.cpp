@@ -572,9 +572,11 @@ void gemm_parallel(const Backend::GemmArgs& g) {
   std::optional<SingleThreadedBlas> single;
   if (!nested) single.emplace();
   const int threads = nested ? 1 : omp_get_max_threads();
-  constexpr std::int64_t kMinMultiplyAdds = std::int64_t{1} << 18;  // ~10 us of one core: below, one thread
+  // ~10 us of one core: below, one thread where OpenMP's threads spin between loops (16x that where they sleep:
+  // waking them costs more than the GEMM, parallel_cost.h)
+  constexpr std::int64_t kMinMultiplyAdds = std::int64_t{1} << 18;
   const std::int64_t work = g.batch * g.m * g.n * g.k;
-  if (threads < 2 || work < 2 * kMinMultiplyAdds) {
+  if (threads < 2 || work < 2 * kMinMultiplyAdds * host_parallel_work_scale()) {
     for (std::int64_t i = 0; i < g.batch; ++i)
       gemm_one(g, a + i * g.stride_a, b + i * g.stride_b, c + i * g.stride_c, g.m, g.n);
     return;

@@ -12,7 +12,9 @@
 
 namespace ferry::cpu {
 
-inline constexpr std::int64_t kParallelGrain = 32768;  // elements per chunk worth a thread
+// Elements per chunk worth a thread where OpenMP's threads spin between loops; times host_parallel_work_scale()
+// where they sleep (parallel_cost.h).
+inline constexpr std::int64_t kParallelGrain = 32768;
 
 template <int N>
 struct StridedShape {
@@ -88,12 +90,13 @@ void strided_for(const StridedShape<N>& s, Body&& body) {
     }
   };
 
-  if (total < 2 * kParallelGrain || omp_in_parallel()) {
+  const std::int64_t grain = kParallelGrain * host_parallel_work_scale();
+  if (total < 2 * grain || omp_in_parallel()) {
     run_range(0, total);
     return;
   }
   const int threads = omp_get_max_threads();
-  const std::int64_t chunks = std::min<std::int64_t>(threads * 4, total / kParallelGrain);
+  const std::int64_t chunks = std::min<std::int64_t>(threads * 4, total / grain);
 #pragma omp parallel for schedule(static)
   for (std::int64_t c = 0; c < chunks; ++c) run_range(total * c / chunks, total * (c + 1) / chunks);
 }
@@ -101,7 +104,7 @@ void strided_for(const StridedShape<N>& s, Body&& body) {
 // Parallel loop over [0, n) when the work (n * cost elements) is large enough.
 template <typename Body>
 void parallel_for(std::int64_t n, std::int64_t cost_per_item, Body&& body) {
-  if (n * cost_per_item < 2 * kParallelGrain || n < 2 || omp_in_parallel()) {
+  if (n * cost_per_item < 2 * kParallelGrain * host_parallel_work_scale() || n < 2 || omp_in_parallel()) {
     for (std::int64_t i = 0; i < n; ++i) body(i);
     return;
   }

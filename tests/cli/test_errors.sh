@@ -174,6 +174,14 @@ if FERRY_SIM_LINK="16 GB/s" timeout 20 "$FERRY" devices 2>&1 | grep -q "16.0 GB/
 else
   fail "FERRY_SIM_LINK='16 GB/s': $(FERRY_SIM_LINK="16 GB/s" timeout 20 "$FERRY" devices 2>&1 | head -c 400)"
 fi
+# Where OpenMP's threads sleep between loops, ferry splits only larger loops, and says so (src/cpu/parallel_cost.h).
+said=$(env -u FERRY_PARALLEL_SCALE OMP_WAIT_POLICY=passive timeout 20 "$FERRY" devices 2>&1)
+if grep -q "OMP_WAIT_POLICY=passive): loops below 16x the usual work stay on one thread" <<<"$said"; then
+  ok "ferry devices says that sleeping OpenMP threads raise the loops' threshold"
+else
+  fail "ferry devices under OMP_WAIT_POLICY=passive: $(head -c 600 <<<"$said")"
+fi
+FERRY_PARALLEL_SCALE=16x expect_failure 2 "FERRY_PARALLEL_SCALE='16x': expected a whole number from 1 to 4096" devices
 
 # --- checkpoints that do not fit: a --model other than the file's is bad usage (2); a file whose settings or tensors
 # are not what ferry train writes is damaged (1). One line each, never PyTorch's several-line state-dict error. Then
@@ -193,6 +201,7 @@ if [[ -f "$data_dir/train-images-idx3-ubyte.gz" ]]; then
   FERRY_LIBRARY_LAYERS=nope expect_failure 2 "FERRY_LIBRARY_LAYERS='nope' is not a switch" train "${quick[@]}" --max-steps 1
   FERRY_ONEDNN=nah expect_failure 2 "FERRY_ONEDNN='nah' is not a switch" train "${quick[@]}" --max-steps 1
   FERRY_READY_EVENTS=perhaps expect_failure 2 "FERRY_READY_EVENTS='perhaps' is not a switch" train "${quick[@]}" --max-steps 1
+  FERRY_PARALLEL_SCALE=0 expect_failure 2 "FERRY_PARALLEL_SCALE='0': expected a whole number from 1 to 4096" train "${quick[@]}" --max-steps 1
   touch "$scratch/real.safetensors"
   ln -s real.safetensors "$scratch/link.safetensors"
   if "$FERRY" train "${quick[@]}" --max-steps 1 --checkpoint "$scratch/link.safetensors" >"$scratch/out" 2>"$scratch/err" &&

@@ -98,6 +98,7 @@ int main(int argc, char** argv) {
     (void)ferry::nn::functional::onednn();             // FERRY_ONEDNN
     (void)ferry::deterministic_algorithms();           // FERRY_DETERMINISTIC
     (void)ferry::ready_events_enabled();               // FERRY_READY_EVENTS
+    (void)ferry::host_parallel_work_scale();           // FERRY_PARALLEL_SCALE, a whole number from 1 to 4096
   });
   register_devices_command(app);
   register_plan_command(app);
