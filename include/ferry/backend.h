@@ -437,6 +437,8 @@ void set_sim_device_count(int count);
 // The factor on the work a host loop needs before it splits over OpenMP's threads: 1 where they spin between
 // loops (libgomp's default), 16 where they sleep (OMP_WAIT_POLICY=passive) and each loop would first wake them;
 // env FERRY_PARALLEL_SCALE=N (1 to 4096) sets it. Read at the first call; throws InvalidArgument for a bad value.
+// The setter (1 to 4096, else InvalidArgument) overrides both for the process, from the next loop on.
 std::int64_t host_parallel_work_scale();
+void set_host_parallel_work_scale(std::int64_t scale);
 
 }  // namespace ferry

@@ -12,7 +12,8 @@
 // device sync, the same choice in every process on the same card and cuDNN), and index_add sums each
 // column in the cpu's order, so it matches the cpu bit for bit. That is what `ferry train --resume` needs
 // to continue a cuda run bit for bit. The cpu backend is deterministic either way (for a given thread
-// count and host_parallel_work_scale(), ferry/backend.h), and so are cuBLAS (same card, same library), ferry's own reductions and NCCL (same ranks).
+// count and host_parallel_work_scale(), ferry/backend.h), and so are cuBLAS (same card, same library),
+// ferry's own reductions and NCCL (same ranks).
 // The price: the deterministic algorithm may be slower than the fastest (measured by scripts/gpu-check).
 #pragma once
 

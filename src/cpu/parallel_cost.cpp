@@ -1,6 +1,7 @@
 // parallel_cost.cpp — the factor on the host loops' work thresholds (parallel_cost.h).
 #include "parallel_cost.h"
 
+#include <atomic>
 #include <cctype>
 #include <charconv>
 #include <cstdlib>
@@ -41,21 +42,39 @@ std::int64_t parallel_work_scale_for(const char* omp_wait_policy, const char* fe
 std::string describe_parallel_work_scale() {
   const std::int64_t scale = host_parallel_work_scale();
   if (scale == 1) return {};
+  const std::string text = detail::concat("loops below ", scale, "x the usual work stay on one thread");
   const char* forced = std::getenv("FERRY_PARALLEL_SCALE");
-  if (forced != nullptr && *forced != '\0')
-    return detail::concat("loops below ", scale, "x the usual work stay on one thread (FERRY_PARALLEL_SCALE=", scale, ")");
-  return detail::concat("OpenMP threads sleep between loops (OMP_WAIT_POLICY=passive): loops below ", scale,
-                        "x the usual work stay on one thread");
+  const char* policy = std::getenv("OMP_WAIT_POLICY");
+  if (forced != nullptr && *forced != '\0') {
+    if (std::to_string(scale) == forced) return text + " (FERRY_PARALLEL_SCALE=" + forced + ")";
+  } else if (policy != nullptr && is_passive(policy) && scale == kSleepingThreadsScale) {
+    return "OpenMP threads sleep between loops (OMP_WAIT_POLICY=passive): " + text;
+  }
+  return text + " (set_host_parallel_work_scale)";
 }
 
 }  // namespace ferry::cpu
 
 namespace ferry {
 
+namespace {
+std::atomic<std::int64_t> g_scale{0};  // 0: not read from the environment yet
+}  // namespace
+
 std::int64_t host_parallel_work_scale() {
-  static const std::int64_t scale =
-      cpu::parallel_work_scale_for(std::getenv("OMP_WAIT_POLICY"), std::getenv("FERRY_PARALLEL_SCALE"));
+  std::int64_t scale = g_scale.load(std::memory_order_relaxed);
+  if (scale == 0) {
+    scale = cpu::parallel_work_scale_for(std::getenv("OMP_WAIT_POLICY"), std::getenv("FERRY_PARALLEL_SCALE"));
+    std::int64_t unread = 0;  // a setter that came first wins
+    if (!g_scale.compare_exchange_strong(unread, scale, std::memory_order_relaxed)) scale = unread;
+  }
   return scale;
+}
+
+void set_host_parallel_work_scale(std::int64_t scale) {
+  FERRY_CHECK(scale >= 1 && scale <= 4096, InvalidArgument, "set_host_parallel_work_scale(", scale,
+              "): expected a factor from 1 to 4096");
+  g_scale.store(scale, std::memory_order_relaxed);
 }
 
 }  // namespace ferry

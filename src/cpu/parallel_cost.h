@@ -1,12 +1,12 @@
 // parallel_cost.h — when a host loop is worth splitting over OpenMP's threads.
 //
-// A parallel region's fixed cost depends on what the team's threads do between regions. Under libgomp's default
-// (and OMP_WAIT_POLICY=active) they spin, and a region costs about a microsecond; under OMP_WAIT_POLICY=passive
-// they sleep, and each region first wakes them: 50-100 us on the 2-core CI machine (BENCHMARKS v0.44), where one
-// core runs an LSTM step's 32 x 64 x 256 GEMM in 22 us. So the work thresholds of ferry's loops (strided.h's grain,
-// the GEMM's minimum in host_kernels.cpp) are the spinning machine's, times host_parallel_work_scale()
-// (ferry/backend.h): 1, or 16 where the threads sleep. FERRY_PARALLEL_SCALE=N (1 to 4096) sets the factor
-// (scripts/test.sh sets 1, so that the tests split the same loops under either policy).
+// A parallel region's fixed cost depends on what the team's threads do between regions. Under libgomp's default (and
+// OMP_WAIT_POLICY=active) they spin, and a region costs little: two threads already win on a GEMM that takes one core
+// 17 us. Under OMP_WAIT_POLICY=passive they sleep, and each region first wakes them: 50-100 us on the 2-core CI machine
+// (BENCHMARKS v0.44), where one core runs an LSTM step's 32 x 64 x 256 GEMM in 22 us. So the work thresholds of ferry's
+// loops (strided.h's grain, the GEMM's minimum in host_kernels.cpp) are the spinning machine's, times
+// host_parallel_work_scale() (ferry/backend.h): 1, or 16 where the threads sleep. FERRY_PARALLEL_SCALE=N (1 to 4096)
+// sets the factor (scripts/test.sh sets 1, so that the tests split the same loops under either policy).
 // Not here: how many threads (OpenMP's, OMP_NUM_THREADS), and OpenBLAS's own threads (blas_threads.h).
 #pragma once
 
