@@ -16,6 +16,7 @@
 namespace ferry::cpu {
 
 inline constexpr std::int64_t kSleepingThreadsScale = 16;  // the factor where OpenMP's threads sleep between regions
+inline constexpr std::int64_t kMaxParallelWorkScale = 4096;  // the largest factor FERRY_PARALLEL_SCALE may set
 
 // The factor, from the two variables' values (nullptr when unset): FERRY_PARALLEL_SCALE when set, else
 // kSleepingThreadsScale for OMP_WAIT_POLICY=passive (any case), else 1. Throws InvalidArgument for a
