@@ -785,6 +785,51 @@ TEST(CoreOps, WhereRefusesANonBoolCondition) {
   EXPECT_EQ(where(from_vector<bool>({true, false, true}), a, b).to_vector<float>(), (std::vector<float>{1, 2, 1}));
 }
 
+// softmax and log_softmax along the last dim are the backend's one kernel each way (Backend::softmax_forward);
+// along another dim they are composed from the elementwise and reduce kernels. The same rows both ways, as the last
+// dim of (5, n) and as dim 0 of its transpose, agree forward and backward on every device: rows shorter than a warp
+// and longer than a cuda block (256 threads), a strided input, and the edge rows (all -inf, +inf, NaN, large).
+TEST(CoreOps, SoftmaxAlongTheLastDimAgreesWithTheComposedOp) {
+  const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+  std::vector<Device> devices = accelerators();
+  devices.insert(devices.begin(), kCPU);
+  for (const Device& device : devices) {
+    for (const bool log : {false, true}) {
+      for (const std::int64_t n : {1, 7, 64, 300, 1000}) {
+        SCOPED_TRACE(device.str() + (log ? " log_softmax" : " softmax") + ", rows of " + std::to_string(n));
+        manual_seed(static_cast<std::uint64_t>(n));
+        Tensor x = mul(randn({5, n}, {.device = device}), 4.0);
+        if (n >= 4) {  // the edge rows: all -inf; one +inf; one NaN; large equal values with a -inf
+          x.select(0, 1).fill_(-inf);
+          x.select(0, 2).narrow(0, 3, 1).fill_(inf);
+          x.select(0, 3).narrow(0, 2, 1).fill_(nan);
+          x.select(0, 4).fill_(1000.0);
+          x.select(0, 4).narrow(0, 1, 1).fill_(-inf);
+        }
+        const Tensor g = randn({5, n}, {.device = device});
+        const Tensor fused_in = x.detach().requires_grad_(true);
+        const Tensor composed_in = x.detach().t().contiguous().requires_grad_(true);
+        const Tensor fused = log ? log_softmax(fused_in, -1) : softmax(fused_in, -1);
+        const Tensor composed = (log ? log_softmax(composed_in, 0) : softmax(composed_in, 0)).t();
+        EXPECT_TRUE(all_close(fused.cpu(), composed.cpu(), 1e-6, 1e-7));
+        fused.backward(g);
+        composed.backward(g);
+        EXPECT_TRUE(all_close(fused_in.grad().cpu(), composed_in.grad().t().cpu(), 1e-5, 1e-6));
+        // A strided input (the transpose's rows) gives the contiguous one's values.
+        const Tensor strided = x.t().contiguous().t();
+        EXPECT_TRUE(all_close((log ? log_softmax(strided, -1) : softmax(strided, -1)).cpu(), fused.cpu(), 0, 0));
+      }
+    }
+  }
+  // The edge rows' values, as PyTorch: [nan, nan] for all -inf, [0, nan] beside +inf, 0.5 each for equal large ones.
+  const std::vector<float> soft =
+      softmax(from_vector<float>({-inf, -inf, 1, inf, 1000, 1000}, {3, 2}), -1).to_vector<float>();
+  EXPECT_TRUE(std::isnan(soft[0]) && std::isnan(soft[1]) && std::isnan(soft[3]));
+  EXPECT_EQ(soft[2], 0.0F);
+  EXPECT_EQ(soft[4], 0.5F);
+  EXPECT_EQ(soft[5], 0.5F);
+}
+
 // pow's gradients at base 0 are masked as PyTorch's: d/dbase is 0 where the exponent is 0 (not 0 * 0^-1 = NaN),
 // d/dexponent is 0 where base == 0 and exponent >= 0 (not 0 * log 0 = NaN). Reference values from PyTorch 1.13.
 TEST(CoreOps, PowGradientsAtBaseZeroAreMaskedAsPyTorch) {

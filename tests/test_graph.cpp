@@ -3,6 +3,9 @@
 // cuda cases run where a GPU is present.
 #include "ferry/graph.h"
 
+#include <functional>
+#include <utility>
+
 #include "../src/core/ready_event.h"
 #include "ferry/nn/functional.h"
 #include "ferry/nn/loss.h"
@@ -120,6 +123,33 @@ TEST(Graph, ARecurrentLayerRecordsItsFusedCellsAndReplaysTheEagerBits) {
           << "fused " << graph.operations() << " operations (" << graph.composition() << "), composed "
           << composed.operations() << " (" << composed.composition() << ")";
     }
+  }
+}
+
+// softmax along the last dim is one kernel forward and one backward (Backend::softmax_forward), where the same
+// rows as dim 0 take the composed op's several: counted in a capture, with the same values.
+TEST(Graph, SoftmaxAlongTheLastDimIsOneKernelEachWay) {
+  for (const Device device : testing::accelerators()) {
+    SCOPED_TRACE(device.str());
+    manual_seed(3);
+    const Tensor x = randn({32, 64}, {.device = device}).requires_grad_(true);
+    const Tensor xt = x.detach().t().contiguous().requires_grad_(true);
+    const Tensor g = randn({32, 64}, {.device = device});
+    const auto counted = [&](const std::function<Tensor()>& forward) {
+      Tensor out;
+      Graph graph(device);
+      graph.capture([&] {
+        out = forward();
+        out.backward(g);
+      });
+      graph.replay();
+      return std::pair{graph.operations(), graph.composition()};
+    };
+    const auto [fused, fused_words] = counted([&] { return softmax(x, -1); });
+    const auto [composed, composed_words] = counted([&] { return softmax(xt, 0).t(); });
+    EXPECT_LT(fused * 3, composed) << "last dim: " << fused << " operations (" << fused_words << "); dim 0: "
+                                   << composed << " (" << composed_words << ")";
+    EXPECT_TRUE(testing::all_close(x.grad().cpu(), xt.grad().t().cpu(), 1e-5, 1e-6));
   }
 }
 

@@ -234,6 +234,20 @@ class Backend {
   // (softmax(logits) - onehot(target)) * grad_scale, written only when grad.data != nullptr.
   virtual void cross_entropy(const KernelTensor& loss_rows, const KernelTensor& grad, const KernelTensor& logits,
                              const KernelTensor& target, double grad_scale, const Stream& stream) = 0;
+  // softmax (log_softmax when `log`) along the last dim of contiguous (rows, n), one read and one write of each
+  // element each way, where the composed op (src/core/ops.cpp) runs seven kernels forward and four backward. The
+  // composed arithmetic: each row shifted by its max (by 0 where that is +-inf, so a row of -inf gives NaN, as
+  // PyTorch), e^x in the dtype, sums in double rounded to the dtype. cpu and sim run host loops
+  // (src/cpu/softmax.cpp), cuda one kernel each way (src/cuda/softmax.cu), for float32 and float64; false means
+  // "compose it from the kernels above".
+  virtual bool softmax_library(DType /*dtype*/, int /*index*/) { return false; }
+  // in (rows, n) -> out (rows, n), overwritten: e^(x - shift) / sum, or (x - shift) - log(sum e^(x - shift)).
+  virtual void softmax_forward(const KernelTensor& out, const KernelTensor& in, std::int64_t rows, std::int64_t n,
+                               bool log, const Stream& stream);
+  // grad_out and the forward's out (rows, n) -> grad_in (rows, n), overwritten: out (g - sum(g out)) for softmax,
+  // g - e^out sum(g) for log_softmax.
+  virtual void softmax_backward(const KernelTensor& grad_in, const KernelTensor& grad_out, const KernelTensor& out,
+                                std::int64_t rows, std::int64_t n, bool log, const Stream& stream);
 
   // --- convolution and pooling (NCHW, contiguous) -------------------------------------------------
   struct Conv2dShape {

@@ -486,10 +486,13 @@ Tensor where(const Tensor& condition, const Tensor& a_in, const Tensor& b_in) {
                               detail::kernel_broadcast(a, shape), detail::kernel_broadcast(b, shape),
                               detail::compute_stream(out.device()));
   if (needs_grad({&a_in, &b_in})) {
-    record("where", {a_in, b_in}, out, [c, sa = a_in.shape(), sb = b_in.shape(), ta = a_in.dtype(),
-                                         tb = b_in.dtype()](const Tensor& g) {
+    // Only the sides that want a gradient get one: masked_fill's fill is a constant, and its gradient would be a
+    // pass over the whole tensor and a sum of it.
+    record("where", {a_in, b_in}, out, [c, sa = a_in.shape(), sb = b_in.shape(), ta = a_in.dtype(), tb = b_in.dtype(),
+                                         ra = a_in.requires_grad(), rb = b_in.requires_grad()](const Tensor& g) {
       Tensor zero = zeros({}, {.device = g.device(), .dtype = g.dtype()});
-      return Grads{grad_for(where(c, g, zero), sa, ta), grad_for(where(c, zero, g), sb, tb)};
+      return Grads{ra ? grad_for(where(c, g, zero), sa, ta) : Tensor(),
+                   rb ? grad_for(where(c, zero, g), sb, tb) : Tensor()};
     });
   }
   return out;
@@ -627,12 +630,39 @@ int softmax_dim(const Tensor& a, int dim, const char* op) {
   FERRY_CHECK(a.dim() > 0, ShapeMismatch, op, ": expected at least one dimension, got a 0-d tensor");
   return normalize_dim(dim, a.dim(), op);
 }
+
+// softmax (log_softmax when `log`) along the last dim as the backend's one kernel each way
+// (Backend::softmax_forward), one autograd node; undefined where the backend has none for the dtype, `d` is not
+// the last dim or the tensor is empty: the caller composes it then.
+Tensor library_softmax(const Tensor& a, int d, bool log) {
+  const Device device = a.device();
+  if (d != a.dim() - 1 || a.numel() == 0 || !backend(device).softmax_library(a.dtype(), device.index)) {
+    return Tensor();
+  }
+  const std::int64_t n = a.size(d), rows = a.numel() / n;
+  const Tensor x = a.detach().contiguous();
+  Tensor out = make_tensor(a.shape(), {.device = device, .dtype = a.dtype()});
+  backend(device).softmax_forward(detail::kernel_view(out), detail::kernel_view(x), rows, n, log,
+                                  detail::compute_stream(device));
+  if (needs_grad({&a})) {
+    record(log ? "log_softmax" : "softmax", {a}, out, [y = out.detach(), rows, n, log](const Tensor& g) {
+      const Tensor grad = g.contiguous();
+      Tensor dx = make_tensor(y.shape(), {.device = y.device(), .dtype = y.dtype()});
+      backend(y.device()).softmax_backward(detail::kernel_view(dx), detail::kernel_view(grad), detail::kernel_view(y),
+                                           rows, n, log, detail::compute_stream(y.device()));
+      return Grads{dx};
+    }, autograd::Saved::Output);
+  }
+  return out;
+}
 }  // namespace
 
-// softmax and log_softmax are composed forward, but each is one node for autograd, with the closed-form
-// backward of three or four ops in place of the dozen the composition's own nodes would run.
+// softmax and log_softmax along the last dim are one backend kernel each way where the backend has one (cpu, sim
+// and cuda for float32 and float64); otherwise composed forward, but each still one node for autograd, with the
+// closed-form backward of three or four ops in place of the dozen the composition's own nodes would run.
 Tensor softmax(const Tensor& a, int dim) {
   const int d = softmax_dim(a, dim, "softmax");
+  if (Tensor fused = library_softmax(a, d, false); fused.defined()) return fused;
   Tensor out;
   {
     autograd::NoGradGuard no_grad;
@@ -649,6 +679,7 @@ Tensor softmax(const Tensor& a, int dim) {
 
 Tensor log_softmax(const Tensor& a, int dim) {
   const int d = softmax_dim(a, dim, "log_softmax");
+  if (Tensor fused = library_softmax(a, d, true); fused.defined()) return fused;
   Tensor out;
   {
     autograd::NoGradGuard no_grad;

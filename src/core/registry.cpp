@@ -54,6 +54,14 @@ void Backend::batch_norm_relu_max_pool_backward(const KernelTensor&, const Kerne
                                                 const KernelTensor&, const BnReluPoolShape&, const Stream&) {
   no_library("batch_norm_relu_max_pool2d");
 }
+void Backend::softmax_forward(const KernelTensor&, const KernelTensor&, std::int64_t, std::int64_t, bool,
+                              const Stream&) {
+  no_library("softmax");
+}
+void Backend::softmax_backward(const KernelTensor&, const KernelTensor&, const KernelTensor&, std::int64_t,
+                               std::int64_t, bool, const Stream&) {
+  no_library("softmax");
+}
 void Backend::lstm_cell_forward(const KernelTensor&, const KernelTensor&, const KernelTensor&, const KernelTensor&,
                                 const KernelTensor&, const KernelTensor&, const RnnCellShape&, const Stream&) {
   no_library("lstm_cell");

@@ -60,9 +60,7 @@ template <typename T>
     switch (op) {
       case UnaryOp::Copy: return x;
       case UnaryOp::Neg: return static_cast<T>(-v);
-      case UnaryOp::Exp:
-        if constexpr (std::is_same_v<T, float>) return exp_f32(x);
-        else return static_cast<T>(std::exp(v));
+      case UnaryOp::Exp: return static_cast<T>(exp_of(v));
       case UnaryOp::Log: return static_cast<T>(std::log(v));
       case UnaryOp::Sqrt: return static_cast<T>(std::sqrt(v));
       case UnaryOp::Rsqrt: return static_cast<T>(F(1) / std::sqrt(v));
@@ -443,7 +441,15 @@ void HostKernels::where(const KernelTensor& out, const KernelTensor& cond, const
       const bool* c = at<const bool>(cond, off[1]);
       const T* x = at<const T>(a, off[2]);
       const T* y = at<const T>(b, off[3]);
-      for (std::int64_t i = 0; i < n; ++i) o[i * st[0]] = c[i * st[1]] ? x[i * st[2]] : y[i * st[3]];
+      // Contiguous runs with one side a scalar or not (masked_fill, clamp, where's own backward) take loops of
+      // constant strides, which vectorise; any other layout the general loop.
+      const auto run = [&]<int SX, int SY>() {
+        for (std::int64_t i = 0; i < n; ++i) o[i] = c[i] ? x[i * SX] : y[i * SY];
+      };
+      if (st[0] == 1 && st[1] == 1 && st[2] == 1 && st[3] == 1) run.template operator()<1, 1>();
+      else if (st[0] == 1 && st[1] == 1 && st[2] == 0 && st[3] == 1) run.template operator()<0, 1>();
+      else if (st[0] == 1 && st[1] == 1 && st[2] == 1 && st[3] == 0) run.template operator()<1, 0>();
+      else for (std::int64_t i = 0; i < n; ++i) o[i * st[0]] = c[i * st[1]] ? x[i * st[2]] : y[i * st[3]];
     });
   });
 }

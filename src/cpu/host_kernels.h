@@ -91,6 +91,14 @@ class HostKernels : public Backend {
                                          const KernelTensor& weight, const KernelTensor& save_mean,
                                          const KernelTensor& save_invstd, const BnReluPoolShape& shape,
                                          const Stream& stream) override;
+  // softmax and log_softmax along the last dim (softmax.cpp): float32 and float64.
+  bool softmax_library(DType dtype, int /*index*/) override {
+    return dtype == DType::Float32 || dtype == DType::Float64;
+  }
+  void softmax_forward(const KernelTensor& out, const KernelTensor& in, std::int64_t rows, std::int64_t n, bool log,
+                       const Stream& stream) override;
+  void softmax_backward(const KernelTensor& grad_in, const KernelTensor& grad_out, const KernelTensor& out,
+                        std::int64_t rows, std::int64_t n, bool log, const Stream& stream) override;
   // One LSTM or GRU step after its projections (rnn_cells.cpp): float32 and float64.
   bool rnn_cell_library(const RnnCellShape& /*shape*/, DType dtype, int /*index*/) override {
     return dtype == DType::Float32 || dtype == DType::Float64;

@@ -580,6 +580,20 @@ class CudaBackend final : public Backend {
     launch_cross_entropy(loss_rows, grad, logits, target, grad_scale, device_state(stream.device.index).report_device,
                          to_cuda(stream));
   }
+  // softmax along the last dim: ferry's kernels (softmax.cu), one launch each way.
+  bool softmax_library(DType dtype, int index) override {
+    return library_query(index, [&] { return softmax_supported(dtype); });
+  }
+  void softmax_forward(const KernelTensor& out, const KernelTensor& in, std::int64_t rows, std::int64_t n, bool log,
+                       const Stream& stream) override {
+    DeviceGuard guard(stream.device.index);
+    launch_softmax_forward(out, in, rows, n, log, to_cuda(stream));
+  }
+  void softmax_backward(const KernelTensor& grad_in, const KernelTensor& grad_out, const KernelTensor& out,
+                        std::int64_t rows, std::int64_t n, bool log, const Stream& stream) override {
+    DeviceGuard guard(stream.device.index);
+    launch_softmax_backward(grad_in, grad_out, out, rows, n, log, to_cuda(stream));
+  }
   void im2col(const KernelTensor& columns, const KernelTensor& image, const Conv2dShape& shape,
               const Stream& stream) override {
     DeviceGuard guard(stream.device.index);

@@ -62,6 +62,14 @@ void launch_cross_entropy(const KernelTensor& loss_rows, const KernelTensor& gra
                           const KernelTensor& target, double grad_scale, DeviceErrorReport* report,
                           cudaStream_t stream);
 
+// --- softmax.cu: softmax and log_softmax along the last dim, one launch each way -----------------------------
+// The Backend::softmax_* contract (ferry/backend.h), for float32 and float64.
+bool softmax_supported(DType dtype);
+void launch_softmax_forward(const KernelTensor& out, const KernelTensor& in, std::int64_t rows, std::int64_t n,
+                            bool log, cudaStream_t stream);
+void launch_softmax_backward(const KernelTensor& grad_in, const KernelTensor& grad_out, const KernelTensor& out,
+                             std::int64_t rows, std::int64_t n, bool log, cudaStream_t stream);
+
 // --- conv.cu: im2col / col2im for one sample ------------------------------------------------------------
 void launch_im2col(const KernelTensor& columns, const KernelTensor& image, const Backend::Conv2dShape& shape,
                    cudaStream_t stream);

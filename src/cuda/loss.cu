@@ -6,6 +6,7 @@
 
 #include <cmath>
 
+#include "block_reduce.cuh"
 #include "device_report.cuh"
 #include "elementwise.cuh"
 #include "kernels.h"
@@ -13,20 +14,6 @@
 namespace ferry::cuda {
 
 namespace {
-
-// Combine `v` over the block; every thread gets the result. `shared` holds 32 values.
-template <typename T, typename Op>
-__device__ T block_all_reduce(T v, Op op, T* shared) {
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
-#pragma unroll
-  for (int mask = 16; mask > 0; mask >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, mask));
-  __syncthreads();  // `shared` may still be read from the previous call
-  if (lane == 0) shared[warp] = v;
-  __syncthreads();
-  v = shared[0];
-  for (int w = 1; w < warps; ++w) v = op(v, shared[w]);
-  return v;
-}
 
 // One block per row (grid-stride over rows). blockDim.x is a multiple of 32, at most 1024.
 template <typename T>

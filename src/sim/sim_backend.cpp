@@ -365,6 +365,16 @@ class SimBackend final : public cpu::HostKernels {
     });
   }
 
+  // --- softmax along the last dim, as the cpu's (src/cpu/softmax.cpp) --------------------------------
+  void softmax_forward(const KernelTensor& out, const KernelTensor& in, std::int64_t rows, std::int64_t n, bool log,
+                       const Stream& stream) override {
+    run_or_record(stream, [=, this] { HostKernels::softmax_forward(out, in, rows, n, log, stream); });
+  }
+  void softmax_backward(const KernelTensor& grad_in, const KernelTensor& grad_out, const KernelTensor& out,
+                        std::int64_t rows, std::int64_t n, bool log, const Stream& stream) override {
+    run_or_record(stream, [=, this] { HostKernels::softmax_backward(grad_in, grad_out, out, rows, n, log, stream); });
+  }
+
   // --- one LSTM or GRU step after its projections, as the cpu's (src/cpu/rnn_cells.cpp) ---------------
   void lstm_cell_forward(const KernelTensor& out, const KernelTensor& act, const KernelTensor& tanh_c,
                          const KernelTensor& x_gates, const KernelTensor& h_gates, const KernelTensor& c,
