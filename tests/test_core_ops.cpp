@@ -830,6 +830,36 @@ TEST(CoreOps, SoftmaxAlongTheLastDimAgreesWithTheComposedOp) {
   EXPECT_EQ(soft[5], 0.5F);
 }
 
+// where's value in each layout its cpu loop tells apart (both sides contiguous, either one a scalar, anything
+// else), on runs longer than a vector with a tail; its gradient reaches only the sides that want one.
+TEST(CoreOps, WhereTakesTheRightSideInEveryLayout) {
+  manual_seed(5);
+  const Tensor x = randn({3, 70}), y = randn({3, 70});
+  const Tensor c = gt(randn({3, 70}), 0.0);
+  const Tensor row = gt(randn({70}), 0.0);  // broadcast over the rows
+  const auto cv = c.to_vector<bool>(), rv = row.to_vector<bool>();
+  const auto xv = x.to_vector<float>(), yv = y.to_vector<float>();
+  const Tensor two = scalar_tensor(2.0), minus = scalar_tensor(-1.0);
+  const auto expect = [&](const Tensor& got, const std::function<float(std::size_t)>& want, const char* what) {
+    const auto g = got.contiguous().to_vector<float>();
+    ASSERT_EQ(g.size(), xv.size()) << what;
+    for (std::size_t i = 0; i < g.size(); ++i) ASSERT_EQ(g[i], want(i)) << what << ", element " << i;
+  };
+  expect(where(c, x, y), [&](std::size_t i) { return cv[i] ? xv[i] : yv[i]; }, "both contiguous");
+  expect(where(c, two, y), [&](std::size_t i) { return cv[i] ? 2.0F : yv[i]; }, "a scalar first");
+  expect(where(c, x, minus), [&](std::size_t i) { return cv[i] ? xv[i] : -1.0F; }, "a scalar second");
+  expect(where(row, x, y), [&](std::size_t i) { return rv[i % 70] ? xv[i] : yv[i]; }, "a condition per column");
+  expect(where(c.t().contiguous().t(), x.t().contiguous().t(), y),
+         [&](std::size_t i) { return cv[i] ? xv[i] : yv[i]; }, "transposed operands");
+  expect(masked_fill(x, row, 3.0), [&](std::size_t i) { return rv[i % 70] ? 3.0F : xv[i]; }, "masked_fill");
+
+  const Tensor a = x.detach().requires_grad_(true), b = y.detach().requires_grad_(true);
+  sum(where(c, a, y)).backward();  // only `a` wants a gradient: 1 where c, else 0
+  expect(a.grad(), [&](std::size_t i) { return cv[i] ? 1.0F : 0.0F; }, "the gradient of the first side");
+  sum(masked_fill(b, c, 0.0)).backward();
+  expect(b.grad(), [&](std::size_t i) { return cv[i] ? 0.0F : 1.0F; }, "the gradient through masked_fill");
+}
+
 // pow's gradients at base 0 are masked as PyTorch's: d/dbase is 0 where the exponent is 0 (not 0 * 0^-1 = NaN),
 // d/dexponent is 0 where base == 0 and exponent >= 0 (not 0 * log 0 = NaN). Reference values from PyTorch 1.13.
 TEST(CoreOps, PowGradientsAtBaseZeroAreMaskedAsPyTorch) {

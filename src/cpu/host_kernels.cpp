@@ -442,9 +442,15 @@ void HostKernels::where(const KernelTensor& out, const KernelTensor& cond, const
       const T* x = at<const T>(a, off[2]);
       const T* y = at<const T>(b, off[3]);
       // Contiguous runs with one side a scalar or not (masked_fill, clamp, where's own backward) take loops of
-      // constant strides, which vectorise; any other layout the general loop.
+      // constant strides that vectorise: both sides read (a select, not a branch), the condition's bytes read as
+      // bytes (GCC vectorises no loop that loads a bool); any other layout the general loop.
       const auto run = [&]<int SX, int SY>() {
-        for (std::int64_t i = 0; i < n; ++i) o[i] = c[i] ? x[i * SX] : y[i * SY];
+        const auto* flag = reinterpret_cast<const unsigned char*>(c);
+#pragma omp simd
+        for (std::int64_t i = 0; i < n; ++i) {
+          const T if_true = x[i * SX], if_false = y[i * SY];
+          o[i] = flag[i] != 0 ? if_true : if_false;
+        }
       };
       if (st[0] == 1 && st[1] == 1 && st[2] == 1 && st[3] == 1) run.template operator()<1, 1>();
       else if (st[0] == 1 && st[1] == 1 && st[2] == 0 && st[3] == 1) run.template operator()<0, 1>();
