@@ -224,6 +224,58 @@ TEST(NNGradcheck, BatchNorm) {
       {random_argument({2, 3, 2, 2}, 38), random_argument({3}, 39), random_argument({3}, 40)}, "batch_norm eval");
 }
 
+// layer_norm's host loops (src/nn/layer_norm_kernels.cpp, cpu and sim) against the composed layer (what cuda runs:
+// fused host kernels off), forward and every gradient: float64 to 1e-12 and float32 to a few ulp, with and without
+// weight and bias, over one and two normalized dims, rows longer than a column chunk (64), only some inputs wanting
+// a gradient.
+TEST(NNGradcheck, LayerNormHostLoopsMatchTheComposedLayer) {
+  struct Case {
+    Shape x, normalized;
+    bool weight, bias, x_grad;
+  };
+  for (const Case& c : {Case{{4, 3, 5}, {5}, true, true, true}, Case{{2, 3, 4}, {3, 4}, true, false, true},
+                        Case{{7, 150}, {150}, false, true, true}, Case{{3, 6}, {6}, false, false, true},
+                        Case{{6, 70}, {70}, true, true, false}}) {
+    for (const DType dtype : {DType::Float64, DType::Float32}) {
+      SCOPED_TRACE(ferry::shape_str(c.x) + " over " + ferry::shape_str(c.normalized) + " " +
+                   std::string(ferry::dtype_name(dtype)));
+      auto run = [&] {
+        const auto make = [&](const Shape& shape, std::uint64_t seed, bool grad) {
+          Tensor t = materialise(random_argument(shape, seed), ferry::kCPU, false).to(dtype);
+          if (grad) t.requires_grad_(true);
+          return t;
+        };
+        Tensor x = make(c.x, 61, c.x_grad);
+        Tensor w = c.weight ? make(c.normalized, 62, true) : Tensor();
+        Tensor b = c.bias ? make(c.normalized, 63, true) : Tensor();
+        Tensor out = F::layer_norm(x, c.normalized, w, b, 1e-5);
+        std::vector<std::vector<double>> results{out.to(DType::Float64).to_vector<double>()};
+        if (out.requires_grad()) {
+          ferry::manual_seed(5);
+          ferry::sum(ferry::mul(out, ferry::randn(out.shape(), {.dtype = dtype}))).backward();
+          for (const Tensor& t : {x, w, b}) {
+            if (t.defined() && t.requires_grad()) results.push_back(t.grad().to(DType::Float64).to_vector<double>());
+          }
+        }
+        return results;
+      };
+      const auto host = run();
+      F::set_fused_host_kernels(false);
+      const auto composed = run();
+      F::set_fused_host_kernels(true);
+      ASSERT_EQ(host.size(), composed.size());
+      const double tolerance = dtype == DType::Float64 ? 1e-12 : 1e-5;
+      for (std::size_t k = 0; k < host.size(); ++k) {
+        ASSERT_EQ(host[k].size(), composed[k].size());
+        for (std::size_t i = 0; i < host[k].size(); ++i) {
+          EXPECT_NEAR(host[k][i], composed[k][i], tolerance * (1 + std::abs(composed[k][i])))
+              << "result " << k << " " << i;
+        }
+      }
+    }
+  }
+}
+
 TEST(NNGradcheck, BatchNormComposedPathMatchesFused) {
   // The composed path (what cuda runs without cuDNN) against the backend's BatchNorm (src/cpu/batch_norm.cpp: per
   // channel, and for (N, C) features a block of channels at a time, with a partial block), on sim with the library

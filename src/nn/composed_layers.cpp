@@ -2,9 +2,11 @@
 // silu, leaky_relu, softplus, layer_norm and embedding. Each runs on any device. Autograd differentiates most
 // through their ops; gelu and layer_norm are one node each with a closed-form backward of fewer passes. Every
 // gradient is checked against finite differences and PyTorch's fixtures.
+#include <algorithm>
 #include <cmath>
 
 #include "checks.h"
+#include "layer_norm_kernels.h"
 #include "ferry/autograd.h"
 #include "ferry/error.h"
 #include "ferry/factories.h"
@@ -15,7 +17,7 @@ namespace ferry::nn::functional {
 
 Tensor gelu(const Tensor& x, const std::string& approximate) {
   FERRY_CHECK(approximate == "none" || approximate == "tanh", InvalidArgument,
-              "gelu: approximate must be 'none' or 'tanh', got '", detail::printable(approximate), "'");
+              "gelu: approximate must be 'none' or 'tanh', got '", ferry::detail::printable(approximate), "'");
   check_floating("gelu", x);
   if (approximate == "none") {  // x Phi(x), Phi(x) = (1 + erf(x / sqrt 2)) / 2; d/dx = Phi(x) + x phi(x)
     Tensor cdf, out;
@@ -73,8 +75,18 @@ Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& 
   }
   std::vector<int> dims, leading;  // the normalized dims; the others (summed over for weight's and bias' gradient)
   for (int d = 0; d < x.dim(); ++d) (d < x.dim() - k ? leading : dims).push_back(d);
+  Shape kept = x.shape();  // rstd's shape: (*, 1, ..., 1)
+  std::fill(kept.end() - k, kept.end(), 1);
+  const std::int64_t row_size = shape_numel(normalized_shape), rows = row_size > 0 ? x.numel() / row_size : 0;
+  // On host memory one pass a row each way (layer_norm_kernels.h); elsewhere composed from tensor ops.
+  const bool host = x.numel() > 0 && detail::use_host_layer_norm(x);
   Tensor normalized, rstd, out;  // x-hat; 1 / sqrt(var + eps), (*, 1, ..., 1)
-  {
+  if (host) {
+    autograd::NoGradGuard no_grad;
+    detail::layer_norm_host_forward(x.detach().contiguous(), weight, bias, eps, rows, row_size, out,
+                                    normalized, rstd);
+    rstd = rstd.reshape(kept);
+  } else {
     autograd::NoGradGuard no_grad;
     const Tensor centred = sub(x, mean(x, dims, true));
     const Tensor variance = mean(square(centred), dims, true);  // biased, as PyTorch normalizes
@@ -92,9 +104,16 @@ Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& 
     const bool affine = weight.defined() || bias.defined();
     autograd::record("layer_norm", {x, weight, bias}, out,
         [w = weight.defined() ? weight.detach() : Tensor(), normalized = normalized.detach(), rstd, dims, leading,
-         want_x, want_w, want_b](const Tensor& g) {
+         normalized_shape, rows, row_size, want_x, want_w, want_b](const Tensor& g) {
           // dx = rstd (dx^ - mean(dx^) - x^ mean(dx^ x^)), dx^ = g w; dw = sum(g x^), db = sum(g) over the rest
           Tensor gx, gw, gb;
+          if (detail::use_host_layer_norm(normalized) && g.dtype() == normalized.dtype()) {
+            detail::layer_norm_host_backward(g.contiguous(), w, normalized, rstd, rows, row_size, want_x, want_w,
+                                             want_b, gx, gw, gb);
+            if (gw.defined()) gw = gw.reshape(normalized_shape);
+            if (gb.defined()) gb = gb.reshape(normalized_shape);
+            return std::vector<Tensor>{gx, gw, gb};
+          }
           if (want_x) {
             const Tensor gn = w.defined() ? mul(g, w) : g;
             gx = mul(sub(sub(gn, mean(gn, dims, true)), mul(normalized, mean(mul(gn, normalized), dims, true))), rstd);
