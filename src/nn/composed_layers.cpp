@@ -1,7 +1,8 @@
 // composed_layers.cpp — the layers built from tensor ops (ferry/ops.h) rather than kernels of their own: gelu,
 // silu, leaky_relu, softplus, layer_norm and embedding. Each runs on any device. Autograd differentiates most
-// through their ops; gelu and layer_norm are one node each with a closed-form backward of fewer passes. Every
-// gradient is checked against finite differences and PyTorch's fixtures.
+// through their ops; gelu and layer_norm are one node each with a closed-form backward of fewer passes, and on host
+// memory layer_norm is one pass a row each way instead (layer_norm_kernels.h). Every gradient is checked against
+// finite differences and PyTorch's fixtures.
 #include <algorithm>
 #include <cmath>
 
