@@ -7,6 +7,7 @@
 #include <array>
 #include <cmath>
 
+#include "../cpu/dispatch.h"
 #include "../cpu/strided.h"
 #include "batch_norm_kernels.h"
 #include "ferry/error.h"
@@ -17,13 +18,6 @@ namespace ferry::nn::detail {
 namespace {
 
 constexpr std::int64_t kColumnsPerChunk = 64;  // the column sums' split: one chunk's accumulators stay in registers
-
-template <typename F>
-void dispatch_float(DType dtype, F&& body) {
-  if (dtype == DType::Float32) body(float{});
-  else if (dtype == DType::Float64) body(double{});
-  else throw DTypeMismatch(ferry::detail::concat("layer_norm: expected float32 or float64, got ", dtype_name(dtype)));
-}
 
 }  // namespace
 
@@ -39,8 +33,8 @@ void layer_norm_host_forward(const Tensor& x, const Tensor& weight, const Tensor
   const bool affine = weight.defined() || bias.defined();
   out = affine ? empty(x.shape(), like) : normalized;
   const Tensor w = weight.defined() ? weight.contiguous() : Tensor(), b = bias.defined() ? bias.contiguous() : Tensor();
-  dispatch_float(x.dtype(), [&](auto zero) {
-    using T = decltype(zero);
+  cpu::dispatch_float(x.dtype(), "layer_norm", [&](auto tag) {
+    using T = typename decltype(tag)::type;
     const T* in = x.data<T>();
     T *xh = normalized.data<T>(), *r = rstd.data<T>(), *o = out.data<T>();
     const T* wp = w.defined() ? w.data<T>() : nullptr;
@@ -84,8 +78,8 @@ void layer_norm_host_backward(const Tensor& g, const Tensor& weight, const Tenso
   if (want_x) gx = empty(normalized.shape(), like);
   if (want_w) gw = empty({d}, like);
   if (want_b) gb = empty({d}, like);
-  dispatch_float(normalized.dtype(), [&](auto zero) {
-    using T = decltype(zero);
+  cpu::dispatch_float(normalized.dtype(), "layer_norm", [&](auto tag) {
+    using T = typename decltype(tag)::type;
     const T *gp = g.data<T>(), *xh = normalized.data<T>(), *r = rstd.data<T>();
     const T* wp = w.defined() ? w.data<T>() : nullptr;
     const double per = 1.0 / static_cast<double>(d);
