@@ -276,6 +276,41 @@ TEST(NNGradcheck, LayerNormHostLoopsMatchTheComposedLayer) {
   }
 }
 
+// gelu's host loops (src/nn/gelu_kernels.cpp, cpu and sim) give the composed layer's bits (what cuda runs: fused
+// host kernels off), forward and backward, float32 and float64, over a tensor longer than a block (4096) and a
+// strided one, with the edges: large |x| (erf saturates, e^-x^2/2 underflows), +-inf, NaN, -0.
+TEST(NNGradcheck, GeluHostLoopsGiveTheComposedLayersBits) {
+  for (const DType dtype : {DType::Float32, DType::Float64}) {
+    SCOPED_TRACE(std::string(ferry::dtype_name(dtype)));
+    auto run = [&](bool strided) {
+      ferry::manual_seed(71);
+      Tensor x = ferry::mul(ferry::randn({3, 5000}, {.dtype = dtype}), 3.0);
+      const Tensor edges = ferry::from_vector<double>({40, -40, INFINITY, -INFINITY, NAN, -0.0}).to(dtype);
+      x.narrow(1, 0, 6).copy_(edges.expand({3, 6}));
+      if (strided) x = x.t().contiguous().t();
+      x.requires_grad_(true);
+      const Tensor out = F::gelu(x);
+      ferry::sum(ferry::mul(out, ferry::randn(out.shape(), {.dtype = dtype}))).backward();
+      return std::pair{out.to(DType::Float64).to_vector<double>(), x.grad().to(DType::Float64).to_vector<double>()};
+    };
+    for (const bool strided : {false, true}) {
+      const auto host = run(strided);
+      F::set_fused_host_kernels(false);
+      const auto composed = run(strided);
+      F::set_fused_host_kernels(true);
+      for (const auto& [h, c, what] : {std::tuple{&host.first, &composed.first, "output"},
+                                       std::tuple{&host.second, &composed.second, "gradient"}}) {
+        ASSERT_EQ(h->size(), c->size());
+        for (std::size_t i = 0; i < h->size(); ++i) {
+          const double a = (*h)[i], b = (*c)[i];
+          EXPECT_TRUE((std::isnan(a) && std::isnan(b)) || (a == b && std::signbit(a) == std::signbit(b)))
+              << what << " " << i << (strided ? " (strided)" : "") << ": " << a << " vs " << b;
+        }
+      }
+    }
+  }
+}
+
 TEST(NNGradcheck, BatchNormComposedPathMatchesFused) {
   // The composed path (what cuda runs without cuDNN) against the backend's BatchNorm (src/cpu/batch_norm.cpp: per
   // channel, and for (N, C) features a block of channels at a time, with a partial block), on sim with the library

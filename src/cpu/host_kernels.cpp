@@ -72,9 +72,7 @@ template <typename T>
       case UnaryOp::Square: return static_cast<T>(v * v);
       case UnaryOp::Reciprocal: return static_cast<T>(F(1) / v);
       case UnaryOp::LogicalNot: return static_cast<T>(v == 0);
-      case UnaryOp::Erf:
-        if constexpr (std::is_same_v<T, float>) return erf_f32(x);
-        else return static_cast<T>(std::erf(v));
+      case UnaryOp::Erf: return static_cast<T>(erf_of(v));
       case UnaryOp::Sin: return static_cast<T>(std::sin(v));
       case UnaryOp::Cos: return static_cast<T>(std::cos(v));
       case UnaryOp::Log1p: return static_cast<T>(std::log1p(v));

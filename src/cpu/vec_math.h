@@ -87,12 +87,17 @@ inline float tanh_f32(float x) {
   return std::copysign(a < 0.625f ? near_zero : far, x);
 }
 
-// UnaryOp::Exp, UnaryOp::Sigmoid and UnaryOp::Tanh of a float or double, as the unary kernel, the recurrent cells
-// and softmax compute them: float through the functions above, double through std::.
+// UnaryOp::Exp, Erf, Sigmoid and Tanh of a float or double, as the unary kernel, the recurrent cells, softmax and
+// GELU compute them: float through the functions above, double through std::.
 template <typename T>
 T exp_of(T x) {
   if constexpr (std::is_same_v<T, float>) return exp_f32(x);
   else return std::exp(x);
+}
+template <typename T>
+T erf_of(T x) {
+  if constexpr (std::is_same_v<T, float>) return erf_f32(x);
+  else return std::erf(x);
 }
 template <typename T>
 T sigmoid_of(T x) {

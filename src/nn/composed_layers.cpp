@@ -1,12 +1,13 @@
 // composed_layers.cpp — the layers built from tensor ops (ferry/ops.h) rather than kernels of their own: gelu,
 // silu, leaky_relu, softplus, layer_norm and embedding. Each runs on any device. Autograd differentiates most
 // through their ops; gelu and layer_norm are one node each with a closed-form backward of fewer passes, and on host
-// memory layer_norm is one pass a row each way instead (layer_norm_kernels.h). Every gradient is checked against
-// finite differences and PyTorch's fixtures.
+// memory each is one pass (a row) each way instead (gelu_kernels.h, layer_norm_kernels.h). Every gradient is
+// checked against finite differences and PyTorch's fixtures.
 #include <algorithm>
 #include <cmath>
 
 #include "checks.h"
+#include "gelu_kernels.h"
 #include "layer_norm_kernels.h"
 #include "ferry/autograd.h"
 #include "ferry/error.h"
@@ -21,14 +22,24 @@ Tensor gelu(const Tensor& x, const std::string& approximate) {
               "gelu: approximate must be 'none' or 'tanh', got '", ferry::detail::printable(approximate), "'");
   check_floating("gelu", x);
   if (approximate == "none") {  // x Phi(x), Phi(x) = (1 + erf(x / sqrt 2)) / 2; d/dx = Phi(x) + x phi(x)
+    // On host memory one pass each way (gelu_kernels.h), the same bits; elsewhere composed from tensor ops.
+    const bool host = detail::use_host_gelu(x);
+    const Tensor input = host ? x.detach().contiguous() : x.detach();
     Tensor cdf, out;
     {
       autograd::NoGradGuard no_grad;
-      cdf = mul(add(erf(mul(x, M_SQRT1_2)), 1.0), 0.5);
-      out = mul(x, cdf);
+      if (host) {
+        detail::gelu_host_forward(input, out, cdf);
+      } else {
+        cdf = mul(add(erf(mul(x, M_SQRT1_2)), 1.0), 0.5);
+        out = mul(x, cdf);
+      }
     }
     if (autograd::needs_grad({&x})) {
-      autograd::record("gelu", {x}, out, [x = x.detach(), cdf](const Tensor& g) {
+      autograd::record("gelu", {x}, out, [x = input, cdf](const Tensor& g) {
+        if (detail::use_host_gelu(x) && g.dtype() == x.dtype()) {
+          return std::vector<Tensor>{detail::gelu_host_backward(g.contiguous(), x.contiguous(), cdf)};
+        }
         const Tensor pdf = mul(exp(mul(square(x), -0.5)), 0.5 * M_2_SQRTPI * M_SQRT1_2);  // phi(x)
         return std::vector<Tensor>{mul(g, add(cdf, mul(x, pdf)))};
       }, autograd::Saved::Inputs);
