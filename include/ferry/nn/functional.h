@@ -163,8 +163,8 @@ Tensor scaled_dot_product_attention(const Tensor& query, const Tensor& key, cons
 // the end): its row gets no gradient, as PyTorch's.
 Tensor embedding(const Tensor& indices, const Tensor& weight, std::optional<std::int64_t> padding_idx = std::nullopt);
 
-// The fused host kernels that cpu and sim (both host memory) use for BatchNorm and LayerNorm; other devices compose
-// the same maths from tensor ops. Tests switch them off to check the composed path against them.
+// The fused host kernels that cpu and sim (both host memory) use for BatchNorm, LayerNorm and GELU; other devices
+// compose the same maths from tensor ops. Tests switch them off to check the composed path against them.
 void set_fused_host_kernels(bool enabled);
 bool fused_host_kernels();
 
