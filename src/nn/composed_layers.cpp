@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "batch_norm_kernels.h"
 #include "checks.h"
 #include "gelu_kernels.h"
 #include "layer_norm_kernels.h"
@@ -23,7 +24,7 @@ Tensor gelu(const Tensor& x, const std::string& approximate) {
   check_floating("gelu", x);
   if (approximate == "none") {  // x Phi(x), Phi(x) = (1 + erf(x / sqrt 2)) / 2; d/dx = Phi(x) + x phi(x)
     // On host memory one pass each way (gelu_kernels.h), the same bits; elsewhere composed from tensor ops.
-    const bool host = detail::use_host_gelu(x);
+    const bool host = detail::use_host_float_loops(x);
     const Tensor input = host ? x.detach().contiguous() : x.detach();
     Tensor cdf, out;
     {
@@ -37,7 +38,7 @@ Tensor gelu(const Tensor& x, const std::string& approximate) {
     }
     if (autograd::needs_grad({&x})) {
       autograd::record("gelu", {x}, out, [x = input, cdf](const Tensor& g) {
-        if (detail::use_host_gelu(x) && g.dtype() == x.dtype()) {
+        if (detail::use_host_float_loops(x) && g.dtype() == x.dtype()) {
           return std::vector<Tensor>{detail::gelu_host_backward(g.contiguous(), x.contiguous(), cdf)};
         }
         const Tensor pdf = mul(exp(mul(square(x), -0.5)), 0.5 * M_2_SQRTPI * M_SQRT1_2);  // phi(x)
@@ -91,7 +92,7 @@ Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& 
   std::fill(kept.end() - k, kept.end(), 1);
   const std::int64_t row_size = shape_numel(normalized_shape), rows = row_size > 0 ? x.numel() / row_size : 0;
   // On host memory one pass a row each way (layer_norm_kernels.h); elsewhere composed from tensor ops.
-  const bool host = x.numel() > 0 && detail::use_host_layer_norm(x);
+  const bool host = detail::use_host_float_loops(x);
   Tensor normalized, rstd, out;  // x-hat; 1 / sqrt(var + eps), (*, 1, ..., 1)
   if (host) {
     autograd::NoGradGuard no_grad;
@@ -119,7 +120,7 @@ Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& 
          normalized_shape, rows, row_size, want_x, want_w, want_b](const Tensor& g) {
           // dx = rstd (dx^ - mean(dx^) - x^ mean(dx^ x^)), dx^ = g w; dw = sum(g x^), db = sum(g) over the rest
           Tensor gx, gw, gb;
-          if (detail::use_host_layer_norm(normalized) && g.dtype() == normalized.dtype()) {
+          if (detail::use_host_float_loops(normalized) && g.dtype() == normalized.dtype()) {
             detail::layer_norm_host_backward(g.contiguous(), w, normalized, rstd, rows, row_size, want_x, want_w,
                                              want_b, gx, gw, gb);
             if (gw.defined()) gw = gw.reshape(normalized_shape);

@@ -9,7 +9,6 @@
 #include "../cpu/dispatch.h"
 #include "../cpu/strided.h"
 #include "../cpu/vec_math.h"
-#include "batch_norm_kernels.h"
 #include "ferry/factories.h"
 
 namespace ferry::nn::detail {
@@ -30,11 +29,6 @@ void blocks(std::int64_t n, Body&& body) {
 }
 
 }  // namespace
-
-bool use_host_gelu(const Tensor& x) {
-  return x.numel() > 0 && (x.dtype() == DType::Float32 || x.dtype() == DType::Float64) &&
-         use_fused_host_kernels(x.device());
-}
 
 void gelu_host_forward(const Tensor& x, Tensor& out, Tensor& cdf) {
   const TensorOptions like{.device = x.device(), .dtype = x.dtype()};

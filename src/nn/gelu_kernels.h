@@ -8,9 +8,7 @@
 
 namespace ferry::nn::detail {
 
-// True when gelu on `x` takes the loops below: a non-empty float32 or float64 tensor where use_fused_host_kernels
-// says yes (batch_norm_kernels.h).
-bool use_host_gelu(const Tensor& x);
+// gelu takes the loops below where use_host_float_loops (batch_norm_kernels.h) says yes.
 
 // x contiguous -> out = x Phi(x) and cdf = Phi(x) = (1 + erf(x / sqrt 2)) / 2, kept for backward.
 void gelu_host_forward(const Tensor& x, Tensor& out, Tensor& cdf);

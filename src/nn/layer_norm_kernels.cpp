@@ -9,7 +9,6 @@
 
 #include "../cpu/dispatch.h"
 #include "../cpu/strided.h"
-#include "batch_norm_kernels.h"
 #include "ferry/error.h"
 #include "ferry/factories.h"
 
@@ -20,10 +19,6 @@ namespace {
 constexpr std::int64_t kColumnsPerChunk = 64;  // the column sums' split: one chunk's accumulators stay in registers
 
 }  // namespace
-
-bool use_host_layer_norm(const Tensor& x) {
-  return (x.dtype() == DType::Float32 || x.dtype() == DType::Float64) && use_fused_host_kernels(x.device());
-}
 
 void layer_norm_host_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps, std::int64_t rows,
                              std::int64_t d, Tensor& out, Tensor& normalized, Tensor& rstd) {

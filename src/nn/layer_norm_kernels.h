@@ -10,9 +10,7 @@
 
 namespace ferry::nn::detail {
 
-// True when layer_norm on `x` takes the loops below: a float32 or float64 tensor where use_fused_host_kernels says
-// yes (batch_norm_kernels.h).
-bool use_host_layer_norm(const Tensor& x);
+// layer_norm takes the loops below where use_host_float_loops (batch_norm_kernels.h) says yes.
 
 // x (rows, d) contiguous, weight and bias (d) or undefined -> out (rows, d); normalized (rows, d) = x-hat and rstd
 // (rows) = 1 / sqrt(var + eps), kept for backward. out is `normalized` itself when there is no weight or bias.
