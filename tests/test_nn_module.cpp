@@ -28,6 +28,7 @@
 #include "ferry/ops.h"
 #include "ferry/optim.h"
 #include "ferry/random.h"
+#include "test_helpers.h"
 
 using ferry::Device;
 using ferry::DType;
@@ -894,6 +895,58 @@ TEST(NNModule, SoftplusStaysFiniteAndChecksBeta) {
   EXPECT_THROW(nn::Softplus(0), ferry::InvalidArgument);
   EXPECT_THROW(nn::functional::softplus(x, -1), ferry::InvalidArgument);
   EXPECT_THROW(nn::functional::softplus(ferry::arange(3)), ferry::DTypeMismatch);
+}
+
+// cross_entropy's one kernel (each row's loss and its gradient in one pass) against log_softmax and nll_loss, which
+// do not use it: rows shorter than a vector, with a tail, and longer than cuda's block; the edge rows too: large
+// equal values, a -inf that is not the target (its gradient 0), a -inf target (loss inf), a NaN (all NaN).
+TEST(NNModule, CrossEntropysKernelIsLogSoftmaxAndNll) {
+  const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+  std::vector<Device> devices = ferry::testing::accelerators();
+  devices.insert(devices.begin(), ferry::kCPU);
+  for (const Device& device : devices) {
+    for (const DType dtype : {DType::Float32, DType::Float64}) {
+      for (const std::int64_t classes : {1, 7, 90, 1000}) {
+        SCOPED_TRACE(device.str() + " " + std::string(ferry::dtype_name(dtype)) + ", " + std::to_string(classes) +
+                     " classes");
+        ferry::manual_seed(static_cast<std::uint64_t>(classes));
+        Tensor x = ferry::mul(ferry::randn({7, classes}, {.device = device, .dtype = dtype}), 4.0);
+        Tensor target = ferry::randint(0, classes, {7}, {.device = device});
+        if (classes >= 7) {
+          target = ferry::from_vector<std::int64_t>({0, 1, 2, 3, 4, 5, 6}).to(device);
+          x.select(0, 1).fill_(1000.0);                   // large equal values
+          x.select(0, 2).narrow(0, 5, 1).fill_(-inf);     // a class that cannot be: gradient 0 there
+          x.select(0, 3).narrow(0, 3, 1).fill_(-inf);     // the target cannot be: loss inf
+          x.select(0, 4).narrow(0, classes - 1, 1).fill_(nan);  // NaN: the row's loss and gradient NaN
+        }
+        const Tensor g = ferry::randn({7}, {.device = device, .dtype = dtype});  // a weight per row
+        const Tensor fused_in = x.detach().requires_grad_(true), composed_in = x.detach().requires_grad_(true);
+        const Tensor fused = nn::cross_entropy(fused_in, target, nn::Reduction::None);
+        const Tensor composed =
+            nn::nll_loss(ferry::log_softmax(composed_in, 1), target, {.reduction = nn::Reduction::None});
+        EXPECT_TRUE(ferry::testing::all_close(fused.cpu(), composed.cpu(), 1e-6, 1e-6));
+        ferry::sum(ferry::mul(fused, g)).backward();
+        ferry::sum(ferry::mul(composed, g)).backward();
+        EXPECT_TRUE(ferry::testing::all_close(fused_in.grad().cpu(), composed_in.grad().cpu(), 1e-5, 1e-7));
+      }
+    }
+  }
+  // The mean's gradient carries its 1 / N.
+  const Tensor x = ferry::randn({4, 3}).requires_grad_(true);
+  nn::cross_entropy(x, ferry::from_vector<std::int64_t>({0, 1, 2, 0})).backward();
+  const Tensor each = x.detach().requires_grad_(true);
+  ferry::sum(nn::cross_entropy(each, ferry::from_vector<std::int64_t>({0, 1, 2, 0}), nn::Reduction::None)).backward();
+  EXPECT_TRUE(ferry::testing::all_close(x.grad(), ferry::div(each.grad(), 4.0), 1e-6, 1e-8));
+  // A class of probability 0 is no NaN in the composed losses either: not where it is not the target, nor in a row
+  // that is ignored (PyTorch gives 0 there).
+  const Tensor masked = ferry::from_vector<float>({-inf, 1, 2, 0, 1, -inf}, {2, 3}).requires_grad_(true);
+  const Tensor rows = nn::cross_entropy(masked, ferry::from_vector<std::int64_t>({1, -100}),
+                                        {.reduction = nn::Reduction::None, .ignore_index = -100});
+  const std::vector<float> got = rows.to_vector<float>();
+  EXPECT_NEAR(got[0], std::log(1 + std::exp(1.0F)), 1e-6F);
+  EXPECT_EQ(got[1], 0.0F);
+  ferry::sum(rows).backward();
+  for (const float v : masked.grad().to_vector<float>()) EXPECT_FALSE(std::isnan(v));
 }
 
 // cross_entropy's and nll_loss's options: every row ignored gives NaN for the mean (PyTorch's 0/0) and 0 for the

@@ -791,26 +791,39 @@ void HostKernels::cross_entropy(const KernelTensor& loss_rows, const KernelTenso
                 t[r] < 0 ? detail::concat(" (to skip the rows marked ", t[r], ", pass {.ignore_index = ", t[r], "})")
                          : std::string());
   }
+  // Each row: its max, then e^(x - max) once per class in the dtype (vec_math.h's exp_f32 in float, so the loop
+  // vectorises, as softmax's) summed in double; the gradient reuses those e^(x - max), written into the gradient's
+  // row first and scaled by 1 / sum there.
   dispatch_float(logits.dtype, "cross_entropy", [&](auto tag_T) {
     using T = typename decltype(tag_T)::type;
     const T* x = logits.ptr<const T>();
     T* loss = loss_rows.ptr<T>();
     T* g = grad.data ? grad.ptr<T>() : nullptr;
-    parallel_for(rows, classes * 8, [&](std::int64_t r) {
+    parallel_for(rows, classes * 4, [&](std::int64_t r) {
       const T* row = x + r * classes;
-      T top = row[0];
-      for (std::int64_t c = 1; c < classes; ++c) top = std::max(top, row[c]);
+      T top = row[0];  // a NaN anywhere makes the row's e^(x - max), so its loss and gradient, NaN
+#pragma omp simd reduction(max : top)
+      for (std::int64_t c = 1; c < classes; ++c) top = row[c] > top ? row[c] : top;
       double total = 0;
-      for (std::int64_t c = 0; c < classes; ++c) total += std::exp(static_cast<double>(row[c] - top));
-      const double log_sum = std::log(total) + static_cast<double>(top);
-      loss[r] = static_cast<T>(log_sum - static_cast<double>(row[t[r]]));
       if (g) {
         T* grow = g + r * classes;
+#pragma omp simd reduction(+ : total)
         for (std::int64_t c = 0; c < classes; ++c) {
-          const double p = std::exp(static_cast<double>(row[c]) - log_sum);
-          grow[c] = static_cast<T>((p - (c == t[r] ? 1.0 : 0.0)) * grad_scale);
+          const T e = exp_of(row[c] - top);
+          grow[c] = e;
+          total += static_cast<double>(e);
         }
+        const double e_target = static_cast<double>(grow[t[r]]);
+        const double scale = grad_scale / total;
+#pragma omp simd
+        for (std::int64_t c = 0; c < classes; ++c) grow[c] = static_cast<T>(static_cast<double>(grow[c]) * scale);
+        grow[t[r]] = static_cast<T>((e_target / total - 1.0) * grad_scale);
+      } else {
+#pragma omp simd reduction(+ : total)
+        for (std::int64_t c = 0; c < classes; ++c) total += static_cast<double>(exp_of(row[c] - top));
       }
+      const double log_sum = std::log(total) + static_cast<double>(top);
+      loss[r] = static_cast<T>(log_sum - static_cast<double>(row[t[r]]));
     });
   });
 }

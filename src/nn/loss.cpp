@@ -52,9 +52,9 @@ Tensor class_loss(const char* op, const Tensor& log_probs, const Tensor& target_
   const std::int64_t classes = log_probs.size(1);
   const TensorOptions like{.device = log_probs.device(), .dtype = log_probs.dtype()};
   Tensor target = target_in.to(DType::Int64);                                      // (N)
-  Tensor kept;                                                                     // (N) 1 or 0; undefined: all 1
+  Tensor keep, kept;  // (N) bool, and as 1 or 0 in the input's dtype; undefined: all kept
   if (ignore_index) {
-    const Tensor keep = ne(target, static_cast<double>(*ignore_index));
+    keep = ne(target, static_cast<double>(*ignore_index));
     kept = keep.to(log_probs.dtype());
     target = where(keep, target, zeros({}, {.device = target.device(), .dtype = DType::Int64}));
   }
@@ -67,12 +67,16 @@ Tensor class_loss(const char* op, const Tensor& log_probs, const Tensor& target_
                                                 e.what(), ")"));
   }
   if (kept.defined()) row_weight = mul(row_weight, kept);
-  const Tensor onehot =
-      eq(target.unsqueeze(1), arange(classes, {.device = target.device()}).unsqueeze(0)).to(log_probs.dtype());
-  Tensor rows = neg(mul(sum(mul(log_probs, onehot), {1}), row_weight));  // (N): -w[t_i] * log_probs[i, t_i]
+  // The target's log-probability picked out (a product with a one-hot row would make 0 * -inf = NaN of any class
+  // whose probability is 0); an ignored row's terms chosen away, not multiplied by 0, for the same reason.
+  const Tensor picked = gather(log_probs, 1, target.unsqueeze(1)).squeeze(1);  // (N): log_probs[i, t_i]
+  const auto drop_ignored = [&](const Tensor& t) {
+    return keep.defined() ? where(keep, t, zeros({}, like)) : t;
+  };
+  Tensor rows = drop_ignored(neg(mul(picked, row_weight)));  // (N): -w[t_i] * log_probs[i, t_i]
   if (smoothing > 0) {
-    Tensor smooth = neg(sum(mul(log_probs, weight.unsqueeze(0)), {1}));  // (N): -sum_c w[c] * log_probs[i, c]
-    if (kept.defined()) smooth = mul(smooth, kept);
+    // (N): -sum_c w[c] * log_probs[i, c]
+    const Tensor smooth = drop_ignored(neg(sum(mul(log_probs, weight.unsqueeze(0)), {1})));
     rows = add(mul(rows, 1 - smoothing), mul(smooth, smoothing / static_cast<double>(classes)));
   }
   if (reduction == Reduction::None) return rows;
