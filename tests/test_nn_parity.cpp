@@ -3,7 +3,9 @@
 // Not here: finite-difference checks (test_nn_gradcheck.cpp), optimizer parity (test_optim.cpp).
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <sstream>
@@ -739,5 +741,128 @@ TEST(NNParityCnn, TenSgdMomentumStepsMatchPyTorch) {
   for (std::size_t i = 0; i < runs[0].final_state.size(); ++i) {
     EXPECT_EQ(runs[0].final_state[i].second.to_vector<double>(), runs[1].final_state[i].second.to_vector<double>())
         << runs[0].final_state[i].first << ": sim:0 differs from cpu";
+  }
+}
+
+// Functions at the values where they break (tools/make_fixtures.py's edge_value_cases: +-inf, NaN, +-0, a
+// subnormal, magnitudes past exp's range), each result and its gradient against PyTorch's, on every device. Every
+// case the fixture holds must have its function here, so a case added there is a case run here.
+TEST(NNParityEdgeValues, FunctionsMatchPyTorchAtInfinitiesNanAndZeros) {
+  namespace F = ferry::nn::functional;
+  namespace N = ferry::nn;
+  using Fn = std::function<Tensor(const Tensor&, const Tensor&)>;  // (input, other) -> output
+  const auto one = [](Tensor (*f)(const Tensor&)) -> Fn {
+    return [f](const Tensor& x, const Tensor&) { return f(x); };
+  };
+  const auto two = [](Tensor (*f)(const Tensor&, const Tensor&)) -> Fn {
+    return [f](const Tensor& x, const Tensor& y) { return f(x, y); };
+  };
+  const std::map<std::string, Fn> functions = {
+      {"neg", one(ferry::neg)}, {"exp", one(ferry::exp)}, {"log", one(ferry::log)}, {"sqrt", one(ferry::sqrt)},
+      {"rsqrt", one(ferry::rsqrt)}, {"abs", one(ferry::abs)}, {"sign", one(ferry::sign)}, {"relu", one(ferry::relu)},
+      {"sigmoid", one(ferry::sigmoid)}, {"tanh", one(ferry::tanh)}, {"erf", one(ferry::erf)},
+      {"square", one(ferry::square)}, {"sin", one(ferry::sin)}, {"cos", one(ferry::cos)}, {"log1p", one(ferry::log1p)},
+      {"expm1", one(ferry::expm1)}, {"floor", one(ferry::floor)}, {"ceil", one(ferry::ceil)},
+      {"round", one(ferry::round)}, {"trunc", one(ferry::trunc)},
+      {"gelu", [](const Tensor& x, const Tensor&) { return F::gelu(x); }},
+      {"gelu_tanh", [](const Tensor& x, const Tensor&) { return F::gelu(x, "tanh"); }},
+      {"silu", [](const Tensor& x, const Tensor&) { return F::silu(x); }},
+      {"leaky_relu", [](const Tensor& x, const Tensor&) { return F::leaky_relu(x, 0.01); }},
+      {"softplus", [](const Tensor& x, const Tensor&) { return F::softplus(x); }},
+      {"softplus_beta2_threshold1.5", [](const Tensor& x, const Tensor&) { return F::softplus(x, 2, 1.5); }},
+      {"clamp", [](const Tensor& x, const Tensor&) { return ferry::clamp(x, -1.0, 1.0); }},
+      {"clamp_min", [](const Tensor& x, const Tensor&) { return ferry::clamp(x, 0.5); }},
+      {"pow_2", [](const Tensor& x, const Tensor&) { return ferry::pow(x, 2.0); }},
+      {"pow_3", [](const Tensor& x, const Tensor&) { return ferry::pow(x, 3.0); }},
+      {"pow_0.5", [](const Tensor& x, const Tensor&) { return ferry::pow(x, 0.5); }},
+      {"pow_-1", [](const Tensor& x, const Tensor&) { return ferry::pow(x, -1.0); }},
+      {"pow_0", [](const Tensor& x, const Tensor&) { return ferry::pow(x, 0.0); }},
+      {"sum", [](const Tensor& x, const Tensor&) { return ferry::sum(x); }},
+      {"mean", [](const Tensor& x, const Tensor&) { return ferry::mean(x); }},
+      {"max", [](const Tensor& x, const Tensor&) { return ferry::max(x); }},
+      {"min", [](const Tensor& x, const Tensor&) { return ferry::min(x); }},
+      {"amax", [](const Tensor& x, const Tensor&) { return ferry::amax(x); }},
+      {"prod", [](const Tensor& x, const Tensor&) { return ferry::prod(x); }},
+      {"norm", [](const Tensor& x, const Tensor&) { return ferry::norm(x); }},
+      {"std", [](const Tensor& x, const Tensor&) { return ferry::std(x); }},
+      {"var", [](const Tensor& x, const Tensor&) { return ferry::var(x); }},
+      {"logsumexp", [](const Tensor& x, const Tensor&) { return ferry::logsumexp(x, 0); }},
+      {"cumsum", [](const Tensor& x, const Tensor&) { return ferry::cumsum(x, 0); }},
+      {"softmax", [](const Tensor& x, const Tensor&) { return ferry::softmax(x, 0); }},
+      {"log_softmax", [](const Tensor& x, const Tensor&) { return ferry::log_softmax(x, 0); }},
+      {"add", [](const Tensor& x, const Tensor& y) { return ferry::add(x, y); }},
+      {"sub", [](const Tensor& x, const Tensor& y) { return ferry::sub(x, y); }},
+      {"mul", two(ferry::mul)}, {"div", two(ferry::div)},
+      {"maximum", two(ferry::maximum)}, {"minimum", two(ferry::minimum)}, {"pow", two(ferry::pow)},
+      {"mse_loss", [](const Tensor& x, const Tensor& t) { return N::mse_loss(x, t, N::Reduction::None); }},
+      {"l1_loss", [](const Tensor& x, const Tensor& t) { return N::l1_loss(x, t, N::Reduction::None); }},
+      {"smooth_l1_loss", [](const Tensor& x, const Tensor& t) { return N::smooth_l1_loss(x, t, N::Reduction::None); }},
+      {"huber_loss", [](const Tensor& x, const Tensor& t) { return N::huber_loss(x, t, N::Reduction::None); }},
+      {"bce_with_logits",
+       [](const Tensor& x, const Tensor& t) {
+         return N::binary_cross_entropy_with_logits(x, t, {.reduction = N::Reduction::None});
+       }},
+      {"bce",
+       [](const Tensor& p, const Tensor& t) {
+         return N::binary_cross_entropy(p, t, {.reduction = N::Reduction::None});
+       }},
+      {"kl_div",
+       [](const Tensor& x, const Tensor& t) { return N::kl_div(x, t, {.reduction = N::KLDivReduction::None}); }},
+  };
+  const Fixture fixture = load_fixture("edge_values");
+  std::vector<std::string> cases;
+  for (const auto& [key, tensor] : fixture.tensors) {
+    const std::size_t slash = key.rfind("/output");
+    if (slash != std::string::npos && slash + 7 == key.size()) cases.push_back(key.substr(0, slash));
+  }
+  ASSERT_GT(cases.size(), 80U);
+  std::vector<Device> devices = ferry::testing::accelerators();
+  devices.insert(devices.begin(), ferry::kCPU);
+  for (const Device& device : devices) {
+    for (const std::string& name : cases) {
+      // "max_no_nan", "softmax_ties": the function before the first '_' suffix the fixture adds
+      std::string function = name;
+      for (const char* suffix : {"_no_nan", "_minus_inf", "_plus_inf", "_ties", "_zeros", "_positive_base"}) {
+        const std::size_t at = function.rfind(suffix);
+        if (at != std::string::npos && at + std::strlen(suffix) == function.size()) function.resize(at);
+      }
+      const auto found = functions.find(function);
+      if (found == functions.end()) {
+        ADD_FAILURE() << "the fixture's case " << name << " has no ferry function here";
+        continue;
+      }
+      const bool binary = fixture.has(name + "/other");
+      const Tensor x = fixture[name + "/input"].to(device).detach().requires_grad_(true);  // a leaf of its own
+      const Tensor y = binary ? fixture[name + "/other"].to(device).detach().requires_grad_(true) : Tensor();
+      Tensor out;
+      try {
+        out = found->second(x, y);
+        out.backward(fixture[name + "/upstream"].to(device));
+      } catch (const std::exception& e) {
+        ADD_FAILURE() << device.str() << " " << name << " threw: " << e.what();
+        continue;
+      }
+      // Each element that differs, with the inputs that gave it (all_close names the first only).
+      const auto differ = [&](const Tensor& got_t, const std::string& want_name, const char* what) {
+        const std::vector<double> got = ferry::testing::values(got_t.cpu());
+        const std::vector<double> want = ferry::testing::values(fixture[want_name]);
+        const std::vector<double> in = ferry::testing::values(fixture[name + "/input"]);
+        const std::vector<double> other = binary ? ferry::testing::values(fixture[name + "/other"]) : in;
+        std::ostringstream out_text;
+        for (std::size_t i = 0; i < got.size() && i < want.size(); ++i) {
+          const bool same = (std::isnan(got[i]) && std::isnan(want[i])) || got[i] == want[i] ||
+                            std::abs(got[i] - want[i]) <= 1e-6 + 1e-5 * std::abs(want[i]);
+          if (same) continue;
+          out_text << "\n  [" << i << "]";
+          if (in.size() == got.size()) out_text << " at " << in[i] << (binary ? ", " + std::to_string(other[i]) : "");
+          out_text << ": " << got[i] << ", PyTorch " << want[i];
+        }
+        EXPECT_EQ(got.size(), want.size()) << device.str() << " " << name << ": " << what;
+        EXPECT_TRUE(out_text.str().empty()) << device.str() << " " << name << ": " << what << out_text.str();
+      };
+      differ(out, name + "/output", "the value");
+      differ(x.grad(), name + "/grad", "the gradient");
+      if (binary) differ(y.grad(), name + "/grad_other", "the other's gradient");
+    }
   }
 }

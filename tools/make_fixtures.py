@@ -534,6 +534,89 @@ def half_case():
                       {"torch": torch.__version__})
 
 
+# The values where functions break: infinities, NaN, signed zeros, a subnormal, magnitudes past exp's range.
+EDGE = [-math.inf, -1e30, -100.0, -20.0, -1.0, -0.5, -0.0, 0.0, 1e-40, 0.5, 1.0, 3.0, 20.0, 100.0, 1e30, math.inf,
+        math.nan]
+EDGE_PAIR = [-math.inf, -1.0, -0.0, 0.0, 1.0, math.inf, math.nan]  # each with each, for the binary functions
+
+
+def edge_value_cases():
+    """Functions at the edge values: every result and its gradient (through a fixed upstream gradient), one file.
+
+    Case "<name>" holds <name>/input (and <name>/other for two operands), <name>/output, <name>/upstream, and the
+    gradients <name>/grad (and <name>/grad_other); the C++ test (tests/test_nn_parity.cpp, NNParityEdgeValues)
+    runs ferry's function of that name.
+    """
+    tensors = {}
+
+    def record(name, fn, *inputs):
+        leaves = [torch.tensor(v, dtype=torch.float32, requires_grad=True) for v in inputs]
+        out = fn(*leaves)
+        upstream = torch.linspace(0.5, 1.5, out.numel()).reshape(out.shape) if out.dim() else torch.tensor(0.75)
+        grads = torch.autograd.grad(out, leaves, upstream, allow_unused=True)
+        tensors[name + "/input"] = leaves[0].detach()
+        if len(leaves) > 1:
+            tensors[name + "/other"] = leaves[1].detach()
+        tensors[name + "/output"] = out.detach()
+        tensors[name + "/upstream"] = upstream
+        for suffix, g, leaf in zip(("/grad", "/grad_other"), grads, leaves):
+            tensors[name + suffix] = torch.zeros_like(leaf) if g is None else g
+
+    unary = {
+        "neg": torch.neg, "exp": torch.exp, "log": torch.log, "sqrt": torch.sqrt, "rsqrt": torch.rsqrt,
+        "abs": torch.abs, "sign": torch.sign, "relu": torch.relu, "sigmoid": torch.sigmoid, "tanh": torch.tanh,
+        "erf": torch.erf, "square": torch.square, "sin": torch.sin, "cos": torch.cos, "log1p": torch.log1p,
+        "expm1": torch.expm1, "floor": torch.floor, "ceil": torch.ceil, "round": torch.round, "trunc": torch.trunc,
+        "gelu": F.gelu, "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"), "silu": F.silu,
+        "leaky_relu": lambda x: F.leaky_relu(x, 0.01), "softplus": F.softplus,
+        "softplus_beta2_threshold1.5": lambda x: F.softplus(x, 2, 1.5),
+        "clamp": lambda x: torch.clamp(x, -1, 1), "clamp_min": lambda x: torch.clamp(x, min=0.5),
+        "pow_2": lambda x: torch.pow(x, 2), "pow_3": lambda x: torch.pow(x, 3), "pow_0.5": lambda x: torch.pow(x, 0.5),
+        "pow_-1": lambda x: torch.pow(x, -1), "pow_0": lambda x: torch.pow(x, 0),
+        "sum": torch.sum, "mean": torch.mean, "max": torch.max, "min": torch.min, "amax": torch.amax,
+        "prod": torch.prod, "norm": torch.norm, "std": torch.std, "var": torch.var,
+        "logsumexp": lambda x: torch.logsumexp(x, 0), "cumsum": lambda x: torch.cumsum(x, 0),
+        "softmax": lambda x: torch.softmax(x, 0), "log_softmax": lambda x: torch.log_softmax(x, 0),
+    }
+    for name, fn in unary.items():
+        record(name, fn, EDGE)
+    # Reductions over the finite values and the infinities alone, where NaN does not hide what they do.
+    finite_and_inf = [v for v in EDGE if not math.isnan(v)]
+    for name in ("sum", "mean", "max", "min", "amax", "prod", "norm", "logsumexp", "softmax", "log_softmax"):
+        record(name + "_no_nan", unary[name], finite_and_inf)
+    for name, values in (("minus_inf", [-math.inf, -math.inf]), ("plus_inf", [math.inf, 1.0]),
+                         ("ties", [2.0, -1.0, 2.0]), ("zeros", [0.0, -0.0, 0.0])):
+        for fn_name in ("max", "amax", "logsumexp", "softmax", "log_softmax", "prod", "norm"):
+            record(fn_name + "_" + name, unary[fn_name], values)
+
+    binary = {
+        "add": torch.add, "sub": torch.sub, "mul": torch.mul, "div": torch.div, "maximum": torch.maximum,
+        "minimum": torch.minimum, "pow": torch.pow,
+    }
+    a = [x for x in EDGE_PAIR for _ in EDGE_PAIR]
+    b = [y for _ in EDGE_PAIR for y in EDGE_PAIR]
+    for name, fn in binary.items():
+        record(name, fn, a, b)
+    # pow with a positive finite base and any exponent: the exponent's gradient x^y log x is defined there.
+    record("pow_positive_base", torch.pow, [0.5, 2.0, 1e30, 0.5, 2.0, 1e-40, 3.0], [-math.inf, math.inf, 2.0, 0.0,
+                                                                                     -0.0, 0.5, math.nan])
+
+    # Elementwise losses (reduction none) against targets across the edges.
+    targets = [0.0, 1.0, 0.5, -1.0, 20.0, 0.0, 1.0, 0.0, 1.0, 0.5, 0.0, 1.0, -20.0, 100.0, 0.0, 1.0, 0.0]
+    record("mse_loss", lambda x, t: F.mse_loss(x, t, reduction="none"), EDGE, targets)
+    record("l1_loss", lambda x, t: F.l1_loss(x, t, reduction="none"), EDGE, targets)
+    record("smooth_l1_loss", lambda x, t: F.smooth_l1_loss(x, t, reduction="none"), EDGE, targets)
+    record("huber_loss", lambda x, t: F.huber_loss(x, t, reduction="none"), EDGE, targets)
+    probabilities = [min(max(abs(t), 0.0), 1.0) for t in targets]
+    record("bce_with_logits", lambda x, t: F.binary_cross_entropy_with_logits(x, t, reduction="none"), EDGE,
+           probabilities)
+    record("bce", lambda p, t: F.binary_cross_entropy(p, t, reduction="none"),
+           [0.0, 1e-40, 1e-30, 0.25, 0.5, 1.0, 1.0, 0.0, 0.75], [0.0, 0.0, 1.0, 1.0, 0.5, 1.0, 0.0, 1.0, 0.25])
+    record("kl_div", lambda x, t: F.kl_div(x, t, reduction="none"), EDGE, probabilities)
+    write_safetensors(os.path.join(OUT, "edge_values.safetensors"), tensors,
+                      {"torch": torch.__version__, "note": "see edge_value_cases() in tools/make_fixtures.py"})
+
+
 def main():
     os.makedirs(OUT, exist_ok=True)
     torch.set_num_threads(1)
@@ -542,6 +625,9 @@ def main():
         os.environ["PYTHONHASHSEED"] = "0"
         os.execv(sys.executable, [sys.executable] + sys.argv)
 
+    if sys.argv[1:] == ["edge_values"]:  # that file alone (the others keep their bits)
+        edge_value_cases()
+        return
     torch.manual_seed(0)
     layer_case("linear", nn.Linear(5, 3), (6, 5), {"in": 5, "out": 3})
     layer_case("linear_3d_nobias", nn.Linear(4, 6, bias=False), (2, 3, 4), {"in": 4, "out": 6, "bias": 0})
@@ -723,6 +809,7 @@ def main():
                                               weight_decay=0.01, initial_accumulator_value=0.2, eps=1e-8))
 
     half_case()
+    edge_value_cases()
 
     total = sum(os.path.getsize(os.path.join(OUT, f)) for f in os.listdir(OUT))
     print(f"wrote {len(os.listdir(OUT))} fixtures to {os.path.normpath(OUT)} ({total / 1e6:.2f} MB), torch {torch.__version__}")

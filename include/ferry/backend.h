@@ -103,8 +103,8 @@ enum class UnaryOp : std::uint8_t {
 enum class BinaryOp : std::uint8_t {
   Add, Sub, Mul, Div, Pow, Maximum, Minimum,
   Eq, Ne, Lt, Le, Gt, Ge,  // write bool
-  ReluBackward,            // out = a * (b > 0): grad, relu input
-  ThresholdMask,           // out = (a > 0) ? b : 0  (same as ReluBackward, mask first)
+  ReluBackward,            // out = b <= 0 ? 0 : a: grad, relu output (NaN passes the gradient, as PyTorch)
+  ThresholdMask,           // out = (a > 0) ? b : 0  (ReluBackward with the mask first, but NaN gives 0)
   AddRelu,                 // out = relu(a + b): a layer's bias and its ReLU in one pass (floating point)
 };
 enum class ReduceOp : std::uint8_t { Sum, Mean, Max, Min, ArgMax, ArgMin, Prod };
@@ -236,8 +236,8 @@ class Backend {
                              const KernelTensor& target, double grad_scale, const Stream& stream) = 0;
   // softmax (log_softmax when `log`) along the last dim of contiguous (rows, n), one read and one write of each
   // element each way, where the composed op (src/core/ops.cpp) runs seven kernels forward and four backward. The
-  // composed arithmetic: each row shifted by its max (by 0 where that is +-inf, so a row of -inf gives NaN, as
-  // PyTorch), e^x in the dtype, sums in double rounded to the dtype. cpu and sim run host loops
+  // composed arithmetic: each row shifted by its max (so a row holding +inf, or all -inf, is NaN, as PyTorch's),
+  // e^x in the dtype, sums in double rounded to the dtype. cpu and sim run host loops
   // (src/cpu/softmax.cpp), cuda one kernel each way (src/cuda/softmax.cu), for float32 and float64; false means
   // "compose it from the kernels above".
   virtual bool softmax_library(DType /*dtype*/, int /*index*/) { return false; }

@@ -35,16 +35,20 @@ Tensor clamp(const Tensor& a, std::optional<double> min, std::optional<double> m
   FERRY_CHECK(min.has_value() || max.has_value(), InvalidArgument, "clamp: at least one of 'min' or 'max' must not be "
               "None (give a lower bound, an upper bound, or both)");
   FERRY_CHECK(a.dtype() != DType::Bool, DTypeMismatch, "clamp: not implemented for 'Bool' tensors");
-  // min(max(a, lo), hi) as two selects: NaN fails both comparisons and stays; the gradient reaches `a` only where
-  // neither bound was taken (lo <= a <= hi), as PyTorch's clamp backward.
+  // min(max(a, lo), hi) as two selects: NaN fails both comparisons and stays.
   Tensor out = a;
-  if (min) {
-    const Tensor lo = scalar_like(a, *min);
-    out = where(lt(out, *min), lo, out);
+  {
+    autograd::NoGradGuard no_grad;
+    if (min) out = where(lt(out, *min), scalar_like(a, *min), out);
+    if (max) out = where(gt(out, *max), scalar_like(a, *max), out);
   }
-  if (max) {
-    const Tensor hi = scalar_like(a, *max);
-    out = where(gt(out, *max), hi, out);
+  if (autograd::needs_grad({&a})) {
+    // The gradient reaches `a` only where lo <= a <= hi, so not at NaN (PyTorch's clamp backward).
+    autograd::record("clamp", {a}, out, [a = a.detach(), min, max](const Tensor& g) {
+      Tensor inside = min ? ge(a, *min) : ge(a, -std::numeric_limits<double>::infinity());
+      if (max) inside = logical_and(inside, le(a, *max));
+      return std::vector<Tensor>{where(inside, g, zeros({}, {.device = g.device(), .dtype = g.dtype()}))};
+    }, autograd::Saved::Inputs);
   }
   return out;  // a new tensor: at least one bound was applied
 }

@@ -267,13 +267,13 @@ Tensor extremum(BinaryOp op, const Tensor& a, const Tensor& b, const char* name)
   Tensor out = binary_forward(op, a, b, name);
   if (needs_grad({&a, &b})) {
     record(name, {a, b}, out, [a = a.detach(), b = b.detach(), op](const Tensor& g) {
-      // The larger (smaller) operand takes the gradient; ties share it evenly, as PyTorch does.
-      Tensor a_wins = op == BinaryOp::Maximum ? gt(a, b) : lt(a, b);
-      Tensor tie = eq(a, b);
-      Tensor share = add(a_wins.to(g.dtype()), mul(tie.to(g.dtype()), 0.5));
-      Tensor ga = mul(g, share);
-      Tensor gb = sub(g, ga);
-      return Grads{grad_for(ga, a), grad_for(gb, b)};
+      // The larger (smaller) operand takes the gradient, ties share it evenly, and where a NaN makes every
+      // comparison false both take it whole: PyTorch's where(a == b, g / 2, g).masked_fill_(a < b, 0) (a > b for b).
+      const Tensor a_loses = op == BinaryOp::Maximum ? lt(a, b) : gt(a, b);
+      const Tensor b_loses = op == BinaryOp::Maximum ? gt(a, b) : lt(a, b);
+      const Tensor half = where(eq(a, b), mul(g, 0.5), g);
+      const Tensor zero = zeros({}, {.device = g.device(), .dtype = g.dtype()});
+      return Grads{grad_for(where(a_loses, zero, half), a), grad_for(where(b_loses, zero, half), b)};
     }, autograd::Saved::Inputs);
   }
   return out;
@@ -320,7 +320,10 @@ Tensor rdiv(const Tensor& a, double b) {
   return out;
 }
 Tensor pow(const Tensor& a, double exponent) {
-  Tensor out = scalar_forward(BinaryOp::Pow, a, exponent, false);
+  // x^0.5 and x^-0.5 as PyTorch computes them, sqrt and rsqrt: NaN at -inf, where std::pow gives inf and 0.
+  Tensor out = exponent == 0.5 && is_floating(a.dtype())    ? unary_forward(UnaryOp::Sqrt, a, true)
+               : exponent == -0.5 && is_floating(a.dtype()) ? unary_forward(UnaryOp::Rsqrt, a, true)
+                                                            : scalar_forward(BinaryOp::Pow, a, exponent, false);
   if (needs_grad({&a})) {
     record("pow_scalar", {a}, out, [a = a.detach(), exponent](const Tensor& g) {
       if (exponent == 0) return Grads{zeros_like(g)};  // as PyTorch: not 0 * a^-1 = NaN at a = 0
@@ -616,11 +619,13 @@ Tensor var(const Tensor& a, std::vector<int> dims, bool unbiased, bool keepdim) 
 
 namespace {
 // The maximum of each slice along `dim` (keepdim), as a constant (no history: softmax and logsumexp do not depend
-// on the shift, so its gradient would only add rounding), and 0 where it is not finite (a slice of all -inf stays
-// -inf after the shift instead of NaN; +inf stays +inf).
-Tensor softmax_shift(const Tensor& a, int dim) {
+// on the shift, so its gradient would only add rounding). softmax's is the max as it is, so a slice holding +inf,
+// or all -inf, is NaN throughout (inf - inf), as PyTorch's; logsumexp's (`finite_only`) is 0 where the max is not
+// finite, so a slice of all -inf gives -inf and one holding +inf gives +inf, as PyTorch's logsumexp.
+Tensor softmax_shift(const Tensor& a, int dim, bool finite_only = false) {
   autograd::NoGradGuard no_grad;
   const Tensor top = reduce_forward(ReduceOp::Max, plan_reduce(a, {dim}, "softmax"), a.dtype(), true);  // no argmax
+  if (!finite_only) return top;
   return where(eq(abs(top), INFINITY), zeros({}, {.device = a.device(), .dtype = a.dtype()}), top);
 }
 
@@ -696,8 +701,17 @@ Tensor log_softmax(const Tensor& a, int dim) {
 
 Tensor logsumexp(const Tensor& a, int dim, bool keepdim) {
   const int d = softmax_dim(a, dim, "logsumexp");
-  const Tensor top = softmax_shift(a, d);
-  const Tensor out = add(log(sum(exp(sub(a, top)), {d}, true)), top);
+  Tensor out;
+  {
+    autograd::NoGradGuard no_grad;
+    const Tensor top = softmax_shift(a, d, true);
+    out = add(log(sum(exp(sub(a, top)), {d}, true)), top);
+  }
+  if (needs_grad({&a})) {  // g e^(a - out): 0 beside an infinite result, where the composition's e^a / sum is NaN
+    record("logsumexp", {a}, out, [a = a.detach(), o = out.detach()](const Tensor& g) {
+      return Grads{mul(g, exp(sub(a, o)))};
+    }, autograd::Saved::InputsAndOutput);
+  }
   return keepdim ? out : out.squeeze(d);
 }
 
@@ -708,7 +722,8 @@ Tensor extremum_all(ReduceOp op, const Tensor& a, const char* name) {
   Tensor out = reduce_forward(op, plan, a.dtype(), false);
   if (needs_grad({&a})) {
     record(name, {a}, out, [a = a.detach(), o = out.detach()](const Tensor& g) {
-      Tensor mask = eq(a, o).to(g.dtype());  // ties share the gradient evenly
+      // Ties share the gradient evenly; a NaN result gives it to the NaNs (PyTorch's evenly_distribute_backward).
+      const Tensor mask = logical_or(eq(a, o), logical_and(isnan(a), isnan(o))).to(g.dtype());
       return Grads{mul(div(mask, sum(mask)), g)};
     }, autograd::Saved::InputsAndOutput);
   }

@@ -148,7 +148,7 @@ template <typename T>
       case BinaryOp::Le: return static_cast<F>(a <= b);
       case BinaryOp::Gt: return static_cast<F>(a > b);
       case BinaryOp::Ge: return static_cast<F>(a >= b);
-      case BinaryOp::ReluBackward: return static_cast<F>(b > 0 ? a : T(0));
+      case BinaryOp::ReluBackward: return static_cast<F>(b <= 0 ? T(0) : a);
       case BinaryOp::ThresholdMask: return static_cast<F>(a > 0 ? b : T(0));
       case BinaryOp::AddRelu: {
         const F r = static_cast<F>(a + b);
@@ -199,7 +199,7 @@ template <typename O, typename T>
       case BinaryOp::Pow: return static_cast<O>(ferry::detail::int_pow(a, b));
       case BinaryOp::Maximum: return static_cast<O>(a > b ? a : b);
       case BinaryOp::Minimum: return static_cast<O>(a < b ? a : b);
-      case BinaryOp::ReluBackward: return static_cast<O>(b > 0 ? a : T(0));
+      case BinaryOp::ReluBackward: return static_cast<O>(b <= 0 ? T(0) : a);
       case BinaryOp::ThresholdMask: return static_cast<O>(a > 0 ? b : T(0));
       case BinaryOp::AddRelu: {
         const T r = static_cast<T>(static_cast<U>(a) + static_cast<U>(b));
@@ -240,7 +240,7 @@ bool binary_fast(BinaryOp op, const KernelTensor& out, const KernelTensor& a, co
     case BinaryOp::Sub: binary_runs<T>(out, a, b, [](T x, T y) { return x - y; }); return true;
     case BinaryOp::Mul: binary_runs<T>(out, a, b, [](T x, T y) { return x * y; }); return true;
     case BinaryOp::Div: binary_runs<T>(out, a, b, [](T x, T y) { return x / y; }); return true;
-    case BinaryOp::ReluBackward: binary_runs<T>(out, a, b, [](T g, T x) { return x > 0 ? g : T(0); }); return true;
+    case BinaryOp::ReluBackward: binary_runs<T>(out, a, b, [](T g, T x) { return x <= 0 ? T(0) : g; }); return true;
     case BinaryOp::AddRelu:
       binary_runs<T>(out, a, b, [](T x, T y) {
         const T r = x + y;

@@ -21,14 +21,14 @@ namespace {
 // A row's work in elementwise passes (the max, e^x, the scale), for the decision to split rows over threads.
 constexpr std::int64_t kPassesPerElement = 3;
 
-// The row's shift: its max, or 0 where that is +-inf (a row of -inf then gives e^-inf / 0 = NaN, as PyTorch; a
-// row holding +inf gives inf / inf = NaN there). NaN never wins the comparison: it reaches the result through e^x.
+// The row's shift: its max. A row holding +inf, or all -inf, is then NaN throughout (inf - inf), as PyTorch's. NaN
+// never wins the comparison: it reaches the result through e^x.
 template <typename T>
 T row_shift(const T* x, std::int64_t n) {
   T top = -std::numeric_limits<T>::infinity();
 #pragma omp simd reduction(max : top)
   for (std::int64_t i = 0; i < n; ++i) top = x[i] > top ? x[i] : top;
-  return std::isinf(top) ? T(0) : top;
+  return top;
 }
 
 template <typename T>

@@ -52,7 +52,7 @@ __device__ __forceinline__ O binary_value(BinaryOp op, T a, T b) {
       case BinaryOp::Le: return cast_to<O>(a <= b);
       case BinaryOp::Gt: return cast_to<O>(a > b);
       case BinaryOp::Ge: return cast_to<O>(a >= b);
-      case BinaryOp::ReluBackward: return cast_to<O>(b > 0 ? a : T(0));
+      case BinaryOp::ReluBackward: return cast_to<O>(b <= 0 ? T(0) : a);
       case BinaryOp::ThresholdMask: return cast_to<O>(a > 0 ? b : T(0));
       case BinaryOp::AddRelu: {
         const T r = a + b;
@@ -77,7 +77,7 @@ __device__ __forceinline__ O binary_value(BinaryOp op, T a, T b) {
       case BinaryOp::Le: return cast_to<O>(a <= b);
       case BinaryOp::Gt: return cast_to<O>(a > b);
       case BinaryOp::Ge: return cast_to<O>(a >= b);
-      case BinaryOp::ReluBackward: return cast_to<O>(b > 0 ? a : T(0));
+      case BinaryOp::ReluBackward: return cast_to<O>(b <= 0 ? T(0) : a);
       case BinaryOp::ThresholdMask: return cast_to<O>(a > 0 ? b : T(0));
       case BinaryOp::AddRelu: {
         const T r = static_cast<T>(static_cast<U>(a) + static_cast<U>(b));

@@ -1,9 +1,9 @@
 // softmax.cu — softmax and log_softmax along the last dim of contiguous (rows, n), one launch each way: the
 // Backend::softmax_forward / softmax_backward contract (ferry/backend.h), where the composed op launches seven
 // kernels forward and four backward. One block a row (grid-stride over rows), the cpu's arithmetic
-// (src/cpu/softmax.cpp): the shift is the row's max, 0 where that is +-inf; e^x in the dtype; each sum in double,
-// rounded to the dtype. Float e^x is CUDA's expf (2 ulp) where the cpu's is within 1 ulp, so the two devices agree
-// to a few ulp, not bit for bit. Not here: autograd (src/core/ops.cpp).
+// (src/cpu/softmax.cpp): the shift is the row's max (a row holding +inf, or all -inf, is NaN, as PyTorch's); e^x
+// in the dtype; each sum in double, rounded to the dtype. Float e^x is CUDA's expf (2 ulp) where the cpu's is
+// within 1 ulp, so the two devices agree to a few ulp, not bit for bit. Not here: autograd (src/core/ops.cpp).
 #include <cuda_runtime.h>
 
 #include <cmath>
@@ -18,13 +18,12 @@ namespace {
 
 constexpr std::int64_t kMaxThreads = 256;  // threads a row; a row of n <= 256 gets n rounded up to a warp
 
-// The row's shift (the block's max, ignoring NaN as the cpu's `x > top ? x : top`, or 0 where it is +-inf).
+// The row's shift: the block's max, ignoring NaN as the cpu's `x > top ? x : top` (a NaN reaches the row through e^x).
 template <typename T>
 __device__ T row_shift(const T* x, std::int64_t n, T* shared) {
   T top = -INFINITY;
   for (std::int64_t i = threadIdx.x; i < n; i += blockDim.x) top = x[i] > top ? x[i] : top;
-  top = block_all_reduce(top, [](T a, T b) { return b > a ? b : a; }, shared);
-  return top == T(INFINITY) || top == T(-INFINITY) ? T(0) : top;
+  return block_all_reduce(top, [](T a, T b) { return b > a ? b : a; }, shared);
 }
 
 __device__ double block_sum(double v, double* shared) {

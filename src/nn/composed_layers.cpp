@@ -60,11 +60,22 @@ Tensor silu(const Tensor& x) {
 Tensor softplus(const Tensor& x, double beta, double threshold) {
   check_floating("softplus", x);
   FERRY_CHECK(beta > 0 && std::isfinite(beta), InvalidArgument, "softplus: beta must be a positive number, got ", beta);
-  const Tensor bx = mul(x, beta);
-  // The smooth branch sees beta x clamped to the threshold, so its e^(beta x) stays finite where the linear branch
-  // is taken (an inf there would make the unchosen branch's gradient 0 * inf = NaN).
-  const Tensor smooth = div(log1p(exp(clamp(bx, std::nullopt, threshold))), beta);
-  return where(gt(bx, threshold), x, smooth);
+  Tensor out;
+  {
+    autograd::NoGradGuard no_grad;
+    const Tensor bx = mul(x, beta);
+    // The smooth branch sees beta x clamped to the threshold, so its e^(beta x) stays finite where the linear
+    // branch is taken.
+    const Tensor smooth = div(log1p(exp(clamp(bx, std::nullopt, threshold))), beta);
+    out = where(gt(bx, threshold), x, smooth);
+  }
+  if (autograd::needs_grad({&x})) {  // g where beta x > threshold, else g sigmoid(beta x): NaN stays NaN (PyTorch's)
+    autograd::record("softplus", {x}, out, [x = x.detach(), beta, threshold](const Tensor& g) {
+      const Tensor bx = mul(x, beta);
+      return std::vector<Tensor>{where(gt(bx, threshold), g, mul(g, sigmoid(bx)))};
+    }, autograd::Saved::Inputs);
+  }
+  return out;
 }
 
 Tensor leaky_relu(const Tensor& x, double negative_slope) {

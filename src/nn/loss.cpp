@@ -11,6 +11,7 @@
 #include "ferry/backend.h"
 #include "ferry/factories.h"
 #include "ferry/nn/distance.h"
+#include "ferry/nn/functional.h"
 #include "ferry/ops.h"
 
 namespace ferry::nn::functional {
@@ -121,7 +122,7 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target, const CrossEntr
   if (!options.weight.defined() && !options.ignore_index && options.label_smoothing == 0)
     return cross_entropy(logits, target, options.reduction);
   check_class_loss("cross_entropy", logits, target, options.weight);
-  return class_loss("cross_entropy", log_softmax(logits, 1), target, options.weight, options.ignore_index,
+  return class_loss("cross_entropy", ferry::log_softmax(logits, 1), target, options.weight, options.ignore_index,
                     options.label_smoothing, options.reduction);
 }
 
@@ -147,11 +148,28 @@ void check_pair(const char* op, const Tensor& input, const Tensor& target) {
               shape_str(input.shape()), " and ", shape_str(target.shape()));
 }
 
-// Per element of d: 0.5 d^2 / beta where |d| < beta, else |d| - 0.5 beta (beta 0: |d|).
-Tensor smooth_l1(const Tensor& d, double beta) {
-  const Tensor magnitude = abs(d);
-  if (beta == 0) return magnitude;
-  return where(lt(magnitude, beta), mul(square(d), 0.5 / beta), sub(magnitude, 0.5 * beta));
+// Per element of d = input - target: 0.5 d^2 / beta where |d| < beta, else |d| - 0.5 beta, times `scale` (huber's
+// delta; smooth_l1's 1). PyTorch's gradient for the input, -1 times it for the target: scale where d > beta,
+// -scale where d < -beta, else scale d / beta (finite at infinite d and NaN at NaN, where the composition's gave
+// 0 * inf and 0).
+Tensor smooth_l1(const Tensor& input, const Tensor& target, double beta, double scale) {
+  Tensor loss;
+  {
+    autograd::NoGradGuard no_grad;
+    const Tensor d = sub(input, target), magnitude = abs(d);
+    loss = mul(where(lt(magnitude, beta), mul(square(d), 0.5 / beta), sub(magnitude, 0.5 * beta)), scale);
+  }
+  if (autograd::needs_grad({&input, &target})) {
+    autograd::record("smooth_l1", {input, target}, loss,
+                     [d = sub(input.detach(), target.detach()), beta, scale](const Tensor& g) {
+      const TensorOptions like{.device = d.device(), .dtype = d.dtype()};
+      const Tensor slope = where(gt(d, beta), full({}, scale, like),
+                                 where(lt(d, -beta), full({}, -scale, like), mul(d, scale / beta)));
+      const Tensor gi = mul(g, slope);
+      return std::vector<Tensor>{gi, neg(gi)};
+    }, autograd::Saved::Inputs);
+  }
+  return loss;
 }
 }  // namespace
 
@@ -170,21 +188,38 @@ Tensor l1_loss(const Tensor& input, const Tensor& target, Reduction reduction) {
 Tensor smooth_l1_loss(const Tensor& input, const Tensor& target, Reduction reduction, double beta) {
   check_pair("smooth_l1_loss", input, target);
   FERRY_CHECK(beta >= 0, InvalidArgument, "smooth_l1_loss: beta must be non-negative, got ", beta);
-  return reduce(smooth_l1(sub(input, target), beta), reduction);
+  if (beta == 0) return reduce(abs(sub(input, target)), reduction);  // l1
+  return reduce(smooth_l1(input, target, beta, 1.0), reduction);
 }
 
 Tensor huber_loss(const Tensor& input, const Tensor& target, Reduction reduction, double delta) {
   check_pair("huber_loss", input, target);
   FERRY_CHECK(delta > 0, InvalidArgument, "huber_loss: delta must be positive, got ", delta);
-  return reduce(mul(smooth_l1(sub(input, target), delta), delta), reduction);
+  return reduce(smooth_l1(input, target, delta, delta), reduction);
 }
 
 Tensor binary_cross_entropy(const Tensor& input, const Tensor& target, const BCELossOptions& options) {
   check_pair("binary_cross_entropy", input, target);
   check_same_device("binary_cross_entropy", {&input, &options.weight});
   // -(t log p + (1 - t) log(1 - p)), each log at least -100 (PyTorch's clamp)
-  const Tensor log_p = clamp(log(input), -100.0), log_q = clamp(log(rsub(input, 1.0)), -100.0);
-  Tensor loss = neg(add(mul(target, log_p), mul(rsub(target, 1.0), log_q)));
+  Tensor loss;
+  {
+    autograd::NoGradGuard no_grad;
+    const Tensor log_p = clamp(log(input), -100.0), log_q = clamp(log(rsub(input, 1.0)), -100.0);
+    loss = neg(add(mul(target, log_p), mul(rsub(target, 1.0), log_q)));
+  }
+  if (autograd::needs_grad({&input, &target})) {
+    // PyTorch's gradients: (p - t) / max(p (1 - p), 1e-12) for p, finite at p = 0 and 1 where the composition's
+    // are 0 * inf = NaN; log(1 - p) - log(p) for t, with the forward's clamped logs.
+    autograd::record("binary_cross_entropy", {input, target}, loss,
+                     [p = input.detach(), t = target.detach(), rp = input.requires_grad(),
+                      rt = target.requires_grad()](const Tensor& g) {
+      Tensor gp, gt;
+      if (rp) gp = mul(g, div(sub(p, t), clamp(mul(p, rsub(p, 1.0)), 1e-12)));
+      if (rt) gt = mul(g, sub(clamp(log(rsub(p, 1.0)), -100.0), clamp(log(p), -100.0)));
+      return std::vector<Tensor>{gp, gt};
+    }, autograd::Saved::Inputs);
+  }
   if (options.weight.defined()) loss = mul(loss, options.weight);
   return reduce(loss, options.reduction);
 }
@@ -193,8 +228,9 @@ Tensor binary_cross_entropy_with_logits(const Tensor& logits, const Tensor& targ
                                         const BCEWithLogitsOptions& options) {
   check_pair("binary_cross_entropy_with_logits", logits, target);
   check_same_device("binary_cross_entropy_with_logits", {&logits, &options.weight, &options.pos_weight});
-  // -log sigmoid(x) = log(1 + exp(-|x|)) + max(-x, 0), never exp of a large number
-  const Tensor softplus_neg = add(log1p(exp(neg(abs(logits)))), clamp(neg(logits), 0.0));
+  // -log sigmoid(x) = softplus(-x), never exp of a large number; its gradient -sigmoid(-x) is -0.5 at x = 0, where
+  // log(1 + exp(-|x|)) + max(-x, 0) has a corner on each term.
+  const Tensor softplus_neg = softplus(neg(logits));
   const Tensor log_weight =
       options.pos_weight.defined() ? add(mul(sub(options.pos_weight, 1.0), target), 1.0) : Tensor();
   Tensor loss = add(mul(rsub(target, 1.0), logits), log_weight.defined() ? mul(log_weight, softplus_neg) : softplus_neg);
