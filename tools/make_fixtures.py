@@ -613,6 +613,37 @@ def edge_value_cases():
     record("bce", lambda p, t: F.binary_cross_entropy(p, t, reduction="none"),
            [0.0, 1e-40, 1e-30, 0.25, 0.5, 1.0, 1.0, 0.0, 0.75], [0.0, 0.0, 1.0, 1.0, 0.5, 1.0, 0.0, 1.0, 0.25])
     record("kl_div", lambda x, t: F.kl_div(x, t, reduction="none"), EDGE, probabilities)
+    # Row functions (along the last dim of (4, 5) rows): a constant row, a zero row, a row holding inf, one NaN.
+    inf, nan = math.inf, math.nan
+    rows = [[2.0, 2.0, 2.0, 2.0, 2.0], [0.0, 0.0, 0.0, 0.0, 0.0], [1.0, -2.0, inf, 0.5, 3.0],
+            [1.0, nan, -1.0, 0.25, 2.0]]
+    others = [[2.0, 2.0, 2.0, 2.0, 2.0], [0.0, 0.0, 0.0, 0.0, 0.0], [1.0, 0.0, -1.0, 2.0, 0.5],
+              [0.0, 0.0, 0.0, 0.0, 0.0]]
+    record("rows_layer_norm", lambda x: F.layer_norm(x, (5,)), rows)
+    record("rows_group_norm", lambda x: F.group_norm(x.reshape(2, 2, 5), 1).reshape(4, 5), rows)
+    record("rows_normalize", lambda x: F.normalize(x, dim=1), rows)
+    record("rows_normalize_p1", lambda x: F.normalize(x, p=1.0, dim=1), rows)
+    record("rows_cosine_similarity", lambda x, y: F.cosine_similarity(x, y, dim=1), rows, others)
+    record("rows_pairwise_distance", F.pairwise_distance, rows, others)
+    record("rows_norm", lambda x: torch.norm(x, dim=1), rows)
+    record("rows_std", lambda x: torch.std(x, dim=1), rows)
+    record("rows_var_single", lambda x: torch.var(x[:, :1], dim=1), rows)
+    record("rows_mean", lambda x: torch.mean(x, dim=1), rows)
+    record("rows_amax", lambda x: torch.amax(x, dim=1), rows)
+    record("rows_max_dim", lambda x: torch.max(x, dim=1)[0], rows)
+    record("rows_logsumexp", lambda x: torch.logsumexp(x, 1), rows)
+    record("rows_softmax", lambda x: torch.softmax(x, 1), rows)
+    record("rows_log_softmax", lambda x: torch.log_softmax(x, 1), rows)
+    record("rows_cross_entropy", lambda x: F.cross_entropy(x, torch.tensor([0, 1, 3, 2]), reduction="none"), rows)
+    # Image functions on (1, 2, 4, 4): channel 0 holds a NaN, +inf and -inf, channel 1 is constant.
+    image = [[[[1.0, nan, 2.0, 0.5], [0.0, -1.0, inf, 3.0], [-inf, 2.0, 1.0, 1.0], [0.5, 0.5, -inf, -inf]],
+              [[3.0] * 4] * 4]]
+    record("img_max_pool2d", lambda x: F.max_pool2d(x, 2), image)
+    record("img_max_pool2d_s1", lambda x: F.max_pool2d(x, 2, 1), image)
+    record("img_avg_pool2d", lambda x: F.avg_pool2d(x, 2), image)
+    record("img_adaptive_max_pool2d", lambda x: F.adaptive_max_pool2d(x, (3, 3)), image)
+    record("img_adaptive_avg_pool2d", lambda x: F.adaptive_avg_pool2d(x, (3, 3)), image)
+    record("img_batch_norm", lambda x: F.batch_norm(x, None, None, training=True), image)
     write_safetensors(os.path.join(OUT, "edge_values.safetensors"), tensors,
                       {"torch": torch.__version__, "note": "see edge_value_cases() in tools/make_fixtures.py"})
 

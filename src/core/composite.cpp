@@ -90,7 +90,21 @@ Tensor logical_or(const Tensor& a, const Tensor& b) {
 }
 
 Tensor std(const Tensor& a, std::vector<int> dims, bool unbiased, bool keepdim) {
-  return sqrt(var(a, std::move(dims), unbiased, keepdim));
+  const Tensor v = var(a, std::move(dims), unbiased, keepdim);
+  Tensor out;
+  {
+    autograd::NoGradGuard no_grad;
+    out = sqrt(v);
+  }
+  if (autograd::needs_grad({&v})) {
+    // g / (2 std), and 0 where std is 0 (PyTorch's: a constant slice has no direction to move; sqrt's own
+    // gradient there, g / 0 times var's 0, is NaN).
+    autograd::record("std", {v}, out, [o = out.detach()](const Tensor& g) {
+      const Tensor zero = zeros({}, {.device = g.device(), .dtype = g.dtype()});
+      return std::vector<Tensor>{where(eq(o, 0.0), zero, div(g, mul(o, 2.0)))};
+    }, autograd::Saved::Output);
+  }
+  return out;
 }
 
 Tensor norm(const Tensor& a, std::vector<int> dims, bool keepdim) {

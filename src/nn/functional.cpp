@@ -753,15 +753,35 @@ void check_adaptive_pool(const char* op, const Tensor& input, Size2 output_size)
   FERRY_CHECK(input.size(-2) > 0 && input.size(-1) > 0, ShapeMismatch, op, ": the input ", shape_str(input.shape()),
               " has no rows or columns to pool");
 }
-// (n_out, n_in) of dtype on device: row i holds 1 / (end - start) on columns [start, end), start = floor(i n_in /
-// n_out), end = ceil((i + 1) n_in / n_out) (float64 quotients of integers below 2^24: exact where whole).
-Tensor averaging_matrix(std::int64_t n_in, std::int64_t n_out, Device device, DType dtype) {
-  const Tensor i = arange(0, static_cast<double>(n_out), 1, {.device = device, .dtype = DType::Float64}).unsqueeze(1);
-  const Tensor h = arange(0, static_cast<double>(n_in), 1, {.device = device, .dtype = DType::Float64}).unsqueeze(0);
-  const Tensor start = floor(div(mul(i, static_cast<double>(n_in)), static_cast<double>(n_out)));
-  const Tensor end = ceil(div(mul(add(i, 1.0), static_cast<double>(n_in)), static_cast<double>(n_out)));
-  const Tensor inside = logical_and(ge(h, start), lt(h, end)).to(DType::Float64);
-  return div(inside, sub(end, start)).to(dtype);
+
+// The adaptive windows of x along `dim` (size n_in -> n_out): window i covers [start, end), start = floor(i n_in /
+// n_out), end = ceil((i + 1) n_in / n_out) (float64 quotients of integers below 2^24: exact where whole). Its rows
+// are gathered on the device as (n_out, k) in place of dim, k the longest window's length, a shorter window
+// repeating its last row; `own` ((n_out, k), then 1 for each dim after `dim`) tells a window's own rows from the
+// repeats, `length` ((n_out), then the same 1s) counts them.
+struct AdaptiveWindows {
+  Tensor rows, own, length;
+};
+AdaptiveWindows adaptive_windows(const Tensor& x, int dim, std::int64_t n_out) {
+  const std::int64_t n_in = x.size(dim);
+  std::int64_t k = 0;
+  for (std::int64_t i = 0; i < n_out; ++i) k = std::max(k, ((i + 1) * n_in + n_out - 1) / n_out - i * n_in / n_out);
+  const ArangeOptions f64{.device = x.device(), .dtype = DType::Float64};
+  const double in = static_cast<double>(n_in), out = static_cast<double>(n_out);
+  const Tensor i = arange(0, out, 1, f64).unsqueeze(1);  // (n_out, 1)
+  const Tensor start = floor(div(mul(i, in), out)), end = ceil(div(mul(add(i, 1.0), in), out));
+  const Tensor wanted = add(start, arange(0, static_cast<double>(k), 1, f64).unsqueeze(0));  // (n_out, k)
+  const Tensor rows = minimum(wanted, sub(end, 1.0));
+  Shape windows = x.shape();  // x's shape with dim split into (n_out, k)
+  windows[dim] = n_out;
+  windows.insert(windows.begin() + dim + 1, k);
+  Shape own_shape{n_out, k}, length_shape{n_out};
+  for (int d = dim + 1; d < x.dim(); ++d) {
+    own_shape.push_back(1);
+    length_shape.push_back(1);
+  }
+  return {index_select(x, dim, rows.to(DType::Int64).reshape({n_out * k})).reshape(windows),
+          lt(wanted, end).reshape(own_shape), sub(end, start).to(x.dtype()).reshape(length_shape)};
 }
 }  // namespace
 
@@ -806,28 +826,21 @@ Tensor adaptive_avg_pool2d(const Tensor& input, Size2 output_size) {
   if (height % output_size.h == 0 && width % output_size.w == 0) {
     return avg_pool2d(input, Size2(height / output_size.h, width / output_size.w));  // equal, disjoint windows
   }
-  const Tensor rows = averaging_matrix(height, output_size.h, input.device(), input.dtype());  // (oh, H)
-  const Tensor cols = averaging_matrix(width, output_size.w, input.device(), input.dtype());   // (ow, W)
-  return matmul(matmul(rows, input), cols.t());  // (oh, H) @ (N, C, H, W) @ (W, ow)
+  // The mean over row windows, then over column windows, each a gather, a select and a sum: no product of an
+  // input with a 0 weight, which would make an inf anywhere in a row or column NaN there (0 * inf).
+  const auto window_mean = [](const Tensor& x, int dim, std::int64_t n_out) {
+    const AdaptiveWindows w = adaptive_windows(x, dim, n_out);
+    const Tensor zero = zeros({}, {.device = x.device(), .dtype = x.dtype()});
+    return div(sum(where(w.own, w.rows, zero), {dim + 1}), w.length);
+  };
+  return window_mean(window_mean(input, 2, output_size.h), 3, output_size.w);
 }
 
 namespace {
-// The maximum of x over each adaptive window along `dim` (size n_in -> n_out): window i covers [floor(i n_in /
-// n_out), ceil((i + 1) n_in / n_out)). Its rows are gathered as (n_out, k), k the longest window's length, a shorter
-// window repeating its last row (which leaves its maximum, and the row that gets the gradient, unchanged).
+// The maximum of x over each adaptive window along `dim`; a window's repeats of its last row leave its maximum, and
+// the row that gets the gradient, unchanged.
 Tensor window_max(const Tensor& x, int dim, std::int64_t n_out) {
-  const std::int64_t n_in = x.size(dim);
-  std::int64_t k = 0;
-  for (std::int64_t i = 0; i < n_out; ++i) k = std::max(k, ((i + 1) * n_in + n_out - 1) / n_out - i * n_in / n_out);
-  const ArangeOptions f64{.device = x.device(), .dtype = DType::Float64};
-  const double in = static_cast<double>(n_in), out = static_cast<double>(n_out);
-  const Tensor i = arange(0, out, 1, f64).unsqueeze(1);  // (n_out, 1)
-  const Tensor start = floor(div(mul(i, in), out)), end = ceil(div(mul(add(i, 1.0), in), out));
-  const Tensor rows = minimum(add(start, arange(0, static_cast<double>(k), 1, f64).unsqueeze(0)), sub(end, 1.0));
-  Shape windows = x.shape();  // x's shape with dim split into (n_out, k)
-  windows[dim] = n_out;
-  windows.insert(windows.begin() + dim + 1, k);
-  return max(index_select(x, dim, rows.to(DType::Int64).reshape({n_out * k})).reshape(windows), dim + 1).first;
+  return max(adaptive_windows(x, dim, n_out).rows, dim + 1).first;
 }
 }  // namespace
 

@@ -82,8 +82,9 @@ Tensor max_pool2d(const Tensor& input, Size2 kernel_size, Size2 stride = 0, Size
 Tensor avg_pool2d(const Tensor& input, Size2 kernel_size, Size2 stride = 0, Size2 padding = 0);
 // torch's adaptive_avg_pool2d: input (N, C, H, W) or (C, H, W) -> output_size (oh, ow) in the last two dims; output
 // [i, j] averages rows floor(i H / oh) .. ceil((i + 1) H / oh) - 1 and the same for columns (windows may overlap
-// when oh does not divide H). Global pooling (1, 1) is a mean, sizes that divide are avg_pool2d, the rest two
-// matmuls with averaging matrices built on the input's device; autograd differentiates each.
+// when oh does not divide H). Global pooling (1, 1) is a mean, sizes that divide are avg_pool2d, the rest the mean
+// over row windows, then column windows, each gathered on the device with index_select (an inf stays in its own
+// windows); autograd differentiates each.
 Tensor adaptive_avg_pool2d(const Tensor& input, Size2 output_size);
 // torch's adaptive_max_pool2d (without return_indices): the same windows, their maximum. Sizes that divide are
 // max_pool2d; the rest take the maximum over row windows, then over column windows (a max is separable), each
