@@ -153,15 +153,15 @@ void check_pair(const char* op, const Tensor& input, const Tensor& target) {
 // -scale where d < -beta, else scale d / beta (finite at infinite d and NaN at NaN, where the composition's gave
 // 0 * inf and 0).
 Tensor smooth_l1(const Tensor& input, const Tensor& target, double beta, double scale) {
+  const Tensor d = sub(input.detach(), target.detach());
   Tensor loss;
   {
     autograd::NoGradGuard no_grad;
-    const Tensor d = sub(input, target), magnitude = abs(d);
+    const Tensor magnitude = abs(d);
     loss = mul(where(lt(magnitude, beta), mul(square(d), 0.5 / beta), sub(magnitude, 0.5 * beta)), scale);
   }
   if (autograd::needs_grad({&input, &target})) {
-    autograd::record("smooth_l1", {input, target}, loss,
-                     [d = sub(input.detach(), target.detach()), beta, scale](const Tensor& g) {
+    autograd::record("smooth_l1", {input, target}, loss, [d, beta, scale](const Tensor& g) {
       const TensorOptions like{.device = d.device(), .dtype = d.dtype()};
       const Tensor slope = where(gt(d, beta), full({}, scale, like),
                                  where(lt(d, -beta), full({}, -scale, like), mul(d, scale / beta)));
