@@ -836,6 +836,9 @@ TEST(NNParityEdgeValues, FunctionsMatchPyTorchAtInfinitiesNanAndZeros) {
       {"img_avg_pool2d", [](const Tensor& x, const Tensor&) { return F::avg_pool2d(x, 2); }},
       {"img_adaptive_max_pool2d", [](const Tensor& x, const Tensor&) { return F::adaptive_max_pool2d(x, {3, 3}); }},
       {"img_adaptive_avg_pool2d", [](const Tensor& x, const Tensor&) { return F::adaptive_avg_pool2d(x, {3, 3}); }},
+      {"img_upsample_bilinear2d", [](const Tensor& x, const Tensor&) { return F::upsample_bilinear2d(x, {6, 3}); }},
+      {"img_upsample_bilinear2d_align",
+       [](const Tensor& x, const Tensor&) { return F::upsample_bilinear2d(x, {7, 5}, true); }},
       {"img_batch_norm",
        [](const Tensor& x, const Tensor&) { return F::batch_norm(x, Tensor(), Tensor(), Tensor(), Tensor(), true); }},
   };

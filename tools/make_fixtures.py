@@ -644,6 +644,9 @@ def edge_value_cases():
     record("img_adaptive_max_pool2d", lambda x: F.adaptive_max_pool2d(x, (3, 3)), image)
     record("img_adaptive_avg_pool2d", lambda x: F.adaptive_avg_pool2d(x, (3, 3)), image)
     record("img_batch_norm", lambda x: F.batch_norm(x, None, None, training=True), image)
+    record("img_upsample_bilinear2d", lambda x: F.interpolate(x, size=(6, 3), mode="bilinear"), image)
+    record("img_upsample_bilinear2d_align", lambda x: F.interpolate(x, size=(7, 5), mode="bilinear",
+                                                                    align_corners=True), image)
     write_safetensors(os.path.join(OUT, "edge_values.safetensors"), tensors,
                       {"torch": torch.__version__, "note": "see edge_value_cases() in tools/make_fixtures.py"})
 

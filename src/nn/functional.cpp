@@ -786,21 +786,25 @@ AdaptiveWindows adaptive_windows(const Tensor& x, int dim, std::int64_t n_out) {
 }  // namespace
 
 namespace {
-// (n_out, n_in) of dtype on device: PyTorch's linear interpolation weights. Row i mixes the two inputs around its
-// source point x = (i + 0.5) n_in / n_out - 0.5, clamped at 0 (or, with align_corners, i (n_in - 1) / (n_out - 1)):
-// 1 - frac on floor(x) and frac on floor(x) + 1 (the last input again at the edge), frac = x - floor(x).
-Tensor interpolation_matrix(std::int64_t n_in, std::int64_t n_out, bool align_corners, Device device, DType dtype) {
-  const ArangeOptions f64{.device = device, .dtype = DType::Float64};
-  const Tensor i = arange(0, static_cast<double>(n_out), 1, f64).unsqueeze(1);  // (n_out, 1)
-  const Tensor h = arange(0, static_cast<double>(n_in), 1, f64).unsqueeze(0);   // (1, n_in)
+// x linearly interpolated along `dim` (size n_in -> n_out), PyTorch's weights: output i mixes the two inputs around
+// its source point s = (i + 0.5) n_in / n_out - 0.5, clamped at 0 (or, with align_corners, i (n_in - 1) / (n_out -
+// 1)): (1 - frac) on floor(s) and frac on floor(s) + 1 (the last input again at the edge), frac = s - floor(s). The
+// two neighbours are gathered on the device (index_select), so an input reaches only the outputs beside it (a
+// product with each input and a 0 weight, as a matmul would take, makes one inf NaN across its whole row).
+Tensor interpolate_along(const Tensor& x, int dim, std::int64_t n_out, bool align_corners) {
+  const std::int64_t n_in = x.size(dim);
+  const ArangeOptions f64{.device = x.device(), .dtype = DType::Float64};
+  const Tensor i = arange(0, static_cast<double>(n_out), 1, f64);  // (n_out)
   const double in = static_cast<double>(n_in), out = static_cast<double>(n_out);
   const Tensor source = align_corners ? mul(i, n_out > 1 ? (in - 1) / (out - 1) : 0.0)
                                       : clamp(sub(mul(add(i, 0.5), in / out), 0.5), 0.0);
   const Tensor first = floor(source);
-  const Tensor frac = sub(source, first);
   const Tensor second = clamp(add(first, 1.0), std::nullopt, in - 1);
-  return add(mul(eq(h, first).to(DType::Float64), rsub(frac, 1.0)), mul(eq(h, second).to(DType::Float64), frac))
-      .to(dtype);
+  Shape weight_shape{n_out};  // (n_out), then 1 for each dim after `dim`
+  for (int d = dim + 1; d < x.dim(); ++d) weight_shape.push_back(1);
+  const Tensor frac = sub(source, first).to(x.dtype()).reshape(weight_shape);
+  const Tensor a = index_select(x, dim, first.to(DType::Int64)), b = index_select(x, dim, second.to(DType::Int64));
+  return add(mul(a, rsub(frac, 1.0)), mul(b, frac));
 }
 }  // namespace
 
@@ -813,9 +817,7 @@ Tensor upsample_bilinear2d(const Tensor& input, Size2 output_size, bool align_co
   const std::int64_t height = input.size(2), width = input.size(3);
   FERRY_CHECK(height > 0 && width > 0, ShapeMismatch, "upsample_bilinear2d: the input ", shape_str(input.shape()),
               " has no rows or columns to interpolate");
-  const Tensor rows = interpolation_matrix(height, output_size.h, align_corners, input.device(), input.dtype());
-  const Tensor cols = interpolation_matrix(width, output_size.w, align_corners, input.device(), input.dtype());
-  return matmul(matmul(rows, input), cols.t());  // (oh, H) @ (N, C, H, W) @ (W, ow)
+  return interpolate_along(interpolate_along(input, 2, output_size.h, align_corners), 3, output_size.w, align_corners);
 }
 
 Tensor adaptive_avg_pool2d(const Tensor& input, Size2 output_size) {

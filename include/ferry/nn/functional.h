@@ -97,7 +97,8 @@ Tensor upsample_nearest2d(const Tensor& input, Size2 scale_factor);
 // Bilinear resize of input (N, C, H, W) to output_size (PyTorch's F.interpolate(mode="bilinear"), no antialias):
 // output pixel (i, j) mixes the 2 x 2 input pixels around its source point y = (i + 0.5) H / oh - 0.5, clamped at
 // 0 (x alike), or, with align_corners, y = i (H - 1) / (oh - 1): the corner pixels land on the corners. Runs as two
-// interpolation matmuls built on the device, (oh, H) @ input @ (W, ow), and differentiates through them.
+// passes, rows then columns, each gathering the two neighbours on the device and mixing them, and differentiates
+// through them.
 Tensor upsample_bilinear2d(const Tensor& input, Size2 output_size, bool align_corners = false);
 // PyTorch's F.unfold: the sliding (kh, kw) blocks of input (N, C, H, W) or (C, H, W) as columns (N, C kh kw, L),
 // L = oh * ow blocks counted as conv2d counts its outputs, each column one block (rows in (c, i, j) order). fold
