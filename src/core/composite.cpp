@@ -47,7 +47,7 @@ Tensor clamp(const Tensor& a, std::optional<double> min, std::optional<double> m
     autograd::record("clamp", {a}, out, [a = a.detach(), min, max](const Tensor& g) {
       Tensor inside = min ? ge(a, *min) : ge(a, -std::numeric_limits<double>::infinity());
       if (max) inside = logical_and(inside, le(a, *max));
-      return std::vector<Tensor>{where(inside, g, zeros({}, {.device = g.device(), .dtype = g.dtype()}))};
+      return std::vector<Tensor>{where(inside, g, scalar_like(g, 0.0))};
     }, autograd::Saved::Inputs);
   }
   return out;  // a new tensor: at least one bound was applied
@@ -100,7 +100,7 @@ Tensor std(const Tensor& a, std::vector<int> dims, bool unbiased, bool keepdim) 
     // g / (2 std), and 0 where std is 0 (PyTorch's: a constant slice has no direction to move; sqrt's own
     // gradient there, g / 0 times var's 0, is NaN).
     autograd::record("std", {v}, out, [o = out.detach()](const Tensor& g) {
-      const Tensor zero = zeros({}, {.device = g.device(), .dtype = g.dtype()});
+      const Tensor zero = scalar_like(g, 0.0);
       return std::vector<Tensor>{where(eq(o, 0.0), zero, div(g, mul(o, 2.0)))};
     }, autograd::Saved::Output);
   }
