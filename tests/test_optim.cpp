@@ -4,8 +4,10 @@
 // Not here: the training parity of a whole model (test_nn_parity.cpp).
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <functional>
 #include <memory>
+#include <sstream>
 
 #include "fixtures/fixture_reader.h"
 #include "test_helpers.h"
@@ -27,7 +29,9 @@ namespace optim = ferry::optim;
 namespace {
 Device sim0() { return Device::parse("sim:0"); }
 
-std::unique_ptr<optim::Optimizer> make_optimizer(const Fixture& f, std::vector<Tensor> params) {
+// The fixture's optimizer over `params`; `fused` picks SGD's and Adam's one-call step (their default) or the
+// op-by-op one (RMSprop and Adagrad have only the latter).
+std::unique_ptr<optim::Optimizer> make_optimizer(const Fixture& f, std::vector<Tensor> params, bool fused = true) {
   auto number = [&](const char* key, double fallback) { return f.metadata.count(key) ? f.number(key) : fallback; };
   auto flag = [&](const char* key) { return f.text(key, "False") == "True"; };
   const std::string kind = f.text("kind");
@@ -35,7 +39,7 @@ std::unique_ptr<optim::Optimizer> make_optimizer(const Fixture& f, std::vector<T
     return std::make_unique<optim::SGD>(
         params, optim::SGDOptions{.lr = f.number("lr"), .momentum = number("momentum", 0), .dampening = number("dampening", 0),
                                   .weight_decay = number("weight_decay", 0), .nesterov = flag("nesterov"),
-                                  .maximize = flag("maximize")});
+                                  .maximize = flag("maximize"), .fused = fused});
   }
   if (kind == "rmsprop") {
     return std::make_unique<optim::RMSprop>(
@@ -52,10 +56,10 @@ std::unique_ptr<optim::Optimizer> make_optimizer(const Fixture& f, std::vector<T
   }
   optim::AdamOptions options{.lr = f.number("lr"), .beta1 = number("beta1", 0.9), .beta2 = number("beta2", 0.999),
                              .eps = number("eps", 1e-8), .weight_decay = number("weight_decay", 0),
-                             .amsgrad = flag("amsgrad"), .maximize = flag("maximize")};
+                             .amsgrad = flag("amsgrad"), .maximize = flag("maximize"), .fused = fused};
   if (kind == "adamw") {  // AdamWOptions' own default weight decay (1e-2) where the fixture gives none
     optim::AdamWOptions adamw{.lr = options.lr, .beta1 = options.beta1, .beta2 = options.beta2, .eps = options.eps,
-                              .amsgrad = options.amsgrad, .maximize = options.maximize};
+                              .amsgrad = options.amsgrad, .maximize = options.maximize, .fused = fused};
     if (f.metadata.count("weight_decay")) adamw.weight_decay = options.weight_decay;
     return std::make_unique<optim::AdamW>(params, adamw);
   }
@@ -107,6 +111,127 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, OptimParity,
                                            "adam", "adam_wd_amsgrad", "adamw", "rmsprop",
                                            "rmsprop_centered_momentum_wd", "rmsprop_maximize", "adagrad",
                                            "adagrad_decay_init_wd"));
+
+namespace {
+// The part of `f` under "<name>/": its tensors and settings, the prefix taken off their keys.
+Fixture part(const Fixture& f, const std::string& name) {
+  Fixture out;
+  const std::string prefix = name + "/";
+  for (const auto& [key, value] : f.tensors)
+    if (key.rfind(prefix, 0) == 0) out.tensors[key.substr(prefix.size())] = value;
+  for (const auto& [key, value] : f.metadata)
+    if (key.rfind(prefix, 0) == 0) out.metadata[key.substr(prefix.size())] = value;
+  return out;
+}
+
+// The cases of `f`: the names before "/<last>" of its keys ending so.
+std::vector<std::string> cases_of(const Fixture& f, const std::string& last) {
+  std::vector<std::string> names;
+  for (const auto& [key, value] : f.tensors) {
+    const std::size_t slash = key.rfind('/');
+    if (slash != std::string::npos && key.substr(slash + 1) == last) names.push_back(key.substr(0, slash));
+  }
+  return names;
+}
+
+// Each element of `got` that differs from `want` ("" when none): NaN matches NaN, an infinity itself, anything
+// else within atol + rtol |want|. `labels` names each element's scenario.
+std::string differences(const Tensor& got, const Tensor& want, double rtol, double atol,
+                        const std::vector<std::string>& labels = {}) {
+  if (got.shape() != want.shape())
+    return "shape " + ferry::shape_str(got.shape()) + ", PyTorch " + ferry::shape_str(want.shape());
+  const std::vector<double> a = ferry::testing::values(got.cpu()), b = ferry::testing::values(want);
+  std::ostringstream text;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    const bool same = (std::isnan(a[i]) && std::isnan(b[i])) || a[i] == b[i] ||
+                      std::abs(a[i] - b[i]) <= atol + rtol * std::abs(b[i]);
+    if (same) continue;
+    text << "\n  [" << i << "]";
+    if (i < labels.size()) text << " " << labels[i];
+    text << ": " << a[i] << ", PyTorch " << b[i];
+  }
+  return text.str();
+}
+}  // namespace
+
+// Every optimizer through five steps of gradients at the edge values (tools/make_fixtures.py's optim_edge_cases:
+// an inf, -inf or NaN gradient at one step, gradients whose square overflows or underflows float32, parameters
+// that are inf, NaN or near float32's largest), each element of the parameter and of the state after every step
+// against PyTorch's, on every device, fused and op by op.
+TEST(OptimParityEdgeValues, EveryOptimizerMatchesPyTorchAtInfinitiesNanAndOverflow) {
+  const Fixture fixture = load_fixture("optim_edge_values");
+  std::vector<std::string> names;
+  for (const std::string& name : cases_of(fixture, "initial")) names.push_back(name);
+  ASSERT_EQ(names.size(), 12U);
+  std::vector<Device> devices = ferry::testing::accelerators();
+  devices.insert(devices.begin(), ferry::kCPU);
+  for (const std::string& name : names) {
+    const Fixture f = part(fixture, name);
+    // Each element's scenario, for the messages: "p=1 g=[0.1 inf 0.1 0.1 0.1]".
+    std::vector<std::string> labels;
+    const std::vector<double> initial = ferry::testing::values(f["initial"]);
+    const Tensor grads = f["grads"], expected = f["params"];
+    for (std::size_t i = 0; i < initial.size(); ++i) {
+      std::ostringstream label;
+      label << "p=" << initial[i] << " g=[";
+      for (std::int64_t s = 0; s < grads.size(0); ++s)
+        label << (s ? " " : "") << grads.select(0, s).to_vector<float>()[i];
+      labels.push_back(label.str() + "]");
+    }
+    const std::string kind = f.text("kind");
+    const bool has_fused = kind == "sgd" || kind == "adam" || kind == "adamw";
+    for (const Device& device : devices) {
+      for (const bool fused : has_fused ? std::vector<bool>{true, false} : std::vector<bool>{false}) {
+        const std::string where = name + " on " + device.str() + (fused ? " (fused)" : " (op by op)");
+        Tensor p = f["initial"].to(device).clone().requires_grad_(true);
+        auto optimizer = make_optimizer(f, {p}, fused);
+        for (std::int64_t step = 0; step < grads.size(0); ++step) {
+          optimizer->zero_grad();
+          p.set_grad(grads.select(0, step).contiguous().to(device));
+          optimizer->step();
+          const std::string diff = differences(p.detach(), expected.select(0, step).contiguous(), 1e-5, 0, labels);
+          EXPECT_TRUE(diff.empty()) << where << ", the parameter after step " << step << diff;
+        }
+        for (const auto& [state_name, value] : optimizer->state_dict()) {
+          if (state_name == "state.0.step") continue;
+          const std::string key = "state." + state_name.substr(8);
+          ASSERT_TRUE(f.has(key)) << where << ": ferry has state " << state_name << " that PyTorch lacks";
+          const std::string diff = differences(value, f[key], 1e-5, 0, labels);
+          EXPECT_TRUE(diff.empty()) << where << ", " << key << " after the last step" << diff;
+        }
+      }
+    }
+  }
+}
+
+// clip_grad_norm_ where a gradient holds inf, -inf, NaN, 1e30, 3e38 (its square overflows), subnormals or only
+// zeros, for the 2-, 1-, inf- and 3-norm: the total and both clipped gradients against PyTorch's, every device.
+TEST(ClipGrad, NormMatchesPyTorchAtInfinitiesNanAndOverflow) {
+  namespace utils = ferry::nn::utils;
+  const Fixture fixture = load_fixture("optim_edge_values");
+  const std::vector<std::string> names = cases_of(fixture, "total");
+  ASSERT_EQ(names.size(), 36U);
+  std::vector<Device> devices = ferry::testing::accelerators();
+  devices.insert(devices.begin(), ferry::kCPU);
+  for (const Device& device : devices) {
+    for (const std::string& name : names) {
+      const Fixture f = part(fixture, name);
+      const double norm_type = f.number("norm_type");
+      Tensor a = ferry::zeros({3}, {.device = device}), b = ferry::zeros({2, 2}, {.device = device});
+      a.set_grad(f["grad0"].to(device).clone());
+      b.set_grad(f["grad1"].to(device).clone());
+      const Tensor total = utils::clip_grad_norm_({a, b}, f.number("max_norm"),
+                                                  std::isinf(norm_type) ? utils::kInfinityNorm : norm_type);
+      const std::string where = name + " on " + device.str();
+      std::string diff = differences(total, f["total"], 1e-5, 0);
+      EXPECT_TRUE(diff.empty()) << where << ", the total" << diff;
+      diff = differences(a.grad(), f["clipped0"], 1e-5, 1e-45);
+      EXPECT_TRUE(diff.empty()) << where << ", the first gradient" << diff;
+      diff = differences(b.grad(), f["clipped1"], 1e-5, 1e-45);
+      EXPECT_TRUE(diff.empty()) << where << ", the second gradient" << diff;
+    }
+  }
+}
 
 namespace {
 // A small model and a fixed batch; returns the parameters after `steps` steps of `optimizer`.

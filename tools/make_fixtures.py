@@ -15,6 +15,7 @@ import math
 import os
 import struct
 import sys
+import warnings
 
 import numpy as np
 import torch
@@ -494,6 +495,40 @@ def cnn_case(batch=8, steps=10, lr=0.01, momentum=0.9):
                       {"batch": batch, "steps": steps, "lr": lr, "momentum": momentum})
 
 
+def _sgd(**kw):
+    return lambda params: (torch.optim.SGD(params, **kw), dict(kw, kind="sgd"))
+
+
+def _adam(cls, kind, **kw):
+    betas = kw.get("betas", (0.9, 0.999))
+    settings = {k: v for k, v in kw.items() if k != "betas"}
+    return lambda params: (cls(params, **kw), dict(settings, kind=kind, beta1=betas[0], beta2=betas[1]))
+
+
+def _plain(cls, kind, **kw):
+    return lambda params: (cls(params, **kw), dict(kw, kind=kind))
+
+
+# (name, make): make(params) -> (the torch optimizer, the settings tests/test_optim.cpp's make_optimizer reads)
+OPTIMIZERS = [
+    ("sgd_plain", _sgd(lr=0.1)),
+    ("sgd_momentum_dampening_wd", _sgd(lr=0.05, momentum=0.9, dampening=0.1, weight_decay=0.01)),
+    ("sgd_nesterov_wd", _sgd(lr=0.05, momentum=0.8, nesterov=True, weight_decay=0.001)),
+    ("sgd_maximize", _sgd(lr=0.1, momentum=0.5, maximize=True)),
+    ("adam", _adam(torch.optim.Adam, "adam", lr=0.01)),
+    ("adam_wd_amsgrad", _adam(torch.optim.Adam, "adam", lr=0.02, betas=(0.8, 0.99), eps=1e-6, weight_decay=0.1,
+                              amsgrad=True)),
+    ("adamw", _adam(torch.optim.AdamW, "adamw", lr=0.01, weight_decay=0.1)),
+    ("rmsprop", _plain(torch.optim.RMSprop, "rmsprop", lr=0.01)),
+    ("rmsprop_centered_momentum_wd", _plain(torch.optim.RMSprop, "rmsprop", lr=0.01, alpha=0.9, eps=1e-6,
+                                            weight_decay=0.05, momentum=0.8, centered=True)),
+    ("rmsprop_maximize", _plain(torch.optim.RMSprop, "rmsprop", lr=0.02, momentum=0.5, maximize=True)),
+    ("adagrad", _plain(torch.optim.Adagrad, "adagrad", lr=0.1)),
+    ("adagrad_decay_init_wd", _plain(torch.optim.Adagrad, "adagrad", lr=0.1, lr_decay=0.05, weight_decay=0.01,
+                                     initial_accumulator_value=0.2, eps=1e-8)),
+]
+
+
 def optim_case(name, make, steps=6, shape=(4, 3)):
     torch.manual_seed(abs(hash(name)) % (2 ** 31))
     p = torch.randn(*shape, requires_grad=True)
@@ -511,6 +546,93 @@ def optim_case(name, make, steps=6, shape=(4, 3)):
         if value is not None:
             tensors["state." + key] = value if isinstance(value, torch.Tensor) else torch.tensor(float(value))
     write_safetensors(os.path.join(OUT, name + ".safetensors"), tensors, settings)
+
+
+def optim_edge_cases():
+    """Every optimizer of OPTIMIZERS through five steps of gradients at the edge values, one file.
+
+    The parameter is a vector whose elements are independent scenarios (the updates are elementwise): an inf,
+    -inf or NaN gradient at one step, gradients whose square overflows (1e20) or underflows (1e-20, 1e-30) float32
+    or is subnormal, ones near float32's largest, zero gradients at +-0, and parameters that are inf, NaN, 1e30 or
+    near the largest. Case "<name>" holds <name>/initial, <name>/grads (steps, n), <name>/params (steps, n) and
+    <name>/state.<key>, its settings in the metadata as "<name>/<setting>"; tests/test_optim.cpp's
+    OptimParityEdgeValues runs them. Then clip_grad_norm_ on two gradients holding the edge values, for each norm
+    type: "clip_<case>/grad0", "/grad1", "/total", "/clipped0", "/clipped1".
+    """
+    inf, nan = math.inf, math.nan
+    big, small = 3e38, 1e-40
+    #        (initial, gradients of steps 0..4)
+    scenarios = [
+        (0.5, [0.1, -0.2, 0.3, -0.1, 0.2]),
+        (0.0, [0.0, 0.0, 0.0, 0.0, 0.0]),
+        (-0.0, [-0.0, -0.0, 0.0, -0.0, -0.0]),
+        (1.0, [0.1, inf, 0.1, 0.1, 0.1]),
+        (1.0, [-inf, 0.1, 0.1, 0.1, 0.1]),
+        (1.0, [0.1, 0.2, nan, 0.1, 0.1]),
+        (1.0, [1e20, 1e20, -1e20, 1e20, 1e20]),
+        (1.0, [1e-20, 1e-20, -1e-20, 1e-20, 1e-20]),
+        (1.0, [1e-30, -1e-30, 1e-30, 1e-30, 1e-30]),
+        (1.0, [small, small, -small, small, small]),
+        (1.0, [big, big, big, -big, big]),
+        (-2.0, [1e10, 1e10, -1e10, 1e10, 1e10]),
+        (inf, [0.1, 0.1, 0.1, 0.1, 0.1]),
+        (-inf, [0.0, 0.0, 0.0, 0.0, 0.0]),
+        (nan, [0.1, 0.1, 0.1, 0.1, 0.1]),
+        (1e30, [1.0, 1.0, 1.0, 1.0, 1.0]),
+        (big, [-big, -big, -big, -big, -big]),
+        (small, [small, small, small, small, small]),
+    ]
+    initial = torch.tensor([s[0] for s in scenarios], dtype=torch.float32)
+    grads = torch.tensor([s[1] for s in scenarios], dtype=torch.float32).t().contiguous()
+    tensors, metadata = {}, {"torch": torch.__version__, "note": "see optim_edge_cases() in tools/make_fixtures.py"}
+    for name, make in OPTIMIZERS:
+        p = initial.clone().requires_grad_(True)
+        optimizer, settings = make([p])
+        history = []
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            for step in range(grads.size(0)):
+                optimizer.zero_grad()
+                p.grad = grads[step].clone()
+                optimizer.step()
+                history.append(p.detach().clone())
+        tensors[name + "/initial"] = initial
+        tensors[name + "/grads"] = grads
+        tensors[name + "/params"] = torch.stack(history)
+        for key, value in optimizer.state_dict()["state"].get(0, {}).items():
+            if value is not None:
+                tensors[name + "/state." + key] = (value if isinstance(value, torch.Tensor)
+                                                   else torch.tensor(float(value)))
+        for key, value in settings.items():
+            metadata[name + "/" + key] = value
+
+    # clip_grad_norm_: gradients of two parameters, (3,) and (2, 2), each case with one edge in it.
+    grad_sets = {
+        "finite": ([3.0, -4.0, 0.5], [[1.0, 2.0], [-0.25, 0.0]]),
+        "small": ([1e-3, -2e-3, 0.0], [[0.0, 1e-3], [0.0, 0.0]]),
+        "zeros": ([0.0, -0.0, 0.0], [[0.0, 0.0], [0.0, 0.0]]),
+        "inf": ([1.0, inf, 0.5], [[1.0, 2.0], [-0.25, 0.0]]),
+        "minus_inf": ([1.0, 2.0, 0.5], [[1.0, -inf], [-0.25, 0.0]]),
+        "nan": ([1.0, 2.0, nan], [[1.0, 2.0], [-0.25, 0.0]]),
+        "huge": ([1e30, -1e30, 1.0], [[1e25, 2.0], [-0.25, 0.0]]),
+        "overflowing": ([3e38, 3e38, 1.0], [[1.0, 2.0], [-0.25, 0.0]]),
+        "subnormal": ([1e-40, -1e-40, 0.0], [[1e-41, 0.0], [0.0, 0.0]]),
+    }
+    for norm_type, label in ((2.0, "l2"), (1.0, "l1"), (inf, "linf"), (3.0, "l3")):
+        for case, (g0, g1) in grad_sets.items():
+            name = "clip_" + label + "_" + case
+            a = torch.zeros(3, requires_grad=True)
+            b = torch.zeros(2, 2, requires_grad=True)
+            a.grad = torch.tensor(g0, dtype=torch.float32)
+            b.grad = torch.tensor(g1, dtype=torch.float32)
+            tensors[name + "/grad0"] = a.grad.clone()
+            tensors[name + "/grad1"] = b.grad.clone()
+            tensors[name + "/total"] = torch.nn.utils.clip_grad_norm_([a, b], 1.0, norm_type=norm_type)
+            tensors[name + "/clipped0"] = a.grad.clone()
+            tensors[name + "/clipped1"] = b.grad.clone()
+            metadata[name + "/norm_type"] = norm_type
+            metadata[name + "/max_norm"] = 1.0
+    write_safetensors(os.path.join(OUT, "optim_edge_values.safetensors"), tensors, metadata)
 
 
 def half_case():
@@ -647,6 +769,25 @@ def edge_value_cases():
     record("img_upsample_bilinear2d", lambda x: F.interpolate(x, size=(6, 3), mode="bilinear"), image)
     record("img_upsample_bilinear2d_align", lambda x: F.interpolate(x, size=(7, 5), mode="bilinear",
                                                                     align_corners=True), image)
+    # Layers with weights (the weight is the second operand, so its gradient is checked too): convolutions through
+    # the image's NaN and infinities, the fused BatchNorm + ReLU + pooling block, linear on the rows.
+    g = torch.Generator().manual_seed(7)
+    conv_weight = torch.randn(3, 2, 3, 3, generator=g)
+    conv_weight[0, 0, 1, 1] = 0.0
+    record("img_conv2d", lambda x, w: F.conv2d(x, w, padding=1), image, conv_weight.tolist())
+    record("img_conv2d_s2", lambda x, w: F.conv2d(x, w, stride=2), image, conv_weight.tolist())
+    record("img_conv_transpose2d", lambda x, w: F.conv_transpose2d(x, w, stride=2),
+           image, torch.randn(2, 3, 2, 2, generator=g).tolist())
+    # Its second channel varies (a constant one is 0 but for rounding that 1 / sqrt(eps) magnifies), with ties in
+    # windows, and windows the ReLU makes all 0.
+    ties = [[1.0, 1.0, -2.0, 0.5], [1.0, 0.0, -1.0, -3.0], [2.0, 2.0, 0.25, 0.25], [-1.0, 2.0, 0.25, 0.25]]
+    record("img_bn_relu_max_pool2d", lambda x: F.max_pool2d(F.relu(F.batch_norm(x, None, None, training=True)), 2),
+           [[image[0][0], ties]])
+    linear_weight = torch.randn(3, 5, generator=g)
+    linear_weight[1, 2] = 0.0
+    record("rows_linear", F.linear, rows, linear_weight.tolist())
+    record("rows_linear_relu", lambda x, w: F.relu(F.linear(x, w)), rows, linear_weight.tolist())
+    record("rows_linear_gelu", lambda x, w: F.gelu(F.linear(x, w)), rows, linear_weight.tolist())
     write_safetensors(os.path.join(OUT, "edge_values.safetensors"), tensors,
                       {"torch": torch.__version__, "note": "see edge_value_cases() in tools/make_fixtures.py"})
 
@@ -659,8 +800,9 @@ def main():
         os.environ["PYTHONHASHSEED"] = "0"
         os.execv(sys.executable, [sys.executable] + sys.argv)
 
-    if sys.argv[1:] == ["edge_values"]:  # that file alone (the others keep their bits)
+    if sys.argv[1:] == ["edge_values"]:  # the two edge-value files alone (the others keep their bits)
         edge_value_cases()
+        optim_edge_cases()
         return
     torch.manual_seed(0)
     layer_case("linear", nn.Linear(5, 3), (6, 5), {"in": 5, "out": 3})
@@ -814,36 +956,12 @@ def main():
 
     cnn_case()
 
-    def sgd(**kw):
-        return lambda params: (torch.optim.SGD(params, **kw), dict(kw, kind="sgd"))
-
-    def adam(cls, kind, **kw):
-        betas = kw.get("betas", (0.9, 0.999))
-        settings = {k: v for k, v in kw.items() if k != "betas"}
-        return lambda params: (cls(params, **kw), dict(settings, kind=kind, beta1=betas[0], beta2=betas[1]))
-
-    optim_case("sgd_plain", sgd(lr=0.1))
-    optim_case("sgd_momentum_dampening_wd", sgd(lr=0.05, momentum=0.9, dampening=0.1, weight_decay=0.01))
-    optim_case("sgd_nesterov_wd", sgd(lr=0.05, momentum=0.8, nesterov=True, weight_decay=0.001))
-    optim_case("sgd_maximize", sgd(lr=0.1, momentum=0.5, maximize=True))
-    optim_case("adam", adam(torch.optim.Adam, "adam", lr=0.01))
-    optim_case("adam_wd_amsgrad", adam(torch.optim.Adam, "adam", lr=0.02, betas=(0.8, 0.99), eps=1e-6,
-                                       weight_decay=0.1, amsgrad=True))
-    optim_case("adamw", adam(torch.optim.AdamW, "adamw", lr=0.01, weight_decay=0.1))
-
-    def plain(cls, kind, **kw):
-        return lambda params: (cls(params, **kw), dict(kw, kind=kind))
-
-    optim_case("rmsprop", plain(torch.optim.RMSprop, "rmsprop", lr=0.01))
-    optim_case("rmsprop_centered_momentum_wd", plain(torch.optim.RMSprop, "rmsprop", lr=0.01, alpha=0.9, eps=1e-6,
-                                                     weight_decay=0.05, momentum=0.8, centered=True))
-    optim_case("rmsprop_maximize", plain(torch.optim.RMSprop, "rmsprop", lr=0.02, momentum=0.5, maximize=True))
-    optim_case("adagrad", plain(torch.optim.Adagrad, "adagrad", lr=0.1))
-    optim_case("adagrad_decay_init_wd", plain(torch.optim.Adagrad, "adagrad", lr=0.1, lr_decay=0.05,
-                                              weight_decay=0.01, initial_accumulator_value=0.2, eps=1e-8))
+    for name, make in OPTIMIZERS:
+        optim_case(name, make)
 
     half_case()
     edge_value_cases()
+    optim_edge_cases()
 
     total = sum(os.path.getsize(os.path.join(OUT, f)) for f in os.listdir(OUT))
     print(f"wrote {len(os.listdir(OUT))} fixtures to {os.path.normpath(OUT)} ({total / 1e6:.2f} MB), torch {torch.__version__}")

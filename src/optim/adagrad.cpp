@@ -40,7 +40,7 @@ void Adagrad::step() {
     Tensor sum = state_tensor(i, "sum", &created);
     if (created && options.initial_accumulator_value != 0) sum.fill_(options.initial_accumulator_value);
     sum.add_(square(grad));                                     // sum += g^2
-    p.add_(div(grad, add(sqrt(sum), options.eps)), -clr);       // p -= clr g / (sqrt(sum) + eps)
+    p.add_(div(mul(grad, -clr), add(sqrt(sum), options.eps)));  // p += (-clr g) / (sqrt(sum) + eps): addcdiv's order
   }
 }
 

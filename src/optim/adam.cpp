@@ -110,7 +110,9 @@ void Adam::step() {
     Tensor exp_avg = state_tensor(i, "exp_avg");
     Tensor exp_avg_sq = state_tensor(i, "exp_avg_sq");
     exp_avg.mul_(beta1).add_(grad, 1 - beta1);                // m = b1 m + (1 - b1) g
-    exp_avg_sq.mul_(beta2).add_(square(grad), 1 - beta2);     // v = b2 v + (1 - b2) g^2
+    // v = b2 v + ((1 - b2) g) g, PyTorch's addcmul order: a g whose square overflows (1e20 in float32) still gives
+    // a finite v where (1 - b2) g^2 is finite.
+    exp_avg_sq.mul_(beta2).add_(mul(mul(grad, 1 - beta2), grad));
     const double bias_correction1 = 1 - std::pow(beta1, static_cast<double>(step));
     const double bias_correction2 = 1 - std::pow(beta2, static_cast<double>(step));
     const double step_size = lr / bias_correction1;
@@ -122,7 +124,7 @@ void Adam::step() {
       second = max_exp_avg_sq;
     }
     const Tensor denom = add(div(sqrt(second), bias_correction2_sqrt), options.eps);  // sqrt(v) / sqrt(bc2) + eps
-    p.add_(div(exp_avg, denom), -step_size);                                          // p -= step_size * m / denom
+    p.add_(div(mul(exp_avg, -step_size), denom));  // p += (-step_size m) / denom, PyTorch's addcdiv order
   }
 }
 

@@ -49,7 +49,7 @@ FERRY_HOST_DEVICE inline void adam_element(T& p, T g, T& m, T& v, T* vmax, const
     else g = rounded_add(g, rounded_mul(p, s.weight_decay));                 // add(grad, p, wd)
   }
   m = rounded_add(rounded_mul(m, s.beta1), rounded_mul(g, s.one_minus_beta1));  // m.mul_(b1).add_(g, 1 - b1)
-  v = rounded_add(rounded_mul(v, s.beta2), rounded_mul(rounded_mul(g, g), s.one_minus_beta2));
+  v = rounded_add(rounded_mul(v, s.beta2), rounded_mul(rounded_mul(g, s.one_minus_beta2), g));  // addcmul's order
   T second = v;
   if (s.amsgrad) {  // maximum(vmax, v): NaN in vmax stays
     const T held = *vmax;
@@ -57,7 +57,7 @@ FERRY_HOST_DEVICE inline void adam_element(T& p, T g, T& m, T& v, T* vmax, const
     second = *vmax;
   }
   const T denom = rounded_add(rounded_div(rounded_sqrt(second), s.bias_correction2_sqrt), s.eps);
-  p = rounded_add(p, rounded_mul(rounded_div(m, denom), s.neg_step_size));  // p.add_(m / denom, -step_size)
+  p = rounded_add(p, rounded_div(rounded_mul(m, s.neg_step_size), denom));  // p.add_((-step_size m) / denom)
 }
 
 template <typename T, typename Step>

@@ -1,5 +1,6 @@
 // rmsprop.cpp — RMSprop with PyTorch's exact rule (torch.optim.RMSprop, single-tensor path; centered, momentum,
 // maximize): tensor ops on the parameter's device under NoGradGuard, no host syncs.
+#include <limits>
 #include <vector>
 
 #include "ferry/autograd.h"
@@ -36,12 +37,18 @@ void RMSprop::step() {
     ++state_[i].step;
     if (weight_decay != 0) grad = add(grad, p, weight_decay);
     Tensor square_avg = state_tensor(i, "square_avg");  // handles: a reference would not outlive the next entry
-    square_avg.mul_(alpha).add_(square(grad), 1 - alpha);  // v = alpha v + (1 - alpha) g^2
+    // v = alpha v + ((1 - alpha) g) g: PyTorch's addcmul order, so a g whose square overflows (1e20 in float32)
+    // still gives a finite v where (1 - alpha) g^2 is finite.
+    square_avg.mul_(alpha).add_(mul(mul(grad, 1 - alpha), grad));
     Tensor avg;
     if (options.centered) {
       Tensor grad_avg = state_tensor(i, "grad_avg");
       grad_avg.mul_(alpha).add_(grad, 1 - alpha);  // a = alpha a + (1 - alpha) g
-      avg = sqrt(sub(square_avg, square(grad_avg)));
+      // sqrt(v - a^2), a^2 held at the dtype's largest finite value: PyTorch's addcmul is one multiply-add, its
+      // product unrounded, so an overflowed v (inf) stays inf there where inf - inf would be NaN here.
+      const double largest = p.dtype() == DType::Float64 ? std::numeric_limits<double>::max()
+                                                         : std::numeric_limits<float>::max();  // 16-bit: storage only
+      avg = sqrt(sub(square_avg, clamp(square(grad_avg), std::nullopt, largest)));
     } else {
       avg = sqrt(square_avg);
     }
@@ -51,7 +58,7 @@ void RMSprop::step() {
       buf.mul_(options.momentum).add_(div(grad, avg));  // buf = momentum buf + g / denom
       p.add_(buf, -lr);
     } else {
-      p.add_(div(grad, avg), -lr);
+      p.add_(div(mul(grad, -lr), avg));  // p += (-lr g) / denom: PyTorch's addcdiv order
     }
   }
 }
