@@ -841,6 +841,17 @@ TEST(NNParityEdgeValues, FunctionsMatchPyTorchAtInfinitiesNanAndZeros) {
        [](const Tensor& x, const Tensor&) { return F::upsample_bilinear2d(x, {7, 5}, true); }},
       {"img_batch_norm",
        [](const Tensor& x, const Tensor&) { return F::batch_norm(x, Tensor(), Tensor(), Tensor(), Tensor(), true); }},
+      {"img_bn_relu_max_pool2d",
+       [](const Tensor& x, const Tensor&) {
+         return F::batch_norm_relu_max_pool2d(x, Tensor(), Tensor(), Tensor(), Tensor(), true);
+       }},
+      {"img_conv2d", [](const Tensor& x, const Tensor& w) { return F::conv2d(x, w, Tensor(), 1, 1); }},
+      {"img_conv2d_s2", [](const Tensor& x, const Tensor& w) { return F::conv2d(x, w, Tensor(), 2); }},
+      {"img_conv_transpose2d", [](const Tensor& x, const Tensor& w) { return F::conv_transpose2d(x, w, Tensor(), 2); }},
+      {"rows_linear", [](const Tensor& x, const Tensor& w) { return F::linear(x, w); }},
+      {"rows_linear_relu",
+       [](const Tensor& x, const Tensor& w) { return F::linear(x, w, Tensor(), F::Activation::ReLU); }},
+      {"rows_linear_gelu", [](const Tensor& x, const Tensor& w) { return F::gelu(F::linear(x, w)); }},
   };
   const Fixture fixture = load_fixture("edge_values");
   std::vector<std::string> cases;
