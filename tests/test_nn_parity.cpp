@@ -745,8 +745,9 @@ TEST(NNParityCnn, TenSgdMomentumStepsMatchPyTorch) {
 }
 
 // Functions at the values where they break (tools/make_fixtures.py's edge_value_cases: +-inf, NaN, +-0, a
-// subnormal, magnitudes past exp's range), each result and its gradient against PyTorch's, on every device. Every
-// case the fixture holds must have its function here, so a case added there is a case run here.
+// subnormal, magnitudes past exp's range), each result and its gradient against PyTorch's, in float32 and in
+// float64, on every device. Every case the fixture holds must have its function here, so a case added there is a
+// case run here.
 TEST(NNParityEdgeValues, FunctionsMatchPyTorchAtInfinitiesNanAndZeros) {
   namespace F = ferry::nn::functional;
   namespace N = ferry::nn;
@@ -859,13 +860,16 @@ TEST(NNParityEdgeValues, FunctionsMatchPyTorchAtInfinitiesNanAndZeros) {
     const std::size_t slash = key.rfind("/output");
     if (slash != std::string::npos && slash + 7 == key.size()) cases.push_back(key.substr(0, slash));
   }
-  ASSERT_GT(cases.size(), 80U);
+  ASSERT_GT(cases.size(), 250U);
   std::vector<Device> devices = ferry::testing::accelerators();
   devices.insert(devices.begin(), ferry::kCPU);
   for (const Device& device : devices) {
     for (const std::string& name : cases) {
-      // "max_no_nan", "softmax_ties": the function before the first '_' suffix the fixture adds
+      // "max_no_nan", "softmax_ties": the function before the first '_' suffix the fixture adds; "<case>.f64" is
+      // the case in float64 (its tensors are float64)
       std::string function = name;
+      if (function.size() > 4 && function.compare(function.size() - 4, 4, ".f64") == 0)
+        function.resize(function.size() - 4);
       for (const char* suffix : {"_no_nan", "_minus_inf", "_plus_inf", "_ties", "_zeros", "_positive_base"}) {
         const std::size_t at = function.rfind(suffix);
         if (at != std::string::npos && at + std::strlen(suffix) == function.size()) function.resize(at);
@@ -907,6 +911,7 @@ TEST(NNParityEdgeValues, FunctionsMatchPyTorchAtInfinitiesNanAndZeros) {
         EXPECT_EQ(got.size(), want.size()) << device.str() << " " << name << ": " << what;
         EXPECT_TRUE(out_text.str().empty()) << device.str() << " " << name << ": " << what << out_text.str();
       };
+      EXPECT_EQ(out.dtype(), fixture[name + "/output"].dtype()) << device.str() << " " << name;
       differ(out, name + "/output", "the value");
       differ(x.grad(), name + "/grad", "the gradient");
       if (binary) differ(y.grad(), name + "/grad_other", "the other's gradient");

@@ -671,18 +671,20 @@ def edge_value_cases():
     """
     tensors = {}
 
-    def record(name, fn, *inputs):
-        leaves = [torch.tensor(v, dtype=torch.float32, requires_grad=True) for v in inputs]
-        out = fn(*leaves)
-        upstream = torch.linspace(0.5, 1.5, out.numel()).reshape(out.shape) if out.dim() else torch.tensor(0.75)
-        grads = torch.autograd.grad(out, leaves, upstream, allow_unused=True)
-        tensors[name + "/input"] = leaves[0].detach()
-        if len(leaves) > 1:
-            tensors[name + "/other"] = leaves[1].detach()
-        tensors[name + "/output"] = out.detach()
-        tensors[name + "/upstream"] = upstream
-        for suffix, g, leaf in zip(("/grad", "/grad_other"), grads, leaves):
-            tensors[name + suffix] = torch.zeros_like(leaf) if g is None else g
+    def record(name, fn, *inputs):  # in float32 as "<name>", in float64 as "<name>.f64"
+        for dtype, case in ((torch.float32, name), (torch.float64, name + ".f64")):
+            leaves = [torch.tensor(v, dtype=dtype, requires_grad=True) for v in inputs]
+            out = fn(*leaves)
+            upstream = (torch.linspace(0.5, 1.5, out.numel(), dtype=dtype).reshape(out.shape) if out.dim()
+                        else torch.tensor(0.75, dtype=dtype))
+            grads = torch.autograd.grad(out, leaves, upstream, allow_unused=True)
+            tensors[case + "/input"] = leaves[0].detach()
+            if len(leaves) > 1:
+                tensors[case + "/other"] = leaves[1].detach()
+            tensors[case + "/output"] = out.detach()
+            tensors[case + "/upstream"] = upstream
+            for suffix, g, leaf in zip(("/grad", "/grad_other"), grads, leaves):
+                tensors[case + suffix] = torch.zeros_like(leaf) if g is None else g
 
     unary = {
         "neg": torch.neg, "exp": torch.exp, "log": torch.log, "sqrt": torch.sqrt, "rsqrt": torch.rsqrt,
