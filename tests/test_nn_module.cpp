@@ -414,6 +414,37 @@ TEST(NNModule, EmptyBatchesAndFeaturesFollowPyTorch) {
   }
 }
 
+// Softmax, log_softmax and logsumexp over a dim of size 0, and GroupNorm on an empty batch, as torch 1.13: empty
+// results and gradients, logsumexp -inf, GroupNorm's weight and bias gradients zeros (each threw before).
+TEST(NNModule, EmptySlicesAndEmptyGroupNormBatchesFollowPyTorch) {
+  std::vector<Device> devices = ferry::testing::accelerators();
+  devices.insert(devices.begin(), ferry::kCPU);
+  for (const Device& device : devices) {
+    const std::string where = device.str();
+    for (const bool log : {false, true}) {
+      Tensor x = ferry::zeros({3, 0}, {.device = device}).requires_grad_(true);
+      const Tensor y = log ? ferry::log_softmax(x, 1) : ferry::softmax(x, -1);
+      EXPECT_EQ(y.shape(), x.shape()) << where;
+      ferry::sum(y).backward();
+      EXPECT_EQ(x.grad().shape(), x.shape()) << where;
+    }
+    Tensor x = ferry::zeros({2, 0, 3}, {.device = device}).requires_grad_(true);
+    const Tensor lse = ferry::logsumexp(x, 1);
+    EXPECT_EQ(lse.shape(), (ferry::Shape{2, 3})) << where;
+    EXPECT_EQ(lse.to_vector<float>(), std::vector<float>(6, -INFINITY)) << where;
+    ferry::sum(lse).backward();
+    EXPECT_EQ(x.grad().shape(), x.shape()) << where;
+
+    nn::GroupNorm gn(2, 4, 1e-5, true, {.device = device});
+    Tensor batch = ferry::zeros({0, 4, 3}, {.device = device}).requires_grad_(true);
+    const Tensor out = gn(batch);
+    EXPECT_EQ(out.shape(), batch.shape()) << where;
+    ferry::sum(out).backward();
+    EXPECT_EQ(gn.weight.grad().to_vector<float>(), std::vector<float>(4, 0.0F)) << where;
+    EXPECT_EQ(gn.bias.grad().to_vector<float>(), std::vector<float>(4, 0.0F)) << where;
+  }
+}
+
 // A layer registered twice (shared weights) is listed once by parameters(), so an optimizer updates it once, as
 // A model holding its blocks in a ModuleList: PyTorch's names ("blocks.1.0.weight"), the children in order and
 // typed, moves and modes reach them, and calling the list itself is an error that says what to do.

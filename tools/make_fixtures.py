@@ -666,8 +666,8 @@ def edge_value_cases():
     """Functions at the edge values: every result and its gradient (through a fixed upstream gradient), one file.
 
     Case "<name>" holds <name>/input (and <name>/other for two operands), <name>/output, <name>/upstream, and the
-    gradients <name>/grad (and <name>/grad_other); the C++ test (tests/test_nn_parity.cpp, NNParityEdgeValues)
-    runs ferry's function of that name.
+    gradients <name>/grad (and <name>/grad_other), all float32; "<name>.f64" holds the same case in float64. The
+    C++ test (tests/test_nn_parity.cpp, NNParityEdgeValues) runs ferry's function of that name.
     """
     tensors = {}
 

@@ -27,9 +27,9 @@ Tensor group_norm(const Tensor& input, std::int64_t num_groups, const Tensor& we
     FERRY_CHECK(t->shape() == Shape{channels}, ShapeMismatch, "group_norm: ", name, " must be (", channels,
                 ") for ", channels, " channels, got ", shape_str(t->shape()));
   }
-  const std::int64_t per_group = input.numel() / std::max<std::int64_t>(n * num_groups, 1);
-  FERRY_CHECK(per_group >= 1, ShapeMismatch, "group_norm: the input ", shape_str(input.shape()),
-              " has no elements to normalize");
+  // C/G channels times the positions; an empty batch (N = 0) or no positions gives an empty output, as PyTorch's
+  std::int64_t per_group = channels / num_groups;
+  for (int i = 2; i < input.dim(); ++i) per_group *= input.size(i);
   // (N, G, C/G * positions): each row one (sample, group), normalized by layer_norm without affine
   const Tensor rows = input.reshape({n, num_groups, per_group});
   Tensor out = layer_norm(rows, {per_group}, Tensor(), Tensor(), eps).reshape(input.shape());
