@@ -758,6 +758,18 @@ TEST(NNParityEdgeValues, FunctionsMatchPyTorchAtInfinitiesNanAndZeros) {
   const auto two = [](Tensor (*f)(const Tensor&, const Tensor&)) -> Fn {
     return [f](const Tensor& x, const Tensor& y) { return f(x, y); };
   };
+  const Fixture fixture = load_fixture("edge_values");
+  // An LSTM or GRU of 2 features and 3 units with the fixture's weights ("<case>/param.*"), in x's dtype.
+  const auto recurrent = [&fixture](const std::string& name) -> Fn {
+    return [&fixture, name](const Tensor& x, const Tensor&) {
+      const ferry::TensorOptions like{.device = x.device(), .dtype = x.dtype()};
+      std::shared_ptr<N::RNNBase> layer;
+      if (name == "seq_lstm") layer = std::make_shared<N::LSTM>(2, 3, N::RNNOptions{}, like);
+      else layer = std::make_shared<N::GRU>(2, 3, N::RNNOptions{}, like);
+      layer->load_state_dict(with_prefix(fixture, name + (x.dtype() == ferry::DType::Float64 ? ".f64" : "") + "/param."));
+      return layer->forward(x);
+    };
+  };
   const std::map<std::string, Fn> functions = {
       {"neg", one(ferry::neg)}, {"exp", one(ferry::exp)}, {"log", one(ferry::log)}, {"sqrt", one(ferry::sqrt)},
       {"rsqrt", one(ferry::rsqrt)}, {"abs", one(ferry::abs)}, {"sign", one(ferry::sign)}, {"relu", one(ferry::relu)},
@@ -853,8 +865,8 @@ TEST(NNParityEdgeValues, FunctionsMatchPyTorchAtInfinitiesNanAndZeros) {
       {"rows_linear_relu",
        [](const Tensor& x, const Tensor& w) { return F::linear(x, w, Tensor(), F::Activation::ReLU); }},
       {"rows_linear_gelu", [](const Tensor& x, const Tensor& w) { return F::gelu(F::linear(x, w)); }},
+      {"seq_lstm", recurrent("seq_lstm")}, {"seq_gru", recurrent("seq_gru")},
   };
-  const Fixture fixture = load_fixture("edge_values");
   std::vector<std::string> cases;
   for (const auto& [key, tensor] : fixture.tensors) {
     const std::size_t slash = key.rfind("/output");

@@ -790,6 +790,18 @@ def edge_value_cases():
     record("rows_linear", F.linear, rows, linear_weight.tolist())
     record("rows_linear_relu", lambda x, w: F.relu(F.linear(x, w)), rows, linear_weight.tolist())
     record("rows_linear_gelu", lambda x, w: F.gelu(F.linear(x, w)), rows, linear_weight.tolist())
+    # Recurrent layers (T 6, N 2, 2 features -> 3 units): sample 0 drives the gates to saturation (1e30, +-inf with
+    # the other feature 0, so no inf - inf) and keeps finite outputs; sample 1 meets a NaN at step 1. Their weights
+    # are "<case>/param.<name>" (and in float64 under "<case>.f64/").
+    steps = [[[1e30, 0.0], [0.5, -0.5]], [[-100.0, 0.5], [nan, 0.0]], [[inf, 0.0], [1.0, 1.0]],
+             [[0.0, -inf], [0.25, 0.0]], [[20.0, -20.0], [-1.0, 2.0]], [[0.5, 0.25], [0.0, 0.0]]]
+    for cell in ("lstm", "gru"):
+        torch.manual_seed(11)
+        layer = nn.LSTM(2, 3) if cell == "lstm" else nn.GRU(2, 3)
+        record("seq_" + cell, lambda x, layer=layer: layer.to(x.dtype)(x)[0], steps)
+        for suffix, dtype in (("", torch.float32), (".f64", torch.float64)):
+            for key, value in layer.state_dict().items():
+                tensors["seq_" + cell + suffix + "/param." + key] = value.to(dtype).clone()
     write_safetensors(os.path.join(OUT, "edge_values.safetensors"), tensors,
                       {"torch": torch.__version__, "note": "see edge_value_cases() in tools/make_fixtures.py"})
 
