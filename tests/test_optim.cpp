@@ -1,6 +1,6 @@
 // test_optim.cpp — SGD, Adam, AdamW, RMSprop and Adagrad against PyTorch fixtures step by step
-// (tools/make_fixtures.py), on cpu and sim:0; state on the parameter's device; state_dict save and exact restore;
-// zero_grad.
+// (tools/make_fixtures.py), on cpu and sim:0, and at edge values (inf, NaN, overflow) on every device; clip_grad_norm_;
+// state on the parameter's device; state_dict save and exact restore; zero_grad.
 // Not here: the training parity of a whole model (test_nn_parity.cpp).
 #include <gtest/gtest.h>
 
@@ -156,12 +156,11 @@ std::string differences(const Tensor& got, const Tensor& want, double rtol, doub
 
 // Every optimizer through five steps of gradients at the edge values (tools/make_fixtures.py's optim_edge_cases:
 // an inf, -inf or NaN gradient at one step, gradients whose square overflows or underflows float32, parameters
-// that are inf, NaN or near float32's largest), each element of the parameter and of the state after every step
-// against PyTorch's, on every device, fused and op by op.
+// that are inf, NaN or near float32's largest), each element of the parameter after every step and of the state
+// after the last against PyTorch's, on every device, fused and op by op.
 TEST(OptimParityEdgeValues, EveryOptimizerMatchesPyTorchAtInfinitiesNanAndOverflow) {
   const Fixture fixture = load_fixture("optim_edge_values");
-  std::vector<std::string> names;
-  for (const std::string& name : cases_of(fixture, "initial")) names.push_back(name);
+  const std::vector<std::string> names = cases_of(fixture, "initial");
   ASSERT_EQ(names.size(), 12U);
   std::vector<Device> devices = ferry::testing::accelerators();
   devices.insert(devices.begin(), ferry::kCPU);
@@ -216,12 +215,11 @@ TEST(ClipGrad, NormMatchesPyTorchAtInfinitiesNanAndOverflow) {
   for (const Device& device : devices) {
     for (const std::string& name : names) {
       const Fixture f = part(fixture, name);
-      const double norm_type = f.number("norm_type");
+      const double norm_type = f.number("norm_type");  // 2, 1, inf or 3
       Tensor a = ferry::zeros({3}, {.device = device}), b = ferry::zeros({2, 2}, {.device = device});
       a.set_grad(f["grad0"].to(device).clone());
       b.set_grad(f["grad1"].to(device).clone());
-      const Tensor total = utils::clip_grad_norm_({a, b}, f.number("max_norm"),
-                                                  std::isinf(norm_type) ? utils::kInfinityNorm : norm_type);
+      const Tensor total = utils::clip_grad_norm_({a, b}, f.number("max_norm"), norm_type);  // "inf": kInfinityNorm
       const std::string where = name + " on " + device.str();
       std::string diff = differences(total, f["total"], 1e-5, 0);
       EXPECT_TRUE(diff.empty()) << where << ", the total" << diff;
