@@ -155,13 +155,13 @@ std::string differences(const Tensor& got, const Tensor& want, double rtol, doub
 }  // namespace
 
 // Every optimizer through five steps of gradients at the edge values (tools/make_fixtures.py's optim_edge_cases:
-// an inf, -inf or NaN gradient at one step, gradients whose square overflows or underflows float32, parameters
-// that are inf, NaN or near float32's largest), each element of the parameter after every step and of the state
+// an inf, -inf or NaN gradient at one step, gradients whose square overflows or underflows, parameters that are
+// inf, NaN or near the largest; in float32, and in float64 at double's edges), each element of the parameter after every step and of the state
 // after the last against PyTorch's, on every device, fused and op by op.
 TEST(OptimParityEdgeValues, EveryOptimizerMatchesPyTorchAtInfinitiesNanAndOverflow) {
   const Fixture fixture = load_fixture("optim_edge_values");
-  const std::vector<std::string> names = cases_of(fixture, "initial");
-  ASSERT_EQ(names.size(), 12U);
+  const std::vector<std::string> names = cases_of(fixture, "initial");  // each setting in float32 and float64
+  ASSERT_EQ(names.size(), 24U);
   std::vector<Device> devices = ferry::testing::accelerators();
   devices.insert(devices.begin(), ferry::kCPU);
   for (const std::string& name : names) {
@@ -174,7 +174,7 @@ TEST(OptimParityEdgeValues, EveryOptimizerMatchesPyTorchAtInfinitiesNanAndOverfl
       std::ostringstream label;
       label << "p=" << initial[i] << " g=[";
       for (std::int64_t s = 0; s < grads.size(0); ++s)
-        label << (s ? " " : "") << grads.select(0, s).to_vector<float>()[i];
+        label << (s ? " " : "") << ferry::testing::values(grads.select(0, s))[i];
       labels.push_back(label.str() + "]");
     }
     const std::string kind = f.text("kind");

@@ -555,7 +555,8 @@ def optim_edge_cases():
     -inf or NaN gradient at one step, gradients whose square overflows (1e20) or underflows (1e-20, 1e-30) float32
     or is subnormal, ones near float32's largest, zero gradients at +-0, and parameters that are inf, NaN, 1e30 or
     near the largest. Case "<name>" holds <name>/initial, <name>/grads (steps, n), <name>/params (steps, n) and
-    <name>/state.<key>, its settings in the metadata as "<name>/<setting>"; tests/test_optim.cpp's
+    <name>/state.<key>, its settings in the metadata as "<name>/<setting>"; "<name>.f64" the same in float64, at
+    double's edges (1e155 overflows its square, 1e-310 is subnormal, 1.7e308 its largest); tests/test_optim.cpp's
     OptimParityEdgeValues runs them. Then clip_grad_norm_ on two gradients holding the edge values, for each norm
     type: "clip_<case>/grad0", "/grad1", "/total", "/clipped0", "/clipped1".
     """
@@ -582,29 +583,37 @@ def optim_edge_cases():
         (big, [-big, -big, -big, -big, -big]),
         (small, [small, small, small, small, small]),
     ]
-    initial = torch.tensor([s[0] for s in scenarios], dtype=torch.float32)
-    grads = torch.tensor([s[1] for s in scenarios], dtype=torch.float32).t().contiguous()
+    # The same scenarios in float64 ("<name>.f64"), each magnitude moved to the same place in double's range.
+    in_double = {1e20: 1e155, 1e-20: 1e-160, 1e-30: 1e-200, small: 1e-310, big: 1.7e308, 1e10: 1e80, 1e30: 1e250}
+
+    def to_double(v):
+        return math.copysign(in_double.get(abs(v), abs(v)), v) if v == v else v
+
     tensors, metadata = {}, {"torch": torch.__version__, "note": "see optim_edge_cases() in tools/make_fixtures.py"}
-    for name, make in OPTIMIZERS:
-        p = initial.clone().requires_grad_(True)
-        optimizer, settings = make([p])
-        history = []
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            for step in range(grads.size(0)):
-                optimizer.zero_grad()
-                p.grad = grads[step].clone()
-                optimizer.step()
-                history.append(p.detach().clone())
-        tensors[name + "/initial"] = initial
-        tensors[name + "/grads"] = grads
-        tensors[name + "/params"] = torch.stack(history)
-        for key, value in optimizer.state_dict()["state"].get(0, {}).items():
-            if value is not None:
-                tensors[name + "/state." + key] = (value if isinstance(value, torch.Tensor)
-                                                   else torch.tensor(float(value)))
-        for key, value in settings.items():
-            metadata[name + "/" + key] = value
+    for dtype, suffix, convert in ((torch.float32, "", lambda v: v), (torch.float64, ".f64", to_double)):
+        initial = torch.tensor([convert(s[0]) for s in scenarios], dtype=dtype)
+        grads = torch.tensor([[convert(g) for g in s[1]] for s in scenarios], dtype=dtype).t().contiguous()
+        for name, make in OPTIMIZERS:
+            p = initial.clone().requires_grad_(True)
+            optimizer, settings = make([p])
+            history = []
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                for step in range(grads.size(0)):
+                    optimizer.zero_grad()
+                    p.grad = grads[step].clone()
+                    optimizer.step()
+                    history.append(p.detach().clone())
+            case = name + suffix
+            tensors[case + "/initial"] = initial
+            tensors[case + "/grads"] = grads
+            tensors[case + "/params"] = torch.stack(history)
+            for key, value in optimizer.state_dict()["state"].get(0, {}).items():
+                if value is not None:
+                    tensors[case + "/state." + key] = (value if isinstance(value, torch.Tensor)
+                                                       else torch.tensor(float(value)))
+            for key, value in settings.items():
+                metadata[case + "/" + key] = value
 
     # clip_grad_norm_: gradients of two parameters, (3,) and (2, 2), each case with one edge in it.
     grad_sets = {
