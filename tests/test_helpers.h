@@ -6,6 +6,7 @@
 #include <cmath>
 #include <fstream>
 #include <iterator>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -44,6 +45,24 @@ inline ::testing::AssertionResult all_close(const Tensor& a, const Tensor& b, do
       return ::testing::AssertionFailure() << "element " << i << ": " << va[i] << " vs " << vb[i];
   }
   return ::testing::AssertionSuccess();
+}
+
+// Each element of `got` that differs from `want`, a line each ("" when none): NaN matches NaN, an infinity itself,
+// anything else within atol + rtol |want|. labels[i], where given, says what element i came from.
+inline std::string differences(const Tensor& got, const Tensor& want, double rtol, double atol,
+                               const std::vector<std::string>& labels = {}) {
+  if (got.shape() != want.shape()) return "shape " + shape_str(got.shape()) + ", PyTorch " + shape_str(want.shape());
+  const std::vector<double> a = values(got.cpu()), b = values(want);
+  std::ostringstream text;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    const bool same = (std::isnan(a[i]) && std::isnan(b[i])) || a[i] == b[i] ||
+                      std::abs(a[i] - b[i]) <= atol + rtol * std::abs(b[i]);
+    if (same) continue;
+    text << "\n  [" << i << "]";
+    if (i < labels.size()) text << " " << labels[i];
+    text << ": " << a[i] << ", PyTorch " << b[i];
+  }
+  return text.str();
 }
 
 }  // namespace ferry::testing

@@ -23,6 +23,7 @@
 using ferry::Device;
 using ferry::Tensor;
 using ferry::testing::Fixture;
+using ferry::testing::differences;
 using ferry::testing::load_fixture;
 namespace optim = ferry::optim;
 
@@ -133,31 +134,12 @@ std::vector<std::string> cases_of(const Fixture& f, const std::string& last) {
   }
   return names;
 }
-
-// Each element of `got` that differs from `want` ("" when none): NaN matches NaN, an infinity itself, anything
-// else within atol + rtol |want|. `labels` names each element's scenario.
-std::string differences(const Tensor& got, const Tensor& want, double rtol, double atol,
-                        const std::vector<std::string>& labels = {}) {
-  if (got.shape() != want.shape())
-    return "shape " + ferry::shape_str(got.shape()) + ", PyTorch " + ferry::shape_str(want.shape());
-  const std::vector<double> a = ferry::testing::values(got.cpu()), b = ferry::testing::values(want);
-  std::ostringstream text;
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    const bool same = (std::isnan(a[i]) && std::isnan(b[i])) || a[i] == b[i] ||
-                      std::abs(a[i] - b[i]) <= atol + rtol * std::abs(b[i]);
-    if (same) continue;
-    text << "\n  [" << i << "]";
-    if (i < labels.size()) text << " " << labels[i];
-    text << ": " << a[i] << ", PyTorch " << b[i];
-  }
-  return text.str();
-}
 }  // namespace
 
 // Every optimizer through five steps of gradients at the edge values (tools/make_fixtures.py's optim_edge_cases:
 // an inf, -inf or NaN gradient at one step, gradients whose square overflows or underflows, parameters that are
-// inf, NaN or near the largest; in float32, and in float64 at double's edges), each element of the parameter after every step and of the state
-// after the last against PyTorch's, on every device, fused and op by op.
+// inf, NaN or near the largest; in float32, and in float64 at double's edges), each element of the parameter after
+// every step and of the state after the last against PyTorch's, on every device, fused and op by op.
 TEST(OptimParityEdgeValues, EveryOptimizerMatchesPyTorchAtInfinitiesNanAndOverflow) {
   const Fixture fixture = load_fixture("optim_edge_values");
   const std::vector<std::string> names = cases_of(fixture, "initial");  // each setting in float32 and float64

@@ -625,9 +625,7 @@ namespace {
 Tensor softmax_shift(const Tensor& a, int dim, bool finite_only = false) {
   autograd::NoGradGuard no_grad;
   if (a.size(dim) == 0) {  // nothing to shift: softmax of an empty slice is empty, its logsumexp -inf (PyTorch's)
-    Shape kept = a.shape();
-    kept[static_cast<std::size_t>(dim)] = 1;
-    return zeros(kept, {.device = a.device(), .dtype = a.dtype()});
+    return zeros({}, {.device = a.device(), .dtype = a.dtype()});
   }
   const Tensor top = reduce_forward(ReduceOp::Max, plan_reduce(a, {dim}, "softmax"), a.dtype(), true);  // no argmax
   if (!finite_only) return top;
