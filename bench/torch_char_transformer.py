@@ -3,10 +3,11 @@
 Embedding, N x [LayerNorm, causal nn.MultiheadAttention, LayerNorm, Linear-GELU-Linear], LayerNorm, Linear), or
 with --model lstm|gru the same char-rnn (Embedding, --layers of nn.LSTM or nn.GRU, batch first, Linear), the
 same step (zero_grad, forward, cross-entropy, backward, clip_grad_norm_ 1.0, AdamW weight decay 0.1) on batches
-picked from the text as the example picks them, timed on the cpu after warm-up steps.
-Prints one JSON object: {"library", "threads", "steps", "seconds_per_step", "final_loss"}.
-Not here: ferry's side (char_transformer prints its seconds per step in the ledger report); docs/BENCHMARKS.md
-has both, run one after the other on the same machine.
+picked from the text as the example picks them, timed after warm-up steps on the cpu or, with --device cuda, on the
+GPU (between two synchronizations, the data resident there).
+Prints one JSON object: {"library", "model", "device", "threads", "steps", "seconds_per_step", "final_loss"}.
+Not here: ferry's side (char_transformer --json prints the same keys); docs/BENCHMARKS.md has both, run one after
+the other on the same machine (scripts/gpu-check runs both on the card).
 """
 import argparse
 import json
@@ -73,25 +74,29 @@ def main():
     p.add_argument("--heads", type=int, default=4)
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--device", default="cpu", help="cpu or cuda (the data resident there, as ferry's example)")
     a = p.parse_args()
+    device = torch.device(a.device)
     torch.set_num_threads(a.threads)
     torch.manual_seed(0)
     text = open(a.text, "rb").read()
     chars = sorted(set(text))
     index = {c: i for i, c in enumerate(chars)}
-    data = torch.tensor([index[c] for c in text], dtype=torch.int64)
+    data = torch.tensor([index[c] for c in text], dtype=torch.int64, device=device)
     if a.model == "gpt":
         model = CharTransformer(len(chars), a.dim, a.heads, a.layers, a.context)
     else:
         model = CharRnn(len(chars), a.dim, a.layers, a.model)
+    model.to(device)
     matrices = [p for p in model.parameters() if p.dim() >= 2]  # as the example: no decay for biases and norms
     others = [p for p in model.parameters() if p.dim() < 2]
     opt = torch.optim.AdamW([{"params": matrices}, {"params": others, "weight_decay": 0.0}], lr=3e-3,
                             weight_decay=0.1)
-    offsets = torch.arange(a.context)
+    offsets = torch.arange(a.context, device=device)
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
 
     def step():
-        starts = torch.randint(0, data.numel() - a.context - 1, (a.batch, 1))
+        starts = torch.randint(0, data.numel() - a.context - 1, (a.batch, 1), device=device)
         where = (starts + offsets).reshape(-1)
         x = data[where].reshape(a.batch, a.context)
         y = data[where + 1].reshape(a.batch, a.context)
@@ -104,12 +109,14 @@ def main():
 
     for _ in range(a.warmup):
         step()
+    sync()
     start = time.perf_counter()
     for _ in range(a.steps):
         loss = step()
+    sync()
     elapsed = time.perf_counter() - start
-    print(json.dumps({"library": "torch " + torch.__version__, "model": a.model, "threads": a.threads, "steps": a.steps,
-                      "seconds_per_step": elapsed / a.steps, "final_loss": loss.item()}))
+    print(json.dumps({"library": "torch " + torch.__version__, "model": a.model, "device": a.device, "threads": a.threads,
+                      "steps": a.steps, "seconds_per_step": elapsed / a.steps, "final_loss": loss.item()}))
 
 
 if __name__ == "__main__":

@@ -13,9 +13,14 @@
 //
 //   char_transformer [--text FILE] [--model gpt|lstm|gru] [--device auto|cpu|cuda:N|sim] [--steps N] [--batch N]
 //                    [--context N] [--dim N] [--heads N] [--layers N] [--lr X] [--log-every N] [--sample N]
-//                    [--seed N]
+//                    [--seed N] [--json]
+//
+// --json: one JSON object on stdout, the seconds per step after three warm-up steps (timed between two host syncs,
+// so a GPU's queued work counts) and the last loss, as bench/torch_char_transformer.py prints PyTorch's; the
+// rest goes to stderr.
 #include <algorithm>
 #include <array>
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
@@ -56,6 +61,7 @@ struct Options {
   std::int64_t steps = 300, batch = 32, context = 64, dim = 64, heads = 4, layers = 2, log_every = 50, sample = 300;
   double lr = 3e-3;
   std::int64_t seed = 0;
+  bool json = false;  // one JSON object on stdout (seconds per step, last loss); the rest on stderr
 };
 
 // One transformer block, pre-norm as GPT-2: x + attention(ln(x)), then x + mlp(ln(x)).
@@ -138,11 +144,16 @@ Options parse(int argc, char** argv) {
     if (arg == "--help" || arg == "-h") {
       std::cout << "usage: char_transformer [--text FILE] [--model gpt|lstm|gru] [--device auto|cpu|cuda:N|sim]\n"
                    "                        [--steps N] [--batch N] [--context N] [--dim N] [--heads N] [--layers N]\n"
-                   "                        [--lr X] [--log-every N] [--sample N] [--seed N]\n"
+                   "                        [--lr X] [--log-every N] [--sample N] [--seed N] [--json]\n"
                    "Trains a small GPT (or, with --model lstm or gru, a char-rnn of --layers recurrent layers of\n"
                    "--dim units; --heads is the GPT's) on the characters of FILE (default " << o.text << "),\n"
-                   "then writes --sample characters from it.\n";
+                   "then writes --sample characters from it. --json prints one JSON object on stdout: the seconds\n"
+                   "per step after three warm-up steps, timed between two host syncs, and the last loss.\n";
       std::exit(0);
+    }
+    if (arg == "--json") {
+      o.json = true;
+      continue;
     }
     if (i + 1 == argc) throw ferry::InvalidArgument(std::string(arg) + " needs a value (see --help)");
     const std::string value = argv[++i];
@@ -209,7 +220,8 @@ int run(const Options& o) {
   auto decay =
       std::make_shared<optim::CosineAnnealingLR>(adamw, std::max<std::int64_t>(1, o.steps - warmup), o.lr / 10);
   optim::SequentialLR schedule(adamw, {ramp, decay}, {warmup});
-  std::cout << "char_transformer: " << text.size() << " characters of " << o.text << ", " << vocab
+  std::ostream& say = o.json ? std::cerr : std::cout;  // with --json, stdout holds the JSON object alone
+  say << "char_transformer: " << text.size() << " characters of " << o.text << ", " << vocab
             << " distinct; " << o.model << ", " << model.parameter_count() << " parameters on " << device.str() << "; " << o.steps
             << " steps of " << o.batch << " x " << o.context << " tokens\n";
 
@@ -223,9 +235,17 @@ int run(const Options& o) {
                      index_select(data, 0, where + 1).reshape({o.batch, o.context})};
   };
   Ledger::global().set_budget({.max_syncs = 1, .max_host_to_device_bytes = 0});  // inside a step (see train_mlp)
+  // The steps timed for --json: those after three warm-up steps (the first GEMMs' handles, the allocator's first
+  // blocks), from a host sync before the first of them to one after the last, outside any step.
+  const std::int64_t untimed = std::min<std::int64_t>(3, o.steps - 1);
+  std::chrono::steady_clock::time_point timed_from;
+  Tensor loss;
   for (std::int64_t step = 0; step < o.steps; ++step) {
+    if (step == untimed) {
+      synchronize(device, "timing");
+      timed_from = std::chrono::steady_clock::now();
+    }
     Step scope(step);
-    Tensor loss;
     {
       Phase compute(PhaseKind::Compute, device);
       const auto [inputs, targets] = batch();
@@ -238,11 +258,14 @@ int run(const Options& o) {
     }
     if ((step + 1) % o.log_every == 0 || step == 0) {
       Phase sync(PhaseKind::Sync, device, "log");
-      std::cout << "  step " << step + 1 << "  loss " << loss.item<double>() << "  lr " << schedule.last_lr()
-                << "\n";
+      say << "  step " << step + 1 << "  loss " << loss.item<double>() << "  lr " << schedule.last_lr() << "\n";
     }
   }
   Ledger::global().set_budget({});
+  synchronize(device, "timing");
+  const double seconds_per_step =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - timed_from).count() /
+      static_cast<double>(o.steps - untimed);
 
   // Sampling, on the device: the last --context tokens in, the next one drawn from the softmax of its logits by
   // multinomial (ferry's generator, no host read), appended; the text crosses to the host once, at the end.
@@ -262,10 +285,17 @@ int run(const Options& o) {
     out += chars[static_cast<std::size_t>(next)];
   const std::int64_t sample_syncs = Ledger::global().totals().syncs - syncs_before;
   if (o.sample > 0) {
-    std::cout << "\nsample (" << o.sample << " characters, " << sample_syncs << " host sync"
+    say << "\nsample (" << o.sample << " characters, " << sample_syncs << " host sync"
               << (sample_syncs == 1 ? "" : "s") << "):\n" << out << "\n";
   }
-  std::cout << "\n" << report_text(make_report({.warmup_steps = 2})) << "\n";
+  say << "\n" << report_text(make_report({.warmup_steps = 2})) << "\n";
+  if (o.json) {
+    std::cout.precision(9);
+    std::cout << "{\"library\": \"ferry\", \"model\": \"" << o.model << "\", \"device\": \"" << device.str()
+              << "\", \"steps\": " << o.steps << ", \"timed_steps\": " << o.steps - untimed
+              << ", \"seconds_per_step\": " << seconds_per_step << ", \"final_loss\": " << loss.item<double>()
+              << "}\n";
+  }
   return 0;
 }
 

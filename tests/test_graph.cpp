@@ -153,6 +153,53 @@ TEST(Graph, SoftmaxAlongTheLastDimIsOneKernelEachWay) {
   }
 }
 
+// LayerNorm and GELU are one backend call forward and one backward (Backend::layer_norm_forward, gelu_forward; on
+// cuda the LayerNorm's backward is three kernels: the input's gradient, then the weight's and bias' column sums in
+// two steps), where with the library layers off they are composed of many: counted in a capture, with the same
+// values.
+TEST(Graph, LayerNormAndGeluAreOneCallEachWay) {
+  for (const Device device : testing::accelerators()) {
+    SCOPED_TRACE(device.str());
+    manual_seed(3);
+    const Tensor x = randn({32, 64}, {.device = device}).requires_grad_(true);
+    const Tensor w = randn({64}, {.device = device}).requires_grad_(true);
+    const Tensor b = randn({64}, {.device = device}).requires_grad_(true);
+    const Tensor g = randn({32, 64}, {.device = device});
+    nn::functional::layer_norm(x, {64}, w, b, 1e-5).backward(g);  // the gradients exist: each capture adds to them
+    const auto counted = [&](bool library, const std::function<Tensor()>& forward) {
+      nn::functional::set_library_layers(library);
+      for (const Tensor& t : {x, w, b}) t.grad().zero_();
+      Tensor out;
+      Graph graph(device);
+      graph.capture([&] {
+        out = forward();
+        out.backward(g);
+      });
+      nn::functional::set_library_layers(true);
+      graph.replay();
+      std::vector<std::vector<float>> values{out.cpu().to_vector<float>()};
+      for (const Tensor& t : {x, w, b}) values.push_back(t.grad().cpu().to_vector<float>());
+      return std::tuple{graph.operations(), graph.composition(), values};
+    };
+    for (const bool gelu : {false, true}) {
+      SCOPED_TRACE(gelu ? "gelu" : "layer_norm");
+      const auto forward = [&] {
+        return gelu ? nn::functional::gelu(x) : nn::functional::layer_norm(x, {64}, w, b, 1e-5);
+      };
+      const auto [fused, fused_words, fused_values] = counted(true, forward);
+      const auto [composed, composed_words, composed_values] = counted(false, forward);
+      EXPECT_LT(fused * 2, composed) << "kernels: " << fused << " operations (" << fused_words << "); composed: "
+                                     << composed << " (" << composed_words << ")";
+      ASSERT_EQ(fused_values.size(), composed_values.size());
+      for (std::size_t k = 0; k < fused_values.size(); ++k) {
+        EXPECT_TRUE(testing::all_close(from_vector<float>(fused_values[k]), from_vector<float>(composed_values[k]),
+                                       1e-5, 1e-5))
+            << "result " << k;
+      }
+    }
+  }
+}
+
 TEST(Graph, WhatCannotBeCapturedIsAnErrorAndTheDeviceStaysUsable) {
   for (const Device device : testing::accelerators()) {
     SCOPED_TRACE(device.str());

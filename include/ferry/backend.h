@@ -248,6 +248,37 @@ class Backend {
   // g - e^out sum(g) for log_softmax.
   virtual void softmax_backward(const KernelTensor& grad_in, const KernelTensor& grad_out, const KernelTensor& out,
                                 std::int64_t rows, std::int64_t n, bool log, const Stream& stream);
+  // LayerNorm over the last d elements of contiguous (rows, d), one call forward and one backward, where the composed
+  // layer (src/nn/composed_layers.cpp) runs nine kernels forward and about eleven backward. The composed arithmetic:
+  // mean and variance (biased) summed in double and rounded to the dtype, the rest in the dtype, each operation
+  // rounded on its own. cpu and sim run host loops (src/cpu/layer_norm.cpp), cuda its kernels
+  // (src/cuda/layer_norm.cu), for float32 and float64; false means "compose it from the kernels above".
+  virtual bool layer_norm_library(DType /*dtype*/, int /*index*/) { return false; }
+  // in (rows, d); weight and bias (d), or null data -> normalized (rows, d) = (x - mean) rstd, rstd (rows) =
+  // 1 / sqrt(var + eps), out (rows, d) = normalized weight + bias. Without weight and bias, out may be normalized
+  // itself (written once).
+  virtual void layer_norm_forward(const KernelTensor& out, const KernelTensor& normalized, const KernelTensor& rstd,
+                                  const KernelTensor& in, const KernelTensor& weight, const KernelTensor& bias,
+                                  std::int64_t rows, std::int64_t d, double eps, const Stream& stream);
+  // grad_out (rows, d), weight (d) or null data, the forward's normalized and rstd -> grad_in (rows, d) =
+  // rstd ((gn - mean(gn)) - normalized mean(gn normalized)), gn = grad_out weight; grad_weight (d) = the sum over
+  // rows of grad_out normalized, grad_bias (d) = the sum of grad_out, each summed in double. Each of the three is
+  // written only where its data is not null.
+  virtual void layer_norm_backward(const KernelTensor& grad_in, const KernelTensor& grad_weight,
+                                   const KernelTensor& grad_bias, const KernelTensor& grad_out,
+                                   const KernelTensor& weight, const KernelTensor& normalized,
+                                   const KernelTensor& rstd, std::int64_t rows, std::int64_t d, const Stream& stream);
+  // GELU, the exact form x Phi(x), over contiguous tensors of one shape, one call each way where the composed layer
+  // runs five kernels forward and seven backward. Each operation is the composed one's, rounded on its own (no
+  // multiply-add contraction), so the result is the composed layer's on the same device, bit for bit. cpu and sim:
+  // src/cpu/gelu.cpp; cuda: src/cuda/gelu.cu; float32 and float64; false means "compose it".
+  virtual bool gelu_library(DType /*dtype*/, int /*index*/) { return false; }
+  // in -> cdf = Phi(x) = (erf(x / sqrt 2) + 1) / 2 (kept for backward) and out = x cdf.
+  virtual void gelu_forward(const KernelTensor& out, const KernelTensor& cdf, const KernelTensor& in,
+                            const Stream& stream);
+  // grad_out, the forward's in and cdf -> grad_in = grad_out (cdf + x phi(x)), phi(x) = e^(-x^2 / 2) / sqrt(2 pi).
+  virtual void gelu_backward(const KernelTensor& grad_in, const KernelTensor& grad_out, const KernelTensor& in,
+                             const KernelTensor& cdf, const Stream& stream);
 
   // --- convolution and pooling (NCHW, contiguous) -------------------------------------------------
   struct Conv2dShape {

@@ -62,6 +62,23 @@ void Backend::softmax_backward(const KernelTensor&, const KernelTensor&, const K
                                std::int64_t, bool, const Stream&) {
   no_library("softmax");
 }
+void Backend::layer_norm_forward(const KernelTensor&, const KernelTensor&, const KernelTensor&, const KernelTensor&,
+                                 const KernelTensor&, const KernelTensor&, std::int64_t, std::int64_t, double,
+                                 const Stream&) {
+  no_library("layer_norm");
+}
+void Backend::layer_norm_backward(const KernelTensor&, const KernelTensor&, const KernelTensor&, const KernelTensor&,
+                                  const KernelTensor&, const KernelTensor&, const KernelTensor&, std::int64_t,
+                                  std::int64_t, const Stream&) {
+  no_library("layer_norm");
+}
+void Backend::gelu_forward(const KernelTensor&, const KernelTensor&, const KernelTensor&, const Stream&) {
+  no_library("gelu");
+}
+void Backend::gelu_backward(const KernelTensor&, const KernelTensor&, const KernelTensor&, const KernelTensor&,
+                            const Stream&) {
+  no_library("gelu");
+}
 void Backend::lstm_cell_forward(const KernelTensor&, const KernelTensor&, const KernelTensor&, const KernelTensor&,
                                 const KernelTensor&, const KernelTensor&, const RnnCellShape&, const Stream&) {
   no_library("lstm_cell");

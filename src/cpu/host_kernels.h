@@ -99,6 +99,21 @@ class HostKernels : public Backend {
                        const Stream& stream) override;
   void softmax_backward(const KernelTensor& grad_in, const KernelTensor& grad_out, const KernelTensor& out,
                         std::int64_t rows, std::int64_t n, bool log, const Stream& stream) override;
+  // LayerNorm over the last dim (layer_norm.cpp) and GELU (gelu.cpp): float32 and float64.
+  bool layer_norm_library(DType dtype, int /*index*/) override {
+    return dtype == DType::Float32 || dtype == DType::Float64;
+  }
+  void layer_norm_forward(const KernelTensor& out, const KernelTensor& normalized, const KernelTensor& rstd,
+                          const KernelTensor& in, const KernelTensor& weight, const KernelTensor& bias,
+                          std::int64_t rows, std::int64_t d, double eps, const Stream& stream) override;
+  void layer_norm_backward(const KernelTensor& grad_in, const KernelTensor& grad_weight, const KernelTensor& grad_bias,
+                           const KernelTensor& grad_out, const KernelTensor& weight, const KernelTensor& normalized,
+                           const KernelTensor& rstd, std::int64_t rows, std::int64_t d, const Stream& stream) override;
+  bool gelu_library(DType dtype, int /*index*/) override { return dtype == DType::Float32 || dtype == DType::Float64; }
+  void gelu_forward(const KernelTensor& out, const KernelTensor& cdf, const KernelTensor& in,
+                    const Stream& stream) override;
+  void gelu_backward(const KernelTensor& grad_in, const KernelTensor& grad_out, const KernelTensor& in,
+                     const KernelTensor& cdf, const Stream& stream) override;
   // One LSTM or GRU step after its projections (rnn_cells.cpp): float32 and float64.
   bool rnn_cell_library(const RnnCellShape& /*shape*/, DType dtype, int /*index*/) override {
     return dtype == DType::Float32 || dtype == DType::Float64;

@@ -594,6 +594,36 @@ class CudaBackend final : public Backend {
     DeviceGuard guard(stream.device.index);
     launch_softmax_backward(grad_in, grad_out, out, rows, n, log, to_cuda(stream));
   }
+  // LayerNorm over the last dim and GELU: ferry's kernels (layer_norm.cu, gelu.cu).
+  bool layer_norm_library(DType dtype, int index) override {
+    return library_query(index, [&] { return layer_norm_supported(dtype); });
+  }
+  void layer_norm_forward(const KernelTensor& out, const KernelTensor& normalized, const KernelTensor& rstd,
+                          const KernelTensor& in, const KernelTensor& weight, const KernelTensor& bias,
+                          std::int64_t rows, std::int64_t d, double eps, const Stream& stream) override {
+    DeviceGuard guard(stream.device.index);
+    launch_layer_norm_forward(out, normalized, rstd, in, weight, bias, rows, d, eps, to_cuda(stream));
+  }
+  void layer_norm_backward(const KernelTensor& grad_in, const KernelTensor& grad_weight, const KernelTensor& grad_bias,
+                           const KernelTensor& grad_out, const KernelTensor& weight, const KernelTensor& normalized,
+                           const KernelTensor& rstd, std::int64_t rows, std::int64_t d, const Stream& stream) override {
+    DeviceGuard guard(stream.device.index);
+    launch_layer_norm_backward(grad_in, grad_weight, grad_bias, grad_out, weight, normalized, rstd, rows, d,
+                               to_cuda(stream));
+  }
+  bool gelu_library(DType dtype, int index) override {
+    return library_query(index, [&] { return gelu_supported(dtype); });
+  }
+  void gelu_forward(const KernelTensor& out, const KernelTensor& cdf, const KernelTensor& in,
+                    const Stream& stream) override {
+    DeviceGuard guard(stream.device.index);
+    launch_gelu_forward(out, cdf, in, to_cuda(stream));
+  }
+  void gelu_backward(const KernelTensor& grad_in, const KernelTensor& grad_out, const KernelTensor& in,
+                     const KernelTensor& cdf, const Stream& stream) override {
+    DeviceGuard guard(stream.device.index);
+    launch_gelu_backward(grad_in, grad_out, in, cdf, to_cuda(stream));
+  }
   void im2col(const KernelTensor& columns, const KernelTensor& image, const Conv2dShape& shape,
               const Stream& stream) override {
     DeviceGuard guard(stream.device.index);

@@ -70,6 +70,22 @@ void launch_softmax_forward(const KernelTensor& out, const KernelTensor& in, std
 void launch_softmax_backward(const KernelTensor& grad_in, const KernelTensor& grad_out, const KernelTensor& out,
                              std::int64_t rows, std::int64_t n, bool log, cudaStream_t stream);
 
+// --- layer_norm.cu and gelu.cu: LayerNorm over the last dim and GELU, one launch forward each -------------
+// The Backend::layer_norm_* and gelu_* contracts (ferry/backend.h), for float32 and float64.
+bool layer_norm_supported(DType dtype);
+void launch_layer_norm_forward(const KernelTensor& out, const KernelTensor& normalized, const KernelTensor& rstd,
+                               const KernelTensor& in, const KernelTensor& weight, const KernelTensor& bias,
+                               std::int64_t rows, std::int64_t d, double eps, cudaStream_t stream);
+void launch_layer_norm_backward(const KernelTensor& grad_in, const KernelTensor& grad_weight,
+                                const KernelTensor& grad_bias, const KernelTensor& grad_out,
+                                const KernelTensor& weight, const KernelTensor& normalized, const KernelTensor& rstd,
+                                std::int64_t rows, std::int64_t d, cudaStream_t stream);
+bool gelu_supported(DType dtype);
+void launch_gelu_forward(const KernelTensor& out, const KernelTensor& cdf, const KernelTensor& in,
+                         cudaStream_t stream);
+void launch_gelu_backward(const KernelTensor& grad_in, const KernelTensor& grad_out, const KernelTensor& in,
+                          const KernelTensor& cdf, cudaStream_t stream);
+
 // --- conv.cu: im2col / col2im for one sample ------------------------------------------------------------
 void launch_im2col(const KernelTensor& columns, const KernelTensor& image, const Backend::Conv2dShape& shape,
                    cudaStream_t stream);

@@ -33,11 +33,6 @@ bool use_fused_host_kernels(Device device) {
          !capturing_device().has_value();
 }
 
-bool use_host_float_loops(const Tensor& x) {
-  return x.numel() > 0 && (x.dtype() == DType::Float32 || x.dtype() == DType::Float64) &&
-         use_fused_host_kernels(x.device());
-}
-
 namespace {
 
 template <typename F>

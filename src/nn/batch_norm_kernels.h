@@ -17,9 +17,6 @@ struct ChannelView {
 
 // True when `device` computes BatchNorm with the fused host kernels (cpu and sim, unless switched off).
 bool use_fused_host_kernels(Device device);
-// True when a layer's host loops (gelu_kernels.h, layer_norm_kernels.h) take `x`: non-empty, float32 or float64, on
-// a device where use_fused_host_kernels says yes.
-bool use_host_float_loops(const Tensor& x);
 
 // mean (C) and biased variance (C) of x per channel, in x's dtype.
 void channel_statistics(const Tensor& x, const ChannelView& view, Tensor& mean, Tensor& variance);

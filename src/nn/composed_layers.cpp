@@ -1,16 +1,16 @@
 // composed_layers.cpp — the layers built from tensor ops (ferry/ops.h) rather than kernels of their own: gelu,
 // silu, leaky_relu, softplus, layer_norm and embedding. Each runs on any device. Autograd differentiates most
-// through their ops; gelu and layer_norm are one node each with a closed-form backward of fewer passes, and on host
-// memory each is one pass (a row) each way instead (gelu_kernels.h, layer_norm_kernels.h). Every gradient is
-// checked against finite differences and PyTorch's fixtures.
+// through their ops; gelu and layer_norm are one node each with a closed-form backward of fewer passes, and where the
+// backend has them (Backend::gelu_library, layer_norm_library: cpu, sim and cuda, float32 and float64) one backend
+// call each way instead, with the library layers on (functional::library_layers). Every gradient is checked against
+// finite differences and PyTorch's fixtures.
 #include <algorithm>
 #include <cmath>
 
-#include "batch_norm_kernels.h"
+#include "../core/internal.h"
 #include "checks.h"
-#include "gelu_kernels.h"
-#include "layer_norm_kernels.h"
 #include "ferry/autograd.h"
+#include "ferry/backend.h"
 #include "ferry/error.h"
 #include "ferry/factories.h"
 #include "ferry/nn/functional.h"
@@ -18,28 +18,56 @@
 
 namespace ferry::nn::functional {
 
+namespace {
+
+using ferry::detail::compute_stream;
+using ferry::detail::kernel_view;
+using ferry::detail::kernel_view_or_null;
+
+// Whether gelu and layer_norm take the backend's calls for x (and its weight and bias, each undefined or of x's
+// dtype and device): the library layers on, elements to compute, and a backend that has the call for the dtype.
+bool use_library(const Tensor& x, const std::vector<const Tensor*>& params, bool (Backend::*has)(DType, int)) {
+  if (!library_layers() || x.numel() == 0) return false;
+  for (const Tensor* t : params) {
+    if (t->defined() && (t->dtype() != x.dtype() || t->device() != x.device())) return false;
+  }
+  return (backend(x.device()).*has)(x.dtype(), x.device().index);
+}
+
+// An uninitialised tensor of x's device and dtype.
+Tensor like(const Tensor& x, const Shape& shape) { return empty(shape, {.device = x.device(), .dtype = x.dtype()}); }
+
+}  // namespace
+
 Tensor gelu(const Tensor& x, const std::string& approximate) {
   FERRY_CHECK(approximate == "none" || approximate == "tanh", InvalidArgument,
               "gelu: approximate must be 'none' or 'tanh', got '", ferry::detail::printable(approximate), "'");
   check_floating("gelu", x);
   if (approximate == "none") {  // x Phi(x), Phi(x) = (1 + erf(x / sqrt 2)) / 2; d/dx = Phi(x) + x phi(x)
-    // On host memory one pass each way (gelu_kernels.h), the same bits; elsewhere composed from tensor ops.
-    const bool host = detail::use_host_float_loops(x);
-    const Tensor input = host ? x.detach().contiguous() : x.detach();
+    // One backend call each way where the backend has them (the same bits); else composed from tensor ops.
+    const bool library = use_library(x, {}, &Backend::gelu_library);
+    const Tensor input = library ? x.detach().contiguous() : x.detach();
     Tensor cdf, out;
     {
       autograd::NoGradGuard no_grad;
-      if (host) {
-        detail::gelu_host_forward(input, out, cdf);
+      if (library) {
+        cdf = like(input, input.shape());
+        out = like(input, input.shape());
+        backend(input.device()).gelu_forward(kernel_view(out), kernel_view(cdf), kernel_view(input),
+                                             compute_stream(input.device()));
       } else {
         cdf = mul(add(erf(mul(x, M_SQRT1_2)), 1.0), 0.5);
         out = mul(x, cdf);
       }
     }
     if (autograd::needs_grad({&x})) {
-      autograd::record("gelu", {x}, out, [x = input, cdf](const Tensor& g) {
-        if (detail::use_host_float_loops(x) && g.dtype() == x.dtype()) {
-          return std::vector<Tensor>{detail::gelu_host_backward(g.contiguous(), x.contiguous(), cdf)};
+      autograd::record("gelu", {x}, out, [x = input, cdf, library](const Tensor& g) {
+        if (library && g.dtype() == x.dtype()) {
+          const Tensor grad = g.contiguous();
+          Tensor dx = like(x, x.shape());
+          backend(x.device()).gelu_backward(kernel_view(dx), kernel_view(grad), kernel_view(x), kernel_view(cdf),
+                                            compute_stream(x.device()));
+          return std::vector<Tensor>{dx};
         }
         const Tensor pdf = mul(exp(mul(square(x), -0.5)), 0.5 * M_2_SQRTPI * M_SQRT1_2);  // phi(x)
         return std::vector<Tensor>{mul(g, add(cdf, mul(x, pdf)))};
@@ -102,13 +130,20 @@ Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& 
   Shape kept = x.shape();  // rstd's shape: (*, 1, ..., 1)
   std::fill(kept.end() - k, kept.end(), 1);
   const std::int64_t row_size = shape_numel(normalized_shape), rows = row_size > 0 ? x.numel() / row_size : 0;
-  // On host memory one pass a row each way (layer_norm_kernels.h); elsewhere composed from tensor ops.
-  const bool host = detail::use_host_float_loops(x);
+  // One backend call each way where the backend has them; else composed from tensor ops.
+  const bool library = use_library(x, {&weight, &bias}, &Backend::layer_norm_library);
   Tensor normalized, rstd, out;  // x-hat; 1 / sqrt(var + eps), (*, 1, ..., 1)
-  if (host) {
+  if (library) {
     autograd::NoGradGuard no_grad;
-    detail::layer_norm_host_forward(x.detach().contiguous(), weight, bias, eps, rows, row_size, out,
-                                    normalized, rstd);
+    const Tensor input = x.detach().contiguous();
+    const Tensor w = weight.defined() ? weight.detach().contiguous() : Tensor();
+    const Tensor b = bias.defined() ? bias.detach().contiguous() : Tensor();
+    normalized = like(input, input.shape());
+    rstd = like(input, {rows});
+    out = w.defined() || b.defined() ? like(input, input.shape()) : normalized;
+    backend(x.device()).layer_norm_forward(kernel_view(out), kernel_view(normalized), kernel_view(rstd),
+                                           kernel_view(input), kernel_view_or_null(w), kernel_view_or_null(b), rows,
+                                           row_size, eps, compute_stream(x.device()));
     rstd = rstd.reshape(kept);
   } else {
     autograd::NoGradGuard no_grad;
@@ -128,14 +163,18 @@ Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& 
     const bool affine = weight.defined() || bias.defined();
     autograd::record("layer_norm", {x, weight, bias}, out,
         [w = weight.defined() ? weight.detach() : Tensor(), normalized = normalized.detach(), rstd, dims, leading,
-         normalized_shape, rows, row_size, want_x, want_w, want_b](const Tensor& g) {
+         normalized_shape, rows, row_size, want_x, want_w, want_b, library](const Tensor& g) {
           // dx = rstd (dx^ - mean(dx^) - x^ mean(dx^ x^)), dx^ = g w; dw = sum(g x^), db = sum(g) over the rest
           Tensor gx, gw, gb;
-          if (detail::use_host_float_loops(normalized) && g.dtype() == normalized.dtype()) {
-            detail::layer_norm_host_backward(g.contiguous(), w, normalized, rstd, rows, row_size, want_x, want_w,
-                                             want_b, gx, gw, gb);
-            if (gw.defined()) gw = gw.reshape(normalized_shape);
-            if (gb.defined()) gb = gb.reshape(normalized_shape);
+          if (library && g.dtype() == normalized.dtype()) {
+            const Tensor grad = g.contiguous(), wc = w.defined() ? w.contiguous() : Tensor();
+            if (want_x) gx = like(normalized, normalized.shape());
+            if (want_w) gw = like(normalized, normalized_shape);
+            if (want_b) gb = like(normalized, normalized_shape);
+            backend(normalized.device()).layer_norm_backward(
+                kernel_view_or_null(gx), kernel_view_or_null(gw), kernel_view_or_null(gb), kernel_view(grad),
+                kernel_view_or_null(wc), kernel_view(normalized), kernel_view(rstd), rows, row_size,
+                compute_stream(normalized.device()));
             return std::vector<Tensor>{gx, gw, gb};
           }
           if (want_x) {

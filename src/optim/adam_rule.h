@@ -20,25 +20,8 @@ struct AdamScalars {
   bool decoupled, decay, amsgrad, maximize;
 };
 
-template <typename T>
-FERRY_HOST_DEVICE inline T rounded_div(T a, T b) {
-#if defined(__CUDA_ARCH__)
-  if constexpr (sizeof(T) == 4) return __fdiv_rn(a, b);
-  else return __ddiv_rn(a, b);
-#else
-  return a / b;
-#endif
-}
-
-template <typename T>
-FERRY_HOST_DEVICE inline T rounded_sqrt(T a) {
-#if defined(__CUDA_ARCH__)
-  if constexpr (sizeof(T) == 4) return __fsqrt_rn(a);
-  else return __dsqrt_rn(a);
-#else
-  return std::sqrt(a);
-#endif
-}
+using ferry::detail::rounded_div;
+using ferry::detail::rounded_sqrt;
 
 // p, g, m, v and (amsgrad) vmax of one element; p, m, v and vmax are updated.
 template <typename T>

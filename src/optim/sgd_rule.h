@@ -5,6 +5,7 @@
 #pragma once
 
 #include "../core/host_device.h"
+#include "../core/rounded.h"
 
 namespace ferry::optim::detail {
 
@@ -15,25 +16,8 @@ struct SgdScalars {
   bool use_momentum, dampened, nesterov, maximize, decay, first;
 };
 
-template <typename T>
-FERRY_HOST_DEVICE inline T rounded_mul(T a, T b) {
-#if defined(__CUDA_ARCH__)
-  if constexpr (sizeof(T) == 4) return __fmul_rn(a, b);
-  else return __dmul_rn(a, b);
-#else
-  return a * b;
-#endif
-}
-
-template <typename T>
-FERRY_HOST_DEVICE inline T rounded_add(T a, T b) {
-#if defined(__CUDA_ARCH__)
-  if constexpr (sizeof(T) == 4) return __fadd_rn(a, b);
-  else return __dadd_rn(a, b);
-#else
-  return a + b;
-#endif
-}
+using ferry::detail::rounded_add;
+using ferry::detail::rounded_mul;
 
 // p, g and (with momentum) buf of one element; p and buf are updated.
 template <typename T>

@@ -375,6 +375,31 @@ class SimBackend final : public cpu::HostKernels {
     run_or_record(stream, [=, this] { HostKernels::softmax_backward(grad_in, grad_out, out, rows, n, log, stream); });
   }
 
+  // --- LayerNorm and GELU, as the cpu's (src/cpu/layer_norm.cpp, src/cpu/gelu.cpp) ------------------------
+  void layer_norm_forward(const KernelTensor& out, const KernelTensor& normalized, const KernelTensor& rstd,
+                          const KernelTensor& in, const KernelTensor& weight, const KernelTensor& bias,
+                          std::int64_t rows, std::int64_t d, double eps, const Stream& stream) override {
+    run_or_record(stream, [=, this] {
+      HostKernels::layer_norm_forward(out, normalized, rstd, in, weight, bias, rows, d, eps, stream);
+    });
+  }
+  void layer_norm_backward(const KernelTensor& grad_in, const KernelTensor& grad_weight, const KernelTensor& grad_bias,
+                           const KernelTensor& grad_out, const KernelTensor& weight, const KernelTensor& normalized,
+                           const KernelTensor& rstd, std::int64_t rows, std::int64_t d, const Stream& stream) override {
+    run_or_record(stream, [=, this] {
+      HostKernels::layer_norm_backward(grad_in, grad_weight, grad_bias, grad_out, weight, normalized, rstd, rows, d,
+                                       stream);
+    });
+  }
+  void gelu_forward(const KernelTensor& out, const KernelTensor& cdf, const KernelTensor& in,
+                    const Stream& stream) override {
+    run_or_record(stream, [=, this] { HostKernels::gelu_forward(out, cdf, in, stream); });
+  }
+  void gelu_backward(const KernelTensor& grad_in, const KernelTensor& grad_out, const KernelTensor& in,
+                     const KernelTensor& cdf, const Stream& stream) override {
+    run_or_record(stream, [=, this] { HostKernels::gelu_backward(grad_in, grad_out, in, cdf, stream); });
+  }
+
   // --- one LSTM or GRU step after its projections, as the cpu's (src/cpu/rnn_cells.cpp) ---------------
   void lstm_cell_forward(const KernelTensor& out, const KernelTensor& act, const KernelTensor& tanh_c,
                          const KernelTensor& x_gates, const KernelTensor& h_gates, const KernelTensor& c,

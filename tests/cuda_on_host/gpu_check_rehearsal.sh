@@ -6,9 +6,9 @@
 # golden` for mlp and cnn and the three diagnostic variants, five fmnist epochs, the --deterministic checkpoint
 # check (straight vs resumed, byte for byte), the data-parallel runs under mpirun — and the files it writes.
 # Stand-ins, on PATH ahead of the real ones: `cmake` (FERRY is already built), `ctest` (the suites run on their
-# own), and PyTorch's three scripts and cuda_link_bench (JSON in their formats, with numbers in ANCHORS.md's range:
-# neither can run without a card). FERRY runs cut to the emulator's pace: batch 16 and 2 steps for `bench
-# golden`, 512 training and 200 test images, step limits divided by 5.
+# own), and PyTorch's four scripts, cuda_link_bench, cuda_layer_bench and char_transformer (JSON in their formats,
+# with numbers in ANCHORS.md's range: none can run without a card). FERRY runs cut to the emulator's pace: batch 16
+# and 2 steps for `bench golden`, 512 training and 200 test images, step limits divided by 5.
 # Not here: any number. Every one printed comes from the emulator or a stand-in; the real ones are the H200's.
 set -euo pipefail
 FERRY=$(realpath "$1")
@@ -52,6 +52,10 @@ echo '{"bench": "layers", "workload": "cnn", "batch": 256, "device": "cuda:0", "
  {"stage": "0 Conv2d", "forward_ms": 0.05, "backward_ms": 0.12}, {"stage": "1 BatchNorm2d+ReLU+MaxPool2d", "forward_ms": 0.06, "backward_ms": 0.09}],
  "loss_forward_ms": 0.01, "loss_backward_ms": 0.01, "update_ms": 0.02, "forward_ms": 0.11, "backward_ms": 0.21, "step_ms": 0.36}'
 EOF
+cat > "$work/build/bench/char_transformer" <<'EOF'
+#!/usr/bin/env bash
+echo '{"library": "ferry", "model": "gpt", "device": "cuda:0", "steps": 60, "timed_steps": 57, "seconds_per_step": 0.0041, "final_loss": 2.91}'
+EOF
 # python3: PyTorch's scripts answer with fixed JSON; everything else (the report code) is the real interpreter.
 cat > "$work/bin/python3" <<EOF
 #!/usr/bin/env bash
@@ -69,6 +73,10 @@ J
 {"library": "PyTorch (rehearsal stand-in)", "device": "emulated card", "workloads": {
  "mlp": {"batch": 512, "resident_s": 0.00106, "item_every_step_s": 0.00129, "peak_device_bytes": 96000000, "peak_device_bytes_warmup": 98000000},
  "cnn": {"batch": 256, "resident_s": 0.00209, "item_every_step_s": 0.00255, "peak_device_bytes": 472000000, "peak_device_bytes_warmup": 900000000}}}
+J
+  ;;
+  */torch_char_transformer.py) cat <<'J'
+{"library": "torch (rehearsal stand-in)", "model": "gpt", "device": "cuda", "threads": 2, "steps": 60, "seconds_per_step": 0.0052, "final_loss": 2.95}
 J
   ;;
   */torch_fmnist.py) cat <<'J'
@@ -99,7 +107,8 @@ case \$sub in
 esac
 exec "$FERRY" "\${args[@]}"
 EOF
-chmod +x "$work"/bin/* "$work/build/bench/cuda_link_bench" "$work/build/bench/cuda_layer_bench" "$work/build/tools/ferry/ferry"
+chmod +x "$work"/bin/* "$work/build/bench/cuda_link_bench" "$work/build/bench/cuda_layer_bench" \
+  "$work/build/bench/char_transformer" "$work/build/tools/ferry/ferry"
 
 start=$(date +%s)
 rc=0
@@ -124,6 +133,7 @@ expect "cnn resident step without cuDNN (FERRY_CUDNN=0)"
 expect "mlp step with the ReLUs unfused"
 expect "cnn step with BatchNorm + ReLU unfused"
 expect "cnn eager step by stage (GPU time between CUDA events"
+expect "GPT step on cuda (examples/char_transformer: 2 blocks of width 64, batch 32 x 64, AdamW, eager, 57 steps timed): ferry 4.100 ms (LayerNorm and GELU composed, FERRY_LIBRARY_LAYERS=0: 4.100 ms), PyTorch 5.200 ms, ratio 0.79"
 expect "    1 BatchNorm2d+ReLU+MaxPool2d"
 expect "  mlp step graph: one graph of"
 expect "  cnn step graph: one graph of"
@@ -163,7 +173,7 @@ for file in gpu-check.json runs.json ctest.log; do [[ -s "$work/out/$file" ]] ||
 import json, sys
 runs = json.load(open(sys.argv[1]))
 need = ["golden_mlp.json", "golden_cnn.json", "train_ferry.json", "train_torch.json", "steps_torch.json", "ferry.json",
-        "torch.json", "train_ferry_deterministic.json"]
+        "torch.json", "train_ferry_deterministic.json", "gpt_ferry.json", "gpt_torch.json"]
 missing = [n for n in need if not runs.get(n)]
 sys.exit(f"missing or empty: {missing}" if missing else 0)
 PY

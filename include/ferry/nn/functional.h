@@ -165,15 +165,16 @@ Tensor scaled_dot_product_attention(const Tensor& query, const Tensor& key, cons
 // the end): its row gets no gradient, as PyTorch's.
 Tensor embedding(const Tensor& indices, const Tensor& weight, std::optional<std::int64_t> padding_idx = std::nullopt);
 
-// The fused host kernels that cpu and sim (both host memory) use for BatchNorm, LayerNorm and GELU; other devices
-// compose the same maths from tensor ops. Tests switch them off to check the composed path against them.
+// The fused host kernels that cpu and sim (both host memory) use for BatchNorm and large convolutions outside a
+// graph capture; other devices compose the same maths from tensor ops. Tests switch them off to check the composed
+// path against them.
 void set_fused_host_kernels(bool enabled);
 bool fused_host_kernels();
 
 // Library layers: convolution and training-mode BatchNorm through the device's vendor library (cuDNN
 // on cuda, oneDNN's convolutions on cpu and sim) when the backend has one for the shape, BatchNorm (+ ReLU) through
-// ferry's fused kernels (BatchNorm + ReLU on cuda, both on cpu and sim), and the LSTM and GRU steps as one backend
-// call each way (every device); on by default. Off, every device composes them from ferry's
+// ferry's fused kernels (BatchNorm + ReLU on cuda, both on cpu and sim), and the LSTM and GRU steps, LayerNorm and
+// GELU as one backend call each way (every device); on by default. Off, every device composes them from ferry's
 // kernels (im2col + GEMM, per-channel passes): tests compare the two. FERRY_LIBRARY_LAYERS=0 sets it off for a
 // whole run; FERRY_CUDNN=0 turns only cuDNN off, FERRY_ONEDNN=0 only oneDNN. Both are switches (1/true/yes/on or 0/false/no/off, any case): another value
 // is an InvalidArgument, thrown by the first call that reads it (ferry's command line reads it before a command runs).
