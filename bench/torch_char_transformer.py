@@ -115,8 +115,9 @@ def main():
         loss = step()
     sync()
     elapsed = time.perf_counter() - start
-    print(json.dumps({"library": "torch " + torch.__version__, "model": a.model, "device": a.device, "threads": a.threads,
-                      "steps": a.steps, "seconds_per_step": elapsed / a.steps, "final_loss": loss.item()}))
+    print(json.dumps({"library": "torch " + torch.__version__, "model": a.model, "device": a.device,
+                      "threads": a.threads, "steps": a.steps, "seconds_per_step": elapsed / a.steps,
+                      "final_loss": loss.item()}))
 
 
 if __name__ == "__main__":
