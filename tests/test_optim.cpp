@@ -12,15 +12,18 @@
 #include "fixtures/fixture_reader.h"
 #include "test_helpers.h"
 #include "ferry/factories.h"
+#include "ferry/graph.h"
 #include "ferry/ledger.h"
 #include "ferry/lr_scheduler.h"
 #include "ferry/nn/clip_grad.h"
+#include "ferry/nn/functional.h"
 #include "ferry/nn/linear.h"
 #include "ferry/ops.h"
 #include "ferry/optim.h"
 #include "ferry/random.h"
 
 using ferry::Device;
+using ferry::DType;
 using ferry::Tensor;
 using ferry::testing::Fixture;
 using ferry::testing::differences;
@@ -559,6 +562,88 @@ TEST(ClipGrad, NormMatchesPyTorchAndReadsNothingBack) {
           << "norm_type " << c.norm_type << " on " << device.str();
       EXPECT_FALSE(unused.grad().defined());
     }
+  }
+}
+
+// The norms and the scale as one backend call each (Backend::multi_norm, multi_scale) against one norm and one
+// scale per gradient (library layers off), on every device: 60 gradients (more than a cuda launch's table of 48),
+// one of 10000 elements (more than a cuda block's chunk of 4096), one empty; float32 and float64; the 2-, 1- and
+// inf-norm, clipping and not; mixed dtypes take the per-gradient path. On sim and cuda a capture of the fused
+// form records a handful of operations where the per-gradient form records hundreds.
+TEST(ClipGrad, TheNormsAndTheScaleAreOneCallEachOverAllTheGradients) {
+  namespace utils = ferry::nn::utils;
+  std::vector<Device> devices = ferry::testing::accelerators();
+  devices.insert(devices.begin(), ferry::kCPU);
+  for (const Device device : devices) {
+    for (const DType dtype : {DType::Float32, DType::Float64}) {
+      for (const double norm_type : {2.0, 1.0, utils::kInfinityNorm}) {
+        for (const double max_norm : {1.0, 1e6}) {
+          SCOPED_TRACE(device.str() + " " + std::string(ferry::dtype_name(dtype)) + " norm " +
+                       std::to_string(norm_type) + " max_norm " + std::to_string(max_norm));
+          auto run = [&](bool library) {
+            ferry::nn::functional::set_library_layers(library);
+            ferry::manual_seed(8);
+            std::vector<Tensor> params;
+            for (int i = 0; i < 60; ++i) {
+              const bool empty = i == 11 && !std::isinf(norm_type);  // the inf-norm of an empty gradient: below
+              const std::int64_t n = i == 7 ? 10000 : empty ? 0 : 1 + (i * 37) % 300;
+              Tensor p = ferry::zeros({n}, {.device = device, .dtype = dtype});
+              p.set_grad(ferry::randn({n}, {.dtype = dtype}).to(device));
+              params.push_back(p);
+            }
+            const Tensor total = utils::clip_grad_norm_(params, max_norm, norm_type);
+            ferry::nn::functional::set_library_layers(true);
+            std::vector<std::vector<double>> out{ferry::testing::values(total.cpu())};
+            for (const Tensor& p : params) out.push_back(ferry::testing::values(p.grad().cpu()));
+            return out;
+          };
+          const auto fused = run(true), composed = run(false);
+          ASSERT_EQ(fused.size(), composed.size());
+          for (std::size_t k = 0; k < fused.size(); ++k) {
+            ASSERT_EQ(fused[k].size(), composed[k].size());
+            for (std::size_t i = 0; i < fused[k].size(); ++i) {
+              EXPECT_NEAR(fused[k][i], composed[k][i], 1e-6 * (1 + std::abs(composed[k][i])))
+                  << (k == 0 ? "the total" : "gradient " + std::to_string(k - 1)) << ", element " << i;
+            }
+          }
+        }
+      }
+    }
+    // The inf-norm of an empty gradient is an error either way, as PyTorch's.
+    for (const bool library : {true, false}) {
+      ferry::nn::functional::set_library_layers(library);
+      Tensor p = ferry::zeros({2}, {.device = device}), none = ferry::zeros({0}, {.device = device});
+      p.set_grad(ferry::ones({2}, {.device = device}));
+      none.set_grad(ferry::zeros({0}, {.device = device}));
+      EXPECT_THROW(utils::clip_grad_norm_({p, none}, 1.0, utils::kInfinityNorm), ferry::Error) << device.str();
+      ferry::nn::functional::set_library_layers(true);
+    }
+    // Gradients of two dtypes: the per-gradient path, as before.
+    Tensor a = ferry::zeros({2}, {.device = device});
+    Tensor b = ferry::zeros({2}, {.device = device, .dtype = DType::Float64});
+    a.set_grad(ferry::from_vector<float>({3, 0}, {2}).to(device));
+    b.set_grad(ferry::from_vector<double>({0, 4}, {2}).to(device));
+    EXPECT_NEAR(utils::clip_grad_norm_({a, b}, 1.0).item<double>(), 5.0, 1e-6) << device.str();
+    EXPECT_NEAR(a.grad().cpu().to_vector<float>()[0], 0.6, 1e-6) << device.str();
+  }
+  for (const Device device : ferry::testing::accelerators()) {
+    std::vector<Tensor> params;
+    for (int i = 0; i < 30; ++i) {
+      Tensor p = ferry::zeros({64}, {.device = device});
+      p.set_grad(ferry::randn({64}).to(device));
+      params.push_back(p);
+    }
+    const auto recorded = [&](bool library) {
+      ferry::nn::functional::set_library_layers(library);
+      ferry::Graph graph(device);
+      graph.capture([&] { (void)utils::clip_grad_norm_(params, 1.0); });
+      ferry::nn::functional::set_library_layers(true);
+      return std::pair{graph.operations(), graph.composition()};
+    };
+    const auto [fused, fused_words] = recorded(true);
+    const auto [composed, composed_words] = recorded(false);
+    EXPECT_LT(fused * 10, composed) << device.str() << ": one call each " << fused << " operations (" << fused_words
+                                    << "); per gradient " << composed << " (" << composed_words << ")";
   }
 }
 

@@ -347,6 +347,21 @@ class Backend {
                          const KernelTensor* exp_avg_sqs, const KernelTensor* max_exp_avg_sqs, std::size_t count,
                          const AdamStep& step, const Stream& stream) = 0;
 
+  // --- gradient clipping: many tensors in one call ----------------------------------------------------
+  // clip_grad_norm_'s two passes over every gradient as one call each (src/nn/clip_grad.cpp), where the composed
+  // form runs three kernels and a copy per gradient for the norms and one kernel per gradient for the scale. For
+  // `count` contiguous tensors of one dtype (float32 or float64) and p = 1, 2 or +inf; false means "compose it".
+  virtual bool multi_norm_library(DType /*dtype*/, int /*index*/) { return false; }
+  // norms (count), contiguous, of the tensors' dtype: norms[i] = the p-norm of tensors[i] as the composed ops
+  // compute it: p = 2 sqrt(sum(x * x)), p = 1 sum(|x|), each sum in double rounded to the dtype; p = inf max(|x|),
+  // NaN when any element is NaN. A tensor without elements has norm 0.
+  virtual void multi_norm(const KernelTensor* tensors, std::size_t count, const KernelTensor& norms, double p,
+                          const Stream& stream);
+  // tensors[i] = tensors[i] * scale for every i, in their dtype; scale a one-element tensor of that dtype on the
+  // device, read when the call runs (so a captured step scales by the value computed before it in the step).
+  virtual void multi_scale(const KernelTensor* tensors, std::size_t count, const KernelTensor& scale,
+                           const Stream& stream);
+
   // --- library layers (cuDNN on cuda, oneDNN on cpu and sim) ---------------------------------------
   // Convolution and BatchNorm as one vendor-library call each, where the device has such a library.
   // The *_library queries (for device `index`) never throw: false means "compose the layer from the

@@ -62,6 +62,12 @@ void Backend::softmax_backward(const KernelTensor&, const KernelTensor&, const K
                                std::int64_t, bool, const Stream&) {
   no_library("softmax");
 }
+void Backend::multi_norm(const KernelTensor*, std::size_t, const KernelTensor&, double, const Stream&) {
+  no_library("clip_grad_norm_ (multi_norm)");
+}
+void Backend::multi_scale(const KernelTensor*, std::size_t, const KernelTensor&, const Stream&) {
+  no_library("clip_grad_norm_ (multi_scale)");
+}
 void Backend::layer_norm_forward(const KernelTensor&, const KernelTensor&, const KernelTensor&, const KernelTensor&,
                                  const KernelTensor&, const KernelTensor&, std::int64_t, std::int64_t, double,
                                  const Stream&) {

@@ -99,6 +99,14 @@ class HostKernels : public Backend {
                        const Stream& stream) override;
   void softmax_backward(const KernelTensor& grad_in, const KernelTensor& grad_out, const KernelTensor& out,
                         std::int64_t rows, std::int64_t n, bool log, const Stream& stream) override;
+  // clip_grad_norm_'s norms and scale over many tensors (multi_norm.cpp): float32 and float64.
+  bool multi_norm_library(DType dtype, int /*index*/) override {
+    return dtype == DType::Float32 || dtype == DType::Float64;
+  }
+  void multi_norm(const KernelTensor* tensors, std::size_t count, const KernelTensor& norms, double p,
+                  const Stream& stream) override;
+  void multi_scale(const KernelTensor* tensors, std::size_t count, const KernelTensor& scale,
+                   const Stream& stream) override;
   // LayerNorm over the last dim (layer_norm.cpp) and GELU (gelu.cpp): float32 and float64.
   bool layer_norm_library(DType dtype, int /*index*/) override {
     return dtype == DType::Float32 || dtype == DType::Float64;

@@ -594,6 +594,20 @@ class CudaBackend final : public Backend {
     DeviceGuard guard(stream.device.index);
     launch_softmax_backward(grad_in, grad_out, out, rows, n, log, to_cuda(stream));
   }
+  // clip_grad_norm_'s norms and scale over many tensors: ferry's kernels (multi_norm.cu).
+  bool multi_norm_library(DType dtype, int index) override {
+    return library_query(index, [&] { return multi_norm_supported(dtype); });
+  }
+  void multi_norm(const KernelTensor* tensors, std::size_t count, const KernelTensor& norms, double p,
+                  const Stream& stream) override {
+    DeviceGuard guard(stream.device.index);
+    launch_multi_norm(tensors, count, norms, p, to_cuda(stream));
+  }
+  void multi_scale(const KernelTensor* tensors, std::size_t count, const KernelTensor& scale,
+                   const Stream& stream) override {
+    DeviceGuard guard(stream.device.index);
+    launch_multi_scale(tensors, count, scale, to_cuda(stream));
+  }
   // LayerNorm over the last dim and GELU: ferry's kernels (layer_norm.cu, gelu.cu).
   bool layer_norm_library(DType dtype, int index) override {
     return library_query(index, [&] { return layer_norm_supported(dtype); });

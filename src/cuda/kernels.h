@@ -70,6 +70,14 @@ void launch_softmax_forward(const KernelTensor& out, const KernelTensor& in, std
 void launch_softmax_backward(const KernelTensor& grad_in, const KernelTensor& grad_out, const KernelTensor& out,
                              std::int64_t rows, std::int64_t n, bool log, cudaStream_t stream);
 
+// --- multi_norm.cu: clip_grad_norm_'s norms and scale over many tensors, one launch each way per 48 tensors -----
+// The Backend::multi_norm / multi_scale contract (ferry/backend.h), for float32 and float64, p = 1, 2 or inf.
+bool multi_norm_supported(DType dtype);
+void launch_multi_norm(const KernelTensor* tensors, std::size_t count, const KernelTensor& norms, double p,
+                       cudaStream_t stream);
+void launch_multi_scale(const KernelTensor* tensors, std::size_t count, const KernelTensor& scale,
+                        cudaStream_t stream);
+
 // --- layer_norm.cu and gelu.cu: LayerNorm over the last dim and GELU, one launch forward each -------------
 // The Backend::layer_norm_* and gelu_* contracts (ferry/backend.h), for float32 and float64.
 bool layer_norm_supported(DType dtype);

@@ -1,12 +1,15 @@
 // clip_grad.cpp — clip_grad_norm_ and clip_grad_value_ (ferry/nn/clip_grad.h): device ops only, so that a step
-// that clips can be captured; the one optional read is error_if_nonfinite's.
+// that clips can be captured; the one optional read is error_if_nonfinite's. The norms and the scale are one backend
+// call each over all the gradients where the backend has them (Backend::multi_norm, multi_scale).
 #include "ferry/nn/clip_grad.h"
 
 #include <cmath>
 
 #include "../core/internal.h"
 #include "ferry/autograd.h"
+#include "ferry/backend.h"
 #include "ferry/factories.h"
+#include "ferry/nn/functional.h"
 #include "ferry/ops.h"
 
 namespace ferry::nn::utils {
@@ -47,10 +50,30 @@ Tensor clip_grad_norm_(const std::vector<Tensor>& parameters, double max_norm, d
   autograd::NoGradGuard no_grad;
   const std::vector<Tensor> grads = gradients(parameters, "clip_grad_norm_");
   if (grads.empty()) return zeros({});
-  std::vector<Tensor> norms;
-  norms.reserve(grads.size());
-  for (const Tensor& g : grads) norms.push_back(one_norm(g, norm_type).to(grads.front().dtype()));
-  const Tensor total = one_norm(stack(norms), norm_type);
+  const Device device = grads.front().device();
+  const DType dtype = grads.front().dtype();
+  // The norms and the scale as one backend call each (Backend::multi_norm) where the backend has them: the
+  // gradients contiguous and of one dtype, p = 1, 2 or inf, the library layers on; else one norm and one scale
+  // per gradient.
+  std::vector<KernelTensor> views;
+  bool library = functional::library_layers() && (norm_type == 1 || norm_type == 2 || std::isinf(norm_type)) &&
+                 backend(device).multi_norm_library(dtype, device.index);
+  for (const Tensor& g : grads) {  // an empty gradient's inf-norm is an error (PyTorch's), which max() raises
+    library = library && g.dtype() == dtype && g.is_contiguous() && (g.numel() > 0 || !std::isinf(norm_type));
+    if (library) views.push_back(detail::kernel_view(g));
+  }
+  Tensor norms;
+  if (library) {
+    norms = empty({static_cast<std::int64_t>(grads.size())}, {.device = device, .dtype = dtype});
+    backend(device).multi_norm(views.data(), views.size(), detail::kernel_view(norms), norm_type,
+                               detail::compute_stream(device));
+  } else {
+    std::vector<Tensor> each;
+    each.reserve(grads.size());
+    for (const Tensor& g : grads) each.push_back(one_norm(g, norm_type).to(dtype));
+    norms = stack(each);
+  }
+  const Tensor total = one_norm(norms, norm_type);
   if (error_if_nonfinite) {
     const double value = detail::host_copy(total, "clip_grad_norm_ (error_if_nonfinite)").item<double>();
     FERRY_CHECK(std::isfinite(value), Error, "clip_grad_norm_: the total ", norm_type, "-norm of the gradients of ",
@@ -61,6 +84,13 @@ Tensor clip_grad_norm_(const std::vector<Tensor>& parameters, double max_norm, d
   const Tensor scale = clamp(div(full({}, max_norm, {.device = total.device(), .dtype = total.dtype()}),
                                  add(total, 1e-6)),
                              std::nullopt, 1.0);
+  if (library) {
+    const Tensor factor = scale.to(dtype);
+    backend(device).multi_scale(views.data(), views.size(), detail::kernel_view(factor),
+                                detail::compute_stream(device));
+    for (const Tensor& g : grads) g.impl()->bump_version();  // written in place, as mul_ would
+    return total;
+  }
   for (const Tensor& g : grads) {
     Tensor target = g;
     target.mul_(scale.to(g.dtype()));

@@ -375,6 +375,20 @@ class SimBackend final : public cpu::HostKernels {
     run_or_record(stream, [=, this] { HostKernels::softmax_backward(grad_in, grad_out, out, rows, n, log, stream); });
   }
 
+  // --- clip_grad_norm_'s norms and scale, as the cpu's (src/cpu/multi_norm.cpp) ------------------------------
+  void multi_norm(const KernelTensor* tensors, std::size_t count, const KernelTensor& norms, double p,
+                  const Stream& stream) override {
+    run_or_record(stream, [=, this, t = std::vector<KernelTensor>(tensors, tensors + count)] {
+      HostKernels::multi_norm(t.data(), count, norms, p, stream);
+    });
+  }
+  void multi_scale(const KernelTensor* tensors, std::size_t count, const KernelTensor& scale,
+                   const Stream& stream) override {
+    run_or_record(stream, [=, this, t = std::vector<KernelTensor>(tensors, tensors + count)] {
+      HostKernels::multi_scale(t.data(), count, scale, stream);
+    });
+  }
+
   // --- LayerNorm and GELU, as the cpu's (src/cpu/layer_norm.cpp, src/cpu/gelu.cpp) ------------------------
   void layer_norm_forward(const KernelTensor& out, const KernelTensor& normalized, const KernelTensor& rstd,
                           const KernelTensor& in, const KernelTensor& weight, const KernelTensor& bias,

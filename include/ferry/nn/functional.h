@@ -173,8 +173,9 @@ bool fused_host_kernels();
 
 // Library layers: convolution and training-mode BatchNorm through the device's vendor library (cuDNN
 // on cuda, oneDNN's convolutions on cpu and sim) when the backend has one for the shape, BatchNorm (+ ReLU) through
-// ferry's fused kernels (BatchNorm + ReLU on cuda, both on cpu and sim), and the LSTM and GRU steps, LayerNorm and
-// GELU as one backend call each way (every device); on by default. Off, every device composes them from ferry's
+// ferry's fused kernels (BatchNorm + ReLU on cuda, both on cpu and sim), the LSTM and GRU steps, LayerNorm and
+// GELU as one backend call each way, and clip_grad_norm_'s norms and scale as one call each over all the gradients
+// (every device); on by default. Off, every device composes them from ferry's
 // kernels (im2col + GEMM, per-channel passes): tests compare the two. FERRY_LIBRARY_LAYERS=0 sets it off for a
 // whole run; FERRY_CUDNN=0 turns only cuDNN off, FERRY_ONEDNN=0 only oneDNN. Both are switches (1/true/yes/on or 0/false/no/off, any case): another value
 // is an InvalidArgument, thrown by the first call that reads it (ferry's command line reads it before a command runs).
