@@ -221,9 +221,9 @@ int run(const Options& o) {
       std::make_shared<optim::CosineAnnealingLR>(adamw, std::max<std::int64_t>(1, o.steps - warmup), o.lr / 10);
   optim::SequentialLR schedule(adamw, {ramp, decay}, {warmup});
   std::ostream& say = o.json ? std::cerr : std::cout;  // with --json, stdout holds the JSON object alone
-  say << "char_transformer: " << text.size() << " characters of " << o.text << ", " << vocab
-            << " distinct; " << o.model << ", " << model.parameter_count() << " parameters on " << device.str() << "; " << o.steps
-            << " steps of " << o.batch << " x " << o.context << " tokens\n";
+  say << "char_transformer: " << text.size() << " characters of " << o.text << ", " << vocab << " distinct; "
+      << o.model << ", " << model.parameter_count() << " parameters on " << device.str() << "; " << o.steps
+      << " steps of " << o.batch << " x " << o.context << " tokens\n";
 
   // A batch, on the device: random starts, then the windows of tokens after them (inputs) and one further on
   // (targets). No byte crosses the link inside a step.
@@ -236,12 +236,13 @@ int run(const Options& o) {
   };
   Ledger::global().set_budget({.max_syncs = 1, .max_host_to_device_bytes = 0});  // inside a step (see train_mlp)
   // The steps timed for --json: those after three warm-up steps (the first GEMMs' handles, the allocator's first
-  // blocks), from a host sync before the first of them to one after the last, outside any step.
+  // blocks), from a host sync before the first of them to one after the last, outside any step (without --json,
+  // neither sync is made).
   const std::int64_t untimed = std::min<std::int64_t>(3, o.steps - 1);
   std::chrono::steady_clock::time_point timed_from;
   Tensor loss;
   for (std::int64_t step = 0; step < o.steps; ++step) {
-    if (step == untimed) {
+    if (o.json && step == untimed) {
       synchronize(device, "timing");
       timed_from = std::chrono::steady_clock::now();
     }
@@ -262,7 +263,7 @@ int run(const Options& o) {
     }
   }
   Ledger::global().set_budget({});
-  synchronize(device, "timing");
+  if (o.json) synchronize(device, "timing");
   const double seconds_per_step =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - timed_from).count() /
       static_cast<double>(o.steps - untimed);
@@ -286,7 +287,7 @@ int run(const Options& o) {
   const std::int64_t sample_syncs = Ledger::global().totals().syncs - syncs_before;
   if (o.sample > 0) {
     say << "\nsample (" << o.sample << " characters, " << sample_syncs << " host sync"
-              << (sample_syncs == 1 ? "" : "s") << "):\n" << out << "\n";
+        << (sample_syncs == 1 ? "" : "s") << "):\n" << out << "\n";
   }
   say << "\n" << report_text(make_report({.warmup_steps = 2})) << "\n";
   if (o.json) {
