@@ -1,5 +1,6 @@
 // block_reduce.cuh — a value combined over the threads of one block, every thread getting the result: the row
-// reductions of the kernels that give a block one row at a time (loss.cu's cross-entropy, softmax.cu).
+// reductions of the kernels that give a block one row at a time (loss.cu's cross-entropy, softmax.cu, layer_norm.cu;
+// launch_grid.h's row_grid sizes their launches).
 #pragma once
 
 #include <cuda_runtime.h>

@@ -6,6 +6,7 @@
 
 #include "elementwise.cuh"
 #include "kernels.h"
+#include "launch_grid.h"
 
 namespace ferry::cuda {
 
@@ -64,10 +65,7 @@ __global__ void __launch_bounds__(kConvThreads) col2im_kernel(T* image, const T*
   }
 }
 
-unsigned grid_for(std::int64_t n) {
-  const std::int64_t wanted = (n + kConvThreads - 1) / kConvThreads;
-  return static_cast<unsigned>(std::max<std::int64_t>(1, std::min<std::int64_t>(wanted, current_multiprocessors() * 16LL)));
-}
+unsigned grid_for(std::int64_t n) { return grid_stride_blocks(n, kConvThreads); }
 
 }  // namespace
 

@@ -20,6 +20,7 @@
 #include "device_state.h"
 #include "ferry/backend.h"
 #include "ferry/error.h"
+#include "launch_grid.h"
 
 namespace ferry::cuda {
 
@@ -275,8 +276,7 @@ void launch_contiguous(const Map& map, std::int64_t n, cudaStream_t stream) {
 template <int N, typename Map>
 void launch_strided(const Map& map, const KernelTensor* const (&operands)[N], std::int64_t n, cudaStream_t stream) {
   const StridedOffsets<N> offsets = make_strided_offsets<N>(*operands[0], operands);
-  const std::int64_t wanted = (n + kElementwiseThreads - 1) / kElementwiseThreads;
-  const std::int64_t blocks = std::max<std::int64_t>(1, std::min<std::int64_t>(wanted, current_multiprocessors() * 16LL));
+  const std::int64_t blocks = grid_stride_blocks(n, kElementwiseThreads);
   if (n + blocks * kElementwiseThreads < (std::int64_t{1} << 32)) {
     strided_kernel<N, std::uint32_t><<<static_cast<unsigned>(blocks), kElementwiseThreads, 0, stream>>>(
         map, offsets, static_cast<std::uint32_t>(n));

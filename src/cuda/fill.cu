@@ -9,6 +9,7 @@
 #include "../core/philox.h"
 #include "elementwise.cuh"
 #include "kernels.h"
+#include "launch_grid.h"
 
 namespace ferry::cuda {
 
@@ -68,9 +69,7 @@ __global__ void random_kernel(T* out, std::int64_t n, RandomKind kind, double lo
 }
 
 unsigned grid_for(std::int64_t n, int blocks_per_multiprocessor) {
-  const std::int64_t wanted = (n + kElementwiseThreads - 1) / kElementwiseThreads;
-  return static_cast<unsigned>(
-      std::max<std::int64_t>(1, std::min<std::int64_t>(wanted, current_multiprocessors() * std::int64_t{blocks_per_multiprocessor})));
+  return grid_stride_blocks(n, kElementwiseThreads, blocks_per_multiprocessor);
 }
 
 }  // namespace

@@ -12,6 +12,7 @@
 #include "elementwise.cuh"
 #include "ferry/determinism.h"
 #include "kernels.h"
+#include "launch_grid.h"
 
 namespace ferry::cuda {
 
@@ -133,10 +134,7 @@ __global__ void __launch_bounds__(kIndexThreads)
   }
 }
 
-unsigned grid_for(std::int64_t n) {
-  const std::int64_t wanted = (n + kIndexThreads - 1) / kIndexThreads;
-  return static_cast<unsigned>(std::max<std::int64_t>(1, std::min<std::int64_t>(wanted, current_multiprocessors() * 16LL)));
-}
+unsigned grid_for(std::int64_t n) { return grid_stride_blocks(n, kIndexThreads); }
 
 template <typename Word>
 void run_index_select(const KernelTensor& out, const KernelTensor& in, const KernelTensor& index, std::int64_t outer,

@@ -16,6 +16,7 @@
 #include "device_state.h"
 #include "elementwise.cuh"
 #include "kernels.h"
+#include "launch_grid.h"
 
 namespace ferry::cuda {
 
@@ -142,14 +143,6 @@ __global__ void column_finish_kernel(T* dw, T* db, const double* partial_w, cons
   }
 }
 
-// Threads and blocks for one block a row.
-unsigned row_threads(std::int64_t d) {
-  return static_cast<unsigned>(std::min<std::int64_t>(kMaxRowThreads, (d + 31) / 32 * 32));
-}
-unsigned row_blocks(std::int64_t rows) {
-  return static_cast<unsigned>(std::min<std::int64_t>(rows, current_multiprocessors() * 32LL));
-}
-
 }  // namespace
 
 bool layer_norm_supported(DType dtype) { return dtype == DType::Float32 || dtype == DType::Float64; }
@@ -160,7 +153,8 @@ void launch_layer_norm_forward(const KernelTensor& out, const KernelTensor& norm
   if (rows == 0 || d == 0) return;
   dispatch_float(in.dtype, "layer_norm", [&](auto tag) {
     using T = typename decltype(tag)::type;
-    layer_norm_forward_kernel<T><<<row_blocks(rows), row_threads(d), 0, stream>>>(
+    const RowGrid grid = row_grid(rows, d, kMaxRowThreads);
+    layer_norm_forward_kernel<T><<<grid.blocks, grid.threads, 0, stream>>>(
         out.ptr<T>(), normalized.ptr<T>(), rstd.ptr<T>(), in.ptr<const T>(), weight.ptr<const T>(),
         bias.ptr<const T>(), rows, d, static_cast<T>(eps), 1.0 / static_cast<double>(d));
     FERRY_LAUNCH_CHECK();
@@ -175,7 +169,8 @@ void launch_layer_norm_backward(const KernelTensor& grad_in, const KernelTensor&
   dispatch_float(normalized.dtype, "layer_norm", [&](auto tag) {
     using T = typename decltype(tag)::type;
     if (grad_in.data != nullptr && rows > 0) {
-      layer_norm_backward_kernel<T><<<row_blocks(rows), row_threads(d), 0, stream>>>(
+      const RowGrid grid = row_grid(rows, d, kMaxRowThreads);
+      layer_norm_backward_kernel<T><<<grid.blocks, grid.threads, 0, stream>>>(
           grad_in.ptr<T>(), grad_out.ptr<const T>(), weight.ptr<const T>(), normalized.ptr<const T>(),
           rstd.ptr<const T>(), rows, d, 1.0 / static_cast<double>(d));
       FERRY_LAUNCH_CHECK();

@@ -10,6 +10,7 @@
 #include "device_report.cuh"
 #include "elementwise.cuh"
 #include "kernels.h"
+#include "launch_grid.h"
 
 namespace ferry::cuda {
 
@@ -59,9 +60,8 @@ void launch_cross_entropy(const KernelTensor& loss_rows, const KernelTensor& gra
   FERRY_ASSERT(target.dtype == DType::Int64, "cross_entropy: the op layer passes int64 targets");
   dispatch_float(logits.dtype, "cross_entropy", [&](auto tag) {
     using T = typename decltype(tag)::type;
-    const std::int64_t threads = std::min<std::int64_t>(256, (classes + 31) / 32 * 32);
-    const std::int64_t blocks = std::min<std::int64_t>(rows, current_multiprocessors() * 32LL);
-    cross_entropy_kernel<T><<<static_cast<unsigned>(blocks), static_cast<unsigned>(threads), 0, stream>>>(
+    const RowGrid grid = row_grid(rows, classes, 256);
+    cross_entropy_kernel<T><<<grid.blocks, grid.threads, 0, stream>>>(
         static_cast<T*>(loss_rows.data), grad.data ? static_cast<T*>(grad.data) : nullptr,
         static_cast<const T*>(logits.data), static_cast<const std::int64_t*>(target.data), rows, classes, grad_scale,
         report);

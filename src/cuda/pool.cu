@@ -8,6 +8,7 @@
 
 #include "elementwise.cuh"
 #include "kernels.h"
+#include "launch_grid.h"
 
 namespace ferry::cuda {
 
@@ -138,10 +139,7 @@ __global__ void __launch_bounds__(kPoolThreads) avg_pool2d_backward_kernel(T* gr
   }
 }
 
-unsigned grid_for(std::int64_t n) {
-  const std::int64_t wanted = (n + kPoolThreads - 1) / kPoolThreads;
-  return static_cast<unsigned>(std::max<std::int64_t>(1, std::min<std::int64_t>(wanted, current_multiprocessors() * 16LL)));
-}
+unsigned grid_for(std::int64_t n) { return grid_stride_blocks(n, kPoolThreads); }
 
 }  // namespace
 

@@ -9,6 +9,7 @@
 
 #include "elementwise.cuh"
 #include "kernels.h"
+#include "launch_grid.h"
 
 namespace ferry::cuda {
 
@@ -42,9 +43,7 @@ void launch_cumsum(const KernelTensor& out, const KernelTensor& in, std::int64_t
   FERRY_ASSERT(in.dtype == out.dtype, "cumsum: the op layer passes one dtype");
   const std::int64_t columns = outer * inner;
   if (columns == 0 || n == 0) return;
-  const std::int64_t wanted = (columns + kScanThreads - 1) / kScanThreads;
-  const auto grid = static_cast<unsigned>(
-      std::max<std::int64_t>(1, std::min<std::int64_t>(wanted, current_multiprocessors() * 16LL)));
+  const unsigned grid = grid_stride_blocks(columns, kScanThreads);
   dispatch_dtype(out.dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
     if constexpr (!std::is_same_v<T, bool>) {  // the op layer sums bools as int64

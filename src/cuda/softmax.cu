@@ -11,6 +11,7 @@
 #include "block_reduce.cuh"
 #include "elementwise.cuh"
 #include "kernels.h"
+#include "launch_grid.h"
 
 namespace ferry::cuda {
 
@@ -80,11 +81,10 @@ __global__ void softmax_backward_kernel(T* dx, const T* grad, const T* out, std:
 template <typename F>
 void launch_rows(DType dtype, bool take_log, std::int64_t rows, std::int64_t n, F&& launch) {
   if (rows == 0 || n == 0) return;
-  const auto threads = static_cast<unsigned>(std::min<std::int64_t>(kMaxThreads, (n + 31) / 32 * 32));
-  const auto blocks = static_cast<unsigned>(std::min<std::int64_t>(rows, current_multiprocessors() * 32LL));
+  const RowGrid grid = row_grid(rows, n, kMaxThreads);
   dispatch_float(dtype, take_log ? "log_softmax" : "softmax", [&](auto tag) {
     using T = typename decltype(tag)::type;
-    launch(T{}, blocks, threads);
+    launch(T{}, grid.blocks, grid.threads);
   });
 }
 
