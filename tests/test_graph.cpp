@@ -300,6 +300,67 @@ void expect_step_graph_matches_eager(Device device, double tolerance, bool updat
 
 TEST(StepGraph, ReplayedStepsEqualEagerStepsBitForBitOnSim) { expect_step_graph_matches_eager(kSim0, 0, false); }
 
+// AdamW with capturable updates inside the captured step, its step counts and both groups' learning rates on the
+// device: the replays follow a schedule and equal the host-counted AdamW stepping eagerly, bit for bit (with a
+// batch of another shape, run eagerly, in between). Two groups: decay on the matrices at one rate, none on the
+// biases and BatchNorm at twice the rate.
+void expect_adamw_step_graph_matches_eager(Device device) {
+  BackendKernelsOnly same_kernels;
+  auto make = [&](bool graphs) {
+    manual_seed(3);
+    auto model = make_fmnist_model({.device = device});
+    std::vector<optim::ParamGroup> groups(2);
+    for (const Tensor& p : model->parameters()) groups[p.dim() >= 2 ? 0 : 1].params.push_back(p);
+    groups[1].weight_decay = 0.0;
+    auto optimizer = std::make_shared<optim::AdamW>(
+        groups, optim::AdamWOptions{.lr = 1e-3, .weight_decay = 0.05, .capturable = graphs});
+    auto step = std::make_shared<StepGraph>(
+        model->parameters(),
+        [model, optimizer](const Tensor& x, const Tensor& y) {
+          Tensor loss = nn::cross_entropy((*model)(x), y);
+          loss.backward();
+          optimizer->step();
+          return loss.detach();
+        },
+        StepGraphOptions{.enabled = graphs});
+    return std::tuple{model, optimizer, step};
+  };
+  auto [eager_model, eager_opt, eager_step] = make(false);
+  auto [graph_model, graph_opt, graph_step] = make(true);
+  manual_seed(4);
+  std::vector<std::pair<Tensor, Tensor>> batches;
+  for (std::int64_t n : {8, 8, 8, 8, 5, 8, 8}) {
+    batches.emplace_back(randn({n, 1, 28, 28}).to(device), randint(0, 10, {n}).to(device));
+  }
+  double lr = 2e-3;
+  for (const auto& [x, y] : batches) {
+    lr *= 0.7;
+    for (auto* optimizer : {eager_opt.get(), graph_opt.get()}) {
+      optimizer->set_group_learning_rate(0, lr);
+      optimizer->set_group_learning_rate(1, 2 * lr);
+    }
+    const float a = eager_step->run(x, y).item<float>();
+    const float b = graph_step->run(x, y).item<float>();
+    EXPECT_EQ(a, b);
+  }
+  EXPECT_TRUE(graph_step->captured()) << graph_step->describe();
+  EXPECT_EQ(graph_step->replays(), 4);
+  const auto a = eager_model->state_dict(), b = graph_model->state_dict();
+  ASSERT_EQ(a.size(), b.size());
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    EXPECT_EQ(testing::values(a[i].second.cpu()), testing::values(b[i].second.cpu())) << a[i].first;
+  }
+  const auto sa = eager_opt->state_dict(), sb = graph_opt->state_dict();  // counts, moments
+  ASSERT_EQ(sa.size(), sb.size());
+  for (std::size_t i = 0; i < sa.size(); ++i) {
+    EXPECT_EQ(sa[i].first, sb[i].first);
+    EXPECT_EQ(testing::values(sa[i].second.cpu()), testing::values(sb[i].second.cpu())) << sa[i].first;
+  }
+  EXPECT_EQ(sb[0].second.item<double>(), 7.0);  // every step counted, replays too
+}
+
+TEST(StepGraph, CapturableAdamWReplaysTheEagerStepsBitForBitOnSim) { expect_adamw_step_graph_matches_eager(kSim0); }
+
 // Module::to() there and back keeps the parameters' tensors but replaces their memory: the graph, whose kernels
 // point at the old memory, is dropped, the step runs eagerly and is captured again, and every step's loss and the
 // final weights stay the eager arm's, bit for bit.
@@ -399,6 +460,7 @@ TEST(StepGraph, ReplayedStepsEqualEagerStepsOnCuda) {
   // With deterministic algorithms (ferry/determinism.h) the replayed step is the eager one, bit for bit.
   const DeterministicAlgorithmsGuard deterministic(true);
   expect_step_graph_matches_eager(Device(DeviceType::CUDA, 0), 0, true);
+  expect_adamw_step_graph_matches_eager(Device(DeviceType::CUDA, 0));
 }
 
 // item() of a loss on cuda waits for the loss's ready event (src/core/ready_event.h), recorded after the loss's
@@ -463,7 +525,13 @@ TEST(StepGraph, AnUpdateThatWouldReplayHostNumbersIsRefusedInsideACapture) {
   device_lr.step();  // eager: the buffers and the learning rate's scalar are made
   expect_refused([&] { device_lr.set_learning_rate(0.2); }, "learning rate");
   optim::Adam adam({w});
-  expect_refused([&] { adam.step(); }, "Adam.step");
+  expect_refused([&] { adam.step(); }, "capturable");
+  optim::Adam capturable({w}, {.lr = 0.1, .capturable = true});
+  expect_refused([&] { capturable.step(); }, "creating its state");  // no eager step yet
+  sum(mul(w, w)).backward();
+  capturable.step();  // eager: the moments and the step count are made
+  w.set_grad(Tensor());
+  expect_refused([&] { capturable.set_learning_rate(0.2); }, "learning rate");
   // The same SGD captures once its buffers exist, and each replay reads the learning rate set before it.
   const Tensor before = w.detach().clone();
   Graph graph(kSim0);

@@ -273,6 +273,44 @@ TEST(OptimState, SaveAndRestoreContinuesExactly) {
   }
 }
 
+// AdamW's state crosses between the host-counted step and the capturable one (its counts on the device) both ways
+// and the run continues bit for bit; the capturable state follows the model to another device, its table and
+// learning rate remade there.
+TEST(OptimState, CapturableAdamStateCrossesToAndFromTheHostCount) {
+  ferry::manual_seed(6);
+  ferry::nn::Linear a(5, 3), b(5, 3), c(5, 3);
+  b.to(sim0());
+  const optim::AdamWOptions host_count{.lr = 0.01, .weight_decay = 0.1, .amsgrad = true};
+  optim::AdamWOptions on_device = host_count;
+  on_device.capturable = true;
+  optim::AdamW oa(a.parameters(), host_count), ob(b.parameters(), on_device);
+  run_steps(a, oa, 3, ferry::kCPU);
+  b.load_state_dict(a.state_dict());
+  ob.load_state_dict(oa.state_dict());  // the host's counts (float32 cpu scalars) onto the device
+  for (const auto& [name, t] : ob.state_dict()) {
+    EXPECT_EQ(t.device(), sim0()) << name;
+    if (name.find("step") != std::string::npos) EXPECT_EQ(t.item<double>(), 3.0) << name;
+  }
+  run_steps(a, oa, 2, ferry::kCPU);
+  run_steps(b, ob, 2, sim0());
+  EXPECT_EQ(a.weight.to_vector<float>(), b.weight.to_vector<float>());
+  EXPECT_EQ(a.bias.to_vector<float>(), b.bias.to_vector<float>());
+  c.load_state_dict(b.state_dict());
+  optim::AdamW oc(c.parameters(), host_count);
+  oc.load_state_dict(ob.state_dict());  // and back: the device's counts become host numbers
+  b.to(ferry::kCPU);
+  EXPECT_THROW(run_steps(b, ob, 1, ferry::kCPU), ferry::DeviceMismatch);  // its state is still on sim
+  ob.to_parameter_devices();
+  run_steps(b, ob, 3, ferry::kCPU);
+  run_steps(c, oc, 3, ferry::kCPU);
+  run_steps(a, oa, 3, ferry::kCPU);
+  EXPECT_EQ(a.weight.to_vector<float>(), b.weight.to_vector<float>());
+  EXPECT_EQ(a.weight.to_vector<float>(), c.weight.to_vector<float>());
+  EXPECT_EQ(oc.state_dict()[0].second.item<double>(), 8.0);
+  ob.options.capturable = false;
+  EXPECT_THROW(ob.step(), ferry::InvalidArgument);  // fixed at construction
+}
+
 // RMSprop (centered, with momentum: every state tensor) and Adagrad (with lr_decay, which reads the step count):
 // a restored run continues bit for bit on another device; bad options are refused with PyTorch's messages.
 TEST(OptimState, RMSpropAndAdagradSaveRestoreAndRefusals) {
@@ -468,7 +506,9 @@ TEST(OptimSGD, FusedStepEqualsTheOpByOpStepBitForBit) {
 // device whether or not it clips.
 // The fused Adam / AdamW step (one backend call per group and step count) equals the op-by-op one bit for bit:
 // parameters, moments and step counts, float32 and float64, on every device. Parameter 2's gradient starts late,
-// so its step count differs from the others' (a call of its own); two groups with their own lr and decay.
+// so its step count differs from the others' (a call of its own); two groups with their own lr and decay. So does
+// the capturable step (step counts and learning rates on the device, bias corrections from its table), whose state
+// has the same names and values ("step" a float64 scalar on the device there).
 TEST(OptimAdam, FusedStepEqualsTheOpByOpStepBitForBit) {
   std::vector<Device> devices = {Device::parse("cpu")};
   for (const Device& d : ferry::testing::accelerators()) devices.push_back(d);
@@ -485,14 +525,17 @@ TEST(OptimAdam, FusedStepEqualsTheOpByOpStepBitForBit) {
   for (const Device& device : devices) {
     for (const ferry::DType dtype : {ferry::DType::Float32, ferry::DType::Float64}) {
       for (std::size_t k = 0; k < settings.size(); ++k) {
-        std::vector<Tensor> result[2];
-        for (const bool fused : {true, false}) {
+        std::vector<Tensor> result[3];
+        std::vector<std::string> names[3];
+        for (const int arm : {0, 1, 2}) {  // fused, op by op, capturable
+          const bool fused = arm != 1;
           ferry::manual_seed(93);
           const ferry::TensorOptions like{.device = device, .dtype = dtype};
           std::vector<Tensor> params = {ferry::randn({33, 17}, like), ferry::randn({70001}, like),
                                         ferry::randn({5}, like), ferry::randn({0, 4}, like), ferry::randn({3}, like)};
           optim::AdamOptions options = settings[k].options;
           options.fused = fused;
+          options.capturable = arm == 2;
           std::vector<optim::ParamGroup> groups{{.params = {params[0], params[1], params[4]}},
                                                 {.params = {params[2], params[3]}, .lr = 0.005, .weight_decay = 0.0}};
           std::unique_ptr<optim::Optimizer> adam;
@@ -500,7 +543,8 @@ TEST(OptimAdam, FusedStepEqualsTheOpByOpStepBitForBit) {
             adam = std::make_unique<optim::AdamW>(
                 groups, optim::AdamWOptions{.lr = options.lr, .beta1 = options.beta1, .beta2 = options.beta2,
                                             .eps = options.eps, .weight_decay = options.weight_decay,
-                                            .amsgrad = options.amsgrad, .maximize = options.maximize, .fused = fused});
+                                            .amsgrad = options.amsgrad, .maximize = options.maximize, .fused = fused,
+                                            .capturable = options.capturable});
           } else {
             adam = std::make_unique<optim::Adam>(groups, options);
           }
@@ -513,14 +557,20 @@ TEST(OptimAdam, FusedStepEqualsTheOpByOpStepBitForBit) {
             }
             adam->step();
           }
-          for (const Tensor& p : params) result[fused ? 0 : 1].push_back(p.cpu());
-          for (const auto& entry : adam->state_dict()) result[fused ? 0 : 1].push_back(entry.second.cpu());
+          for (const Tensor& p : params) result[arm].push_back(p.cpu());
+          for (const auto& entry : adam->state_dict()) {
+            result[arm].push_back(entry.second.cpu());
+            names[arm].push_back(entry.first);
+          }
         }
-        ASSERT_EQ(result[0].size(), result[1].size());
-        for (std::size_t i = 0; i < result[0].size(); ++i) {
-          const auto a = ferry::testing::values(result[0][i]), b = ferry::testing::values(result[1][i]);
-          EXPECT_EQ(a, b) << "parameter or state " << i << " on " << device.str() << " " << ferry::dtype_name(dtype)
-                          << ", settings " << k;
+        for (const int arm : {1, 2}) {
+          EXPECT_EQ(names[0], names[arm]) << "arm " << arm;
+          ASSERT_EQ(result[0].size(), result[arm].size());
+          for (std::size_t i = 0; i < result[0].size(); ++i) {
+            const auto a = ferry::testing::values(result[0][i]), b = ferry::testing::values(result[arm][i]);
+            EXPECT_EQ(a, b) << "parameter or state " << i << " on " << device.str() << " "
+                            << ferry::dtype_name(dtype) << ", settings " << k << ", arm " << arm;
+          }
         }
       }
     }

@@ -280,6 +280,7 @@ TEST(Trainer, ConfusionMatrixAgreesWithTheAccuracyInOneRead) {
 
 // ferry train with the step captured as a graph (--graphs on; sim records the capture as CUDA would) trains to
 // the same parameters, bit for bit, with the same host syncs: the shorter last batch of each epoch runs eagerly.
+// With SGD and with AdamW (capturable: its step counts and learning rate on the device).
 // With default settings: the model's convolutions (oneDNN) and BatchNorm + ReLU + pooling tails are library calls
 // that a capture records. A build without oneDNN runs large convolutions as host loops eagerly, which a capture
 // cannot record: there both runs take the backend's kernels.
@@ -287,7 +288,11 @@ TEST(Trainer, StepGraphGivesTheEagerLoopsParametersBitForBit) {
   const Dataset train_set = quadrant_dataset(100, 30), test_set = quadrant_dataset(16, 31);  // 6 x 16 + 4 per epoch
   std::ostringstream log;
   if (nn::functional::onednn_version().empty()) nn::functional::set_fused_host_kernels(false);
+  for (const std::string optimizer : {"sgd", "adamw"}) {
+  SCOPED_TRACE(optimizer);
   TrainOptions o = quick_options(kSim0);
+  o.optimizer = optimizer;
+  if (optimizer == "adamw") o.lr = 1e-3;
   o.graphs = "off";
   manual_seed(2);
   auto eager = make_fmnist_model();
@@ -309,6 +314,7 @@ TEST(Trainer, StepGraphGivesTheEagerLoopsParametersBitForBit) {
   }
   expect_same_bits(*eager, *graphed);
   EXPECT_THROW({ o.graphs = "sometimes"; train(*graphed, train_set, test_set, o, log); }, InvalidArgument);
+  }
   nn::functional::set_fused_host_kernels(true);
 }
 

@@ -334,18 +334,28 @@ class Backend {
   // g = maximize ? -g : g; AdamW p = p * (1 - lr wd), Adam g = g + p * wd; m = m * b1 + g * (1 - b1);
   // v = v * b2 + (g * g) * (1 - b2); amsgrad vmax = max(vmax, v); denom = sqrt(v or vmax) / bc2_sqrt + eps;
   // p = p + (m / denom) * -step_size. Every tensor contiguous with its parameter's numel; max_exp_avg_sqs null
-  // without amsgrad. The scalars are the host's (the step count lives there), the same for all `count`.
+  // without amsgrad. The scalars are the host's (the step count lives there), the same for all `count`; unless
+  // `steps` is given (Adam's capturable): then each parameter's step count t is a float64 scalar in device memory,
+  // incremented first, and the step reads the learning rate and the bias corrections from the device as it runs
+  // (step_size = lr / table[t][0], bias_correction2_sqrt = table[t][1], AdamW decay_factor = 1 - lr * weight_decay,
+  // each rounded in double: src/optim/adam_rule.h), so that a step captured in a graph follows them on each replay.
   struct AdamStep {
     double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
     double decay_factor = 1;  // AdamW: 1 - lr * weight_decay
-    double weight_decay = 0;  // Adam: the L2 term added to the gradient
+    double weight_decay = 0;  // Adam: the L2 term added to the gradient (AdamW with steps: the decay's rate)
     double step_size = 0;     // lr / (1 - beta1^t)
     double bias_correction2_sqrt = 1;  // sqrt(1 - beta2^t)
     bool decoupled = false, amsgrad = false, maximize = false;
+    // With steps: a float64 scalar holding the learning rate, and the table of bias corrections, float64
+    // (table_rows, 2), row t = (1 - beta1^t, sqrt(1 - beta2^t)); a count past the last row reads the last row.
+    const double* lr_on_device = nullptr;
+    const double* bias_corrections = nullptr;
+    std::int64_t table_rows = 0;
   };
   virtual void adam_step(const KernelTensor* params, const KernelTensor* grads, const KernelTensor* exp_avgs,
-                         const KernelTensor* exp_avg_sqs, const KernelTensor* max_exp_avg_sqs, std::size_t count,
-                         const AdamStep& step, const Stream& stream) = 0;
+                         const KernelTensor* exp_avg_sqs, const KernelTensor* max_exp_avg_sqs,
+                         const KernelTensor* steps, std::size_t count, const AdamStep& step,
+                         const Stream& stream) = 0;
 
   // --- gradient clipping: many tensors in one call ----------------------------------------------------
   // clip_grad_norm_'s two passes over every gradient as one call each (src/nn/clip_grad.cpp), where the composed

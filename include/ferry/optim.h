@@ -79,6 +79,7 @@ class Optimizer {
   // Per-parameter state: tensors on the parameter's device, in the order they were made, and a step
   // count kept on the host (the bias corrections need it there; reading it back from a device would be
   // a sync per step). state_dict() exports the count as PyTorch does: a 0-d float32 cpu tensor "step".
+  // (Adam with capturable counts on the device instead: a float64 state tensor "step".)
   struct ParameterState {
     NamedTensors tensors;
     std::int64_t step = 0;
@@ -95,6 +96,14 @@ class Optimizer {
   // device, else DeviceMismatch naming both (and to_parameter_devices() when the state was left behind). So a
   // step that throws has updated nothing.
   void check_step_devices(const char* op) const;
+  // The state tensor `name` of parameter i as it starts (state_tensor makes it when absent): zeros like the
+  // parameter unless the optimizer says otherwise.
+  virtual Tensor make_state(std::size_t i, const std::string& name) const;
+  // After set_learning_rate or set_group_learning_rate changed a rate (Adam's capturable writes it to the device).
+  virtual void learning_rates_changed() {}
+  // Whether a group has a learning rate of its own (set in its ParamGroup or by set_group_learning_rate) rather than
+  // options.lr.
+  bool group_has_own_learning_rate(std::size_t group) const;
   // The tensor names this optimizer keeps, to validate load_state_dict.
   virtual std::vector<std::string> state_names() const = 0;
   // Whether state_dict() carries a "step" entry per parameter.
@@ -124,6 +133,23 @@ class Optimizer {
   std::vector<Group> groups_;
   std::vector<std::size_t> group_of_;  // per parameter
   std::vector<double> initial_lrs_;    // per group; empty: not recorded yet
+};
+
+// A host number kept in a float64 scalar on a device for a step captured in a graph (ferry/step_graph.h) to read
+// as it runs: SGD's and Adam's learning rate with lr_on_device / capturable. Written with a fill (queued behind the
+// device's work: no copy, no sync) when the number or the device changed; writing is refused inside a capture (a
+// replay would repeat the captured value).
+class DeviceNumber {
+ public:
+  // The scalar on `device` holding `value`, written first if it holds another (`what` names the write in the
+  // GraphCaptureError a capture gets).
+  const double* get(Device device, double value, const char* what);
+  bool defined() const { return tensor_.defined(); }
+  Device device() const { return tensor_.device(); }
+
+ private:
+  Tensor tensor_;  // float64, shape ()
+  double written_ = 0;
 };
 
 struct SGDOptions {
@@ -170,10 +196,7 @@ class SGD : public Optimizer {
   // The fused update of one group's parameters `order` (indices into parameters_) with their gradients.
   void step_fused_group(Device device, const std::vector<std::size_t>& order, const std::vector<Tensor>& grads,
                         std::size_t group);
-  const double* device_lr(Device device);  // lr_on_device: the scalar holding options.lr, written if stale
-
-  Tensor lr_tensor_;         // lr_on_device: float64, shape (), on the parameters' device
-  double lr_written_ = 0;    // the value last written into lr_tensor_
+  DeviceNumber lr_on_device_;  // lr_on_device: options.lr on the parameters' device
 };
 
 struct AdamOptions {
@@ -187,6 +210,13 @@ struct AdamOptions {
   // instead of about twelve per parameter), with the same roundings as the op-by-op step; false runs op by op.
   // Parameters of several devices or dtypes, or non-contiguous ones, always go op by op.
   bool fused = true;
+  // Keep what changes from step to step on the parameters' device (PyTorch's capturable), so that a step captured
+  // in a graph (ferry/step_graph.h) follows it on every replay: each parameter's step count (state "step", a
+  // float64 scalar there, counted by the step's kernel), each group's learning rate (a float64 scalar written by
+  // set_learning_rate and set_group_learning_rate: a fill, no sync), and the bias corrections in a table by step
+  // made with the host's std::pow, so that the update has the bits of the step without it. Needs the fused step
+  // (parameters with gradients on one device, of one dtype, contiguous). Fixed at construction.
+  bool capturable = false;
 };
 
 // PyTorch's Adam: t += 1; g (+ wd * p); m = b1 m + (1 - b1) g; v = b2 v + (1 - b2) g^2;
@@ -201,8 +231,12 @@ class Adam : public Optimizer {
 
  protected:
   Adam(std::vector<ParamGroup> groups, const AdamOptions& options, bool decoupled_weight_decay);
-  std::vector<std::string> state_names() const override { return {"exp_avg", "exp_avg_sq", "max_exp_avg_sq"}; }
-  bool counts_steps() const override { return true; }
+  std::vector<std::string> state_names() const override;
+  bool counts_steps() const override { return !capturable_; }  // capturable: "step" is a state tensor
+  Tensor make_state(std::size_t i, const std::string& name) const override;
+  // capturable: each group's rate written to the device (not allowed inside a capture: a replay would repeat the
+  // captured rate; set it before each replay instead).
+  void learning_rates_changed() override;
   double default_learning_rate() const override { return options.lr; }
   void set_default_learning_rate(double lr) override { options.lr = lr; }
   double default_weight_decay() const override { return options.weight_decay; }
@@ -210,7 +244,17 @@ class Adam : public Optimizer {
  private:
   void check_options();
   bool step_fused();  // false (having changed nothing) when the parameters do not allow it
+  void step_capturable();
+  // capturable: the bias corrections by step on `device`, made (not inside a capture) when missing or stale.
+  const double* bias_correction_table(Device device);
+
   bool decoupled_weight_decay_ = false;
+  bool capturable_ = false;              // options.capturable at construction
+  std::vector<DeviceNumber> lr_on_device_;  // capturable: each group's rate on the parameters' device
+  // capturable: float64 (rows, 2) on the parameters' device; row t (t >= 1): 1 - beta1^t, sqrt(1 - beta2^t) as the
+  // host computes them; the last row is the first t where both are 1 (later steps read it).
+  Tensor bias_corrections_;
+  double table_beta1_ = -1, table_beta2_ = -1;  // the betas bias_corrections_ was made for
 };
 
 // AdamW's options: Adam's, with PyTorch's AdamW default weight decay, 1e-2 (its own struct, so that
@@ -223,6 +267,7 @@ struct AdamWOptions {
   bool amsgrad = false;
   bool maximize = false;
   bool fused = true;  // as AdamOptions::fused
+  bool capturable = false;  // as AdamOptions::capturable
 };
 
 // AdamW: Adam with decoupled weight decay.
@@ -234,7 +279,7 @@ class AdamW : public Adam {
       : Adam(std::move(groups),
              AdamOptions{.lr = options.lr, .beta1 = options.beta1, .beta2 = options.beta2, .eps = options.eps,
                          .weight_decay = options.weight_decay, .amsgrad = options.amsgrad,
-                         .maximize = options.maximize, .fused = options.fused},
+                         .maximize = options.maximize, .fused = options.fused, .capturable = options.capturable},
              true) {}
 };
 

@@ -35,8 +35,8 @@ struct TrainOptions {
   // on the device: no read); the norm before clipping is logged beside the loss, in the same read. 0: no clipping.
   double clip_grad_norm = 0;
   // "sgd" (momentum, L2 weight decay on every parameter) or "adamw" (decoupled weight decay on the weight matrices
-  // and convolution kernels only, none on biases and BatchNorm: two parameter groups; momentum unused). AdamW keeps
-  // its step count on the host, so its steps are not captured as graphs.
+  // and convolution kernels only, none on biases and BatchNorm: two parameter groups; momentum unused). When the step
+  // is captured as a graph, AdamW is capturable (its step counts and learning rate on the device).
   std::string optimizer = "sgd";
   double lr = 0.05;
   double momentum = 0.9;
@@ -151,7 +151,8 @@ void check_train_options(const TrainOptions& options);
 // go to `out`. Throws on non-finite loss (naming the step; the last checkpoint is kept).
 // The optimizer train() makes from options.optimizer: SGD over every parameter (lr_on_device when the step is
 // captured as a graph), or AdamW with the weight decay on the weight matrices and kernels only (dim >= 2, group 0)
-// and none on biases and BatchNorm's scale and shift (group 1), as timm and nanoGPT.
+// and none on biases and BatchNorm's scale and shift (group 1), as timm and nanoGPT (capturable when the step is
+// captured).
 std::unique_ptr<optim::Optimizer> make_train_optimizer(const TrainOptions& options, const nn::Module& model,
                                                        bool graphs);
 

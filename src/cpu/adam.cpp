@@ -11,13 +11,19 @@
 namespace ferry::cpu {
 
 void HostKernels::adam_step(const KernelTensor* params, const KernelTensor* grads, const KernelTensor* exp_avgs,
-                            const KernelTensor* exp_avg_sqs, const KernelTensor* max_exp_avg_sqs, std::size_t count,
-                            const AdamStep& step, const Stream&) {
+                            const KernelTensor* exp_avg_sqs, const KernelTensor* max_exp_avg_sqs,
+                            const KernelTensor* steps, std::size_t count, const AdamStep& step, const Stream&) {
   constexpr std::int64_t kChunk = 1 << 14;  // elements per parallel work item
   for (std::size_t t = 0; t < count; ++t) {
+    AdamStep numbers = step;
+    if (steps) {  // capturable: the count and the learning rate in (host) device memory, read as the step runs
+      double& count_t = *steps[t].ptr<double>();
+      count_t += 1;
+      numbers = optim::detail::adam_step_at(step, *step.lr_on_device, count_t);
+    }
     dispatch_float(params[t].dtype, "adam_step", [&](auto tag) {
       using T = typename decltype(tag)::type;
-      const auto s = optim::detail::adam_scalars<T>(step);
+      const auto s = optim::detail::adam_scalars<T>(numbers);
       T* p = params[t].ptr<T>();
       const T* g = grads[t].ptr<const T>();
       T* m = exp_avgs[t].ptr<T>();

@@ -38,8 +38,8 @@ class HostKernels : public Backend {
   void sgd_step(const KernelTensor* params, const KernelTensor* grads, const KernelTensor* buffers, std::size_t count,
                 const SgdStep& step, const Stream& stream) override;
   void adam_step(const KernelTensor* params, const KernelTensor* grads, const KernelTensor* exp_avgs,
-                 const KernelTensor* exp_avg_sqs, const KernelTensor* max_exp_avg_sqs, std::size_t count,
-                 const AdamStep& step, const Stream& stream) override;
+                 const KernelTensor* exp_avg_sqs, const KernelTensor* max_exp_avg_sqs, const KernelTensor* steps,
+                 std::size_t count, const AdamStep& step, const Stream& stream) override;
   void cross_entropy(const KernelTensor& loss_rows, const KernelTensor& grad, const KernelTensor& logits,
                      const KernelTensor& target, double grad_scale, const Stream& stream) override;
   void im2col(const KernelTensor& columns, const KernelTensor& image, const Conv2dShape& shape,

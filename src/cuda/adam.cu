@@ -2,7 +2,8 @@
 // kAdamTableSize tensors per launch, passed by value), blockIdx.y picking the tensor and a grid-stride loop over
 // its elements, where the op-by-op step launches about twelve kernels per parameter. The element rule is
 // src/optim/adam_rule.h, shared with the cpu, each operation rounded on its own (the _rn intrinsics), so it equals
-// the op-by-op step.
+// the op-by-op step. Capturable (step counts on the device): a one-block launch counts each table's steps first,
+// then every thread derives its tensor's numbers from the count, the learning rate and the bias-correction table.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -16,7 +17,7 @@ namespace ferry::cuda {
 
 namespace {
 
-constexpr int kAdamTableSize = 24;  // 24 x 48 bytes of pointers and sizes: well inside 4 KB of arguments
+constexpr int kAdamTableSize = 24;  // 24 x 56 bytes of pointers and sizes: well inside 4 KB of arguments
 constexpr int kThreads = 256;
 constexpr int kMaxBlocksPerTensor = 1024;
 
@@ -26,12 +27,21 @@ struct AdamTable {
   void* exp_avgs[kAdamTableSize];
   void* exp_avg_sqs[kAdamTableSize];
   void* max_exp_avg_sqs[kAdamTableSize];
+  double* steps[kAdamTableSize];  // capturable: each tensor's step count; null otherwise
   std::int64_t numel[kAdamTableSize];
 };
 
+// capturable: t += 1 for each of the table's n tensors, before adam_kernel reads the counts.
+__global__ void adam_count_kernel(AdamTable table, int n) {
+  if (static_cast<int>(threadIdx.x) < n) *table.steps[threadIdx.x] += 1;
+}
+
 template <typename T>
-__global__ void adam_kernel(AdamTable table, optim::detail::AdamScalars<T> s) {
+__global__ void adam_kernel(AdamTable table, optim::detail::AdamScalars<T> s, Backend::AdamStep step) {
   const int t = blockIdx.y;
+  if (table.steps[t]) {  // capturable: this tensor's numbers at its count
+    s = optim::detail::adam_scalars<T>(optim::detail::adam_step_at(step, *step.lr_on_device, *table.steps[t]));
+  }
   T* p = static_cast<T*>(table.params[t]);
   const T* g = static_cast<const T*>(table.grads[t]);
   T* m = static_cast<T*>(table.exp_avgs[t]);
@@ -50,8 +60,8 @@ __global__ void adam_kernel(AdamTable table, optim::detail::AdamScalars<T> s) {
 
 template <typename T>
 void launch_typed(const KernelTensor* params, const KernelTensor* grads, const KernelTensor* exp_avgs,
-                  const KernelTensor* exp_avg_sqs, const KernelTensor* max_exp_avg_sqs, std::size_t count,
-                  const Backend::AdamStep& step, cudaStream_t stream) {
+                  const KernelTensor* exp_avg_sqs, const KernelTensor* max_exp_avg_sqs, const KernelTensor* steps,
+                  std::size_t count, const Backend::AdamStep& step, cudaStream_t stream) {
   const auto scalars = optim::detail::adam_scalars<T>(step);
   for (std::size_t first = 0; first < count; first += kAdamTableSize) {
     const std::size_t n = std::min<std::size_t>(kAdamTableSize, count - first);
@@ -63,12 +73,18 @@ void launch_typed(const KernelTensor* params, const KernelTensor* grads, const K
       table.exp_avgs[j] = exp_avgs[first + j].data;
       table.exp_avg_sqs[j] = exp_avg_sqs[first + j].data;
       table.max_exp_avg_sqs[j] = step.amsgrad ? max_exp_avg_sqs[first + j].data : nullptr;
+      table.steps[j] = steps ? steps[first + j].ptr<double>() : nullptr;
       table.numel[j] = params[first + j].numel();
       largest = std::max(largest, table.numel[j]);
     }
+    if (steps) {  // counted even when every tensor is empty, as the host counts
+      adam_count_kernel<<<1, kAdamTableSize, 0, stream>>>(table, static_cast<int>(n));
+      FERRY_LAUNCH_CHECK();
+    }
     if (largest == 0) continue;
-    const auto blocks = static_cast<unsigned>(std::min<std::int64_t>((largest + kThreads - 1) / kThreads, kMaxBlocksPerTensor));
-    adam_kernel<T><<<dim3(blocks, static_cast<unsigned>(n)), kThreads, 0, stream>>>(table, scalars);
+    const auto blocks =
+        static_cast<unsigned>(std::min<std::int64_t>((largest + kThreads - 1) / kThreads, kMaxBlocksPerTensor));
+    adam_kernel<T><<<dim3(blocks, static_cast<unsigned>(n)), kThreads, 0, stream>>>(table, scalars, step);
     FERRY_LAUNCH_CHECK();
   }
 }
@@ -76,8 +92,8 @@ void launch_typed(const KernelTensor* params, const KernelTensor* grads, const K
 }  // namespace
 
 void launch_adam_step(const KernelTensor* params, const KernelTensor* grads, const KernelTensor* exp_avgs,
-                      const KernelTensor* exp_avg_sqs, const KernelTensor* max_exp_avg_sqs, std::size_t count,
-                      const Backend::AdamStep& step, cudaStream_t stream) {
+                      const KernelTensor* exp_avg_sqs, const KernelTensor* max_exp_avg_sqs, const KernelTensor* steps,
+                      std::size_t count, const Backend::AdamStep& step, cudaStream_t stream) {
   if (count == 0) return;
   const DType dtype = params[0].dtype;
   for (std::size_t i = 0; i < count; ++i) {
@@ -85,9 +101,9 @@ void launch_adam_step(const KernelTensor* params, const KernelTensor* grads, con
                 "adam_step: one launch takes parameters and gradients of one dtype");
   }
   if (dtype == DType::Float32) {
-    launch_typed<float>(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, count, step, stream);
+    launch_typed<float>(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, count, step, stream);
   } else if (dtype == DType::Float64) {
-    launch_typed<double>(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, count, step, stream);
+    launch_typed<double>(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, count, step, stream);
   } else {
     throw DTypeMismatch("adam_step: expected float32 or float64 parameters");
   }

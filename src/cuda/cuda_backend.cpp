@@ -676,10 +676,10 @@ class CudaBackend final : public Backend {
   }
 
   void adam_step(const KernelTensor* params, const KernelTensor* grads, const KernelTensor* exp_avgs,
-                 const KernelTensor* exp_avg_sqs, const KernelTensor* max_exp_avg_sqs, std::size_t count,
-                 const AdamStep& step, const Stream& stream) override {
+                 const KernelTensor* exp_avg_sqs, const KernelTensor* max_exp_avg_sqs, const KernelTensor* steps,
+                 std::size_t count, const AdamStep& step, const Stream& stream) override {
     DeviceGuard guard(stream.device.index);
-    launch_adam_step(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, count, step, to_cuda(stream));
+    launch_adam_step(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, count, step, to_cuda(stream));
   }
 
   // --- library layers: cuDNN (cudnn_layers.cpp) -----------------------------------------------------

@@ -163,7 +163,7 @@ void launch_sgd_step(const KernelTensor* params, const KernelTensor* grads, cons
 
 // --- adam.cu: one Adam / AdamW step over many parameters of one dtype (rule: src/optim/adam_rule.h) ---------
 void launch_adam_step(const KernelTensor* params, const KernelTensor* grads, const KernelTensor* exp_avgs,
-                      const KernelTensor* exp_avg_sqs, const KernelTensor* max_exp_avg_sqs, std::size_t count,
-                      const Backend::AdamStep& step, cudaStream_t stream);
+                      const KernelTensor* exp_avg_sqs, const KernelTensor* max_exp_avg_sqs, const KernelTensor* steps,
+                      std::size_t count, const Backend::AdamStep& step, cudaStream_t stream);
 
 }  // namespace ferry::cuda

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cmath>
+#include <cstdint>
 
 #include "../core/host_device.h"
 #include "sgd_rule.h"
@@ -22,6 +23,7 @@ struct AdamScalars {
 
 using ferry::detail::rounded_div;
 using ferry::detail::rounded_sqrt;
+using ferry::detail::rounded_sub;
 
 // p, g, m, v and (amsgrad) vmax of one element; p, m, v and vmax are updated.
 template <typename T>
@@ -44,7 +46,7 @@ FERRY_HOST_DEVICE inline void adam_element(T& p, T g, T& m, T& v, T* vmax, const
 }
 
 template <typename T, typename Step>
-AdamScalars<T> adam_scalars(const Step& step) {
+FERRY_HOST_DEVICE AdamScalars<T> adam_scalars(const Step& step) {
   AdamScalars<T> s;
   s.beta1 = static_cast<T>(step.beta1);
   s.one_minus_beta1 = static_cast<T>(1 - step.beta1);
@@ -60,6 +62,22 @@ AdamScalars<T> adam_scalars(const Step& step) {
   s.amsgrad = step.amsgrad;
   s.maximize = step.maximize;
   return s;
+}
+
+// Adam's capturable step (Backend::AdamStep with steps): the host numbers of one parameter's step at step count t,
+// from the learning rate read on the device and the host's table of bias corrections (row t: 1 - beta1^t and
+// sqrt(1 - beta2^t) as std::pow gives them; a count past the last row reads the last, where both are 1), with the
+// host step's double operations (src/optim/adam.cpp) each rounded on its own: the same numbers, bit for bit.
+template <typename Step>
+FERRY_HOST_DEVICE Step adam_step_at(Step step, double lr, double t) {
+  const std::int64_t last = step.table_rows - 1;
+  const std::int64_t row = t < static_cast<double>(last) ? static_cast<std::int64_t>(t) : last;
+  step.step_size = rounded_div(lr, step.bias_corrections[2 * row]);  // lr / (1 - beta1^t)
+  step.bias_correction2_sqrt = step.bias_corrections[2 * row + 1];
+  if (step.decoupled && step.weight_decay != 0) {
+    step.decay_factor = rounded_sub(1.0, rounded_mul(lr, step.weight_decay));  // 1 - lr * weight_decay
+  }
+  return step;
 }
 
 }  // namespace ferry::optim::detail

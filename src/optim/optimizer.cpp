@@ -85,6 +85,11 @@ double Optimizer::group_weight_decay(std::size_t group) const {
   return groups_[group].weight_decay.value_or(default_weight_decay());
 }
 
+bool Optimizer::group_has_own_learning_rate(std::size_t group) const {
+  check_group(group);
+  return groups_[group].lr.has_value();
+}
+
 void Optimizer::set_group_learning_rate(std::size_t group, double lr) {
   check_group(group);
   if (groups_.size() == 1) {
@@ -92,11 +97,13 @@ void Optimizer::set_group_learning_rate(std::size_t group, double lr) {
     return;
   }
   groups_[group].lr = lr;
+  learning_rates_changed();
 }
 
 void Optimizer::set_learning_rate(double lr) {
   set_default_learning_rate(lr);
   forget_group_learning_rates();
+  learning_rates_changed();
 }
 
 void Optimizer::forget_group_learning_rates() {
@@ -170,9 +177,13 @@ Tensor& Optimizer::state_tensor(std::size_t i, const std::string& name, bool* cr
     }
   }
   if (created) *created = true;
-  const Tensor& p = parameters_[i];
-  tensors.emplace_back(name, zeros(p.shape(), {.device = p.device(), .dtype = p.dtype()}));
+  tensors.emplace_back(name, make_state(i, name));
   return tensors.back().second;
+}
+
+Tensor Optimizer::make_state(std::size_t i, const std::string&) const {
+  const Tensor& p = parameters_[i];
+  return zeros(p.shape(), {.device = p.device(), .dtype = p.dtype()});
 }
 
 NamedTensors Optimizer::state_dict() const {
@@ -210,6 +221,9 @@ void Optimizer::load_state_dict(const NamedTensors& state) {
                 "\" names parameter ", index, " but the optimizer has ", parameters_.size());
     const bool known = (counts_steps() && name == "step") || std::find(names.begin(), names.end(), name) != names.end();
     FERRY_CHECK(known, InvalidArgument, "optimizer load_state_dict: unknown state \"", name, "\" in \"", key, "\"");
+    FERRY_CHECK(name != "step" || (value.defined() && value.numel() == 1), ShapeMismatch,
+                "optimizer load_state_dict: \"", key, "\" is a step count: one number, got ",
+                value.defined() ? shape_str(value.shape()) : "(undefined)");
     FERRY_CHECK(name == "step" || (value.defined() && value.shape() == parameters_[index].shape()), ShapeMismatch,
                 "optimizer load_state_dict: \"", key, "\" has shape ",
                 value.defined() ? shape_str(value.shape()) : "(undefined)", " but parameter ", index, " has shape ",
@@ -219,8 +233,12 @@ void Optimizer::load_state_dict(const NamedTensors& state) {
   autograd::NoGradGuard no_grad;
   for (auto& s : state_) s = ParameterState{};
   for (const Entry& e : entries) {
-    if (e.name == "step") {
+    if (e.name == "step" && counts_steps()) {
       state_[e.index].step = static_cast<std::int64_t>(e.value->item<double>());
+      continue;
+    }
+    if (e.name == "step") {  // a count on the device (Adam's capturable): a float64 scalar there
+      state_tensor(e.index, e.name).copy_(e.value->reshape({}));
       continue;
     }
     state_tensor(e.index, e.name).copy_(*e.value);  // onto the parameter's device, through the transfer door

@@ -4,12 +4,16 @@
 // With lr_on_device the fused step reads the learning rate from a device scalar, so it can be captured.
 #include "../core/internal.h"
 #include "ferry/autograd.h"
-#include "ferry/factories.h"
 #include "ferry/backend.h"
 #include "ferry/ops.h"
 #include "ferry/optim.h"
 
 namespace ferry::optim {
+
+namespace {
+constexpr const char* kWritingLr =
+    "writing SGD's learning rate to the device (set it before the capture and before each replay)";
+}  // namespace
 
 SGD::SGD(std::vector<Tensor> parameters, const SGDOptions& sgd) : Optimizer(std::move(parameters)), options(sgd) {
   check_options();
@@ -29,37 +33,15 @@ void SGD::check_options() {
   FERRY_CHECK(!options.nesterov || (options.momentum > 0 && options.dampening == 0), InvalidArgument,
               "SGD: nesterov momentum requires a momentum and zero dampening (got momentum ", options.momentum,
               ", dampening ", options.dampening, ")");
-  if (options.lr_on_device && !parameters_.empty()) device_lr(parameters_[0].device());  // not in a capture
+  if (options.lr_on_device && !parameters_.empty()) {  // not in a capture
+    lr_on_device_.get(parameters_[0].device(), options.lr, kWritingLr);
+  }
 }
-
-namespace {
-constexpr const char* kWritingLr =
-    "writing SGD's learning rate to the device (set it before the capture and before each replay)";
-}  // namespace
 
 void SGD::set_learning_rate(double lr) {
+  if (options.lr_on_device && lr_on_device_.defined()) lr_on_device_.get(lr_on_device_.device(), lr, kWritingLr);
   forget_group_learning_rates();
-  if (!options.lr_on_device || !lr_tensor_.defined()) {
-    options.lr = lr;
-    return;
-  }
-  if (lr != lr_written_) ferry::detail::check_not_capturing(kWritingLr);  // before anything changes
   options.lr = lr;
-  device_lr(lr_tensor_.device());
-}
-
-const double* SGD::device_lr(Device device) {
-  if (lr_tensor_.defined() && lr_tensor_.device() == device && lr_written_ == options.lr) {
-    return static_cast<const double*>(lr_tensor_.data_ptr());
-  }
-  ferry::detail::check_not_capturing(kWritingLr);
-  if (!lr_tensor_.defined() || lr_tensor_.device() != device) {
-    lr_tensor_ = full({}, options.lr, {.device = device, .dtype = DType::Float64});
-  } else {
-    lr_tensor_.fill_(options.lr);
-  }
-  lr_written_ = options.lr;
-  return static_cast<const double*>(lr_tensor_.data_ptr());
 }
 
 bool SGD::step_fused() {
@@ -94,7 +76,7 @@ void SGD::step_fused_group(Device device, const std::vector<std::size_t>& order,
   Backend::SgdStep step{.lr = group_learning_rate(group), .momentum = options.momentum,
                         .dampening = options.dampening, .weight_decay = group_weight_decay(group),
                         .nesterov = options.nesterov, .maximize = options.maximize};
-  if (options.lr_on_device) step.lr_on_device = device_lr(device);
+  if (options.lr_on_device) step.lr_on_device = lr_on_device_.get(device, options.lr, kWritingLr);
   // One call for the parameters whose momentum buffer exists and one for those that get it now.
   for (const bool first : {false, true}) {
     std::vector<KernelTensor> p_views, g_views, b_views;

@@ -261,18 +261,19 @@ class SimBackend final : public cpu::HostKernels {
     });
   }
   void adam_step(const KernelTensor* params, const KernelTensor* grads, const KernelTensor* exp_avgs,
-                 const KernelTensor* exp_avg_sqs, const KernelTensor* max_exp_avg_sqs, std::size_t count,
-                 const AdamStep& step, const Stream& stream) override {
+                 const KernelTensor* exp_avg_sqs, const KernelTensor* max_exp_avg_sqs, const KernelTensor* steps,
+                 std::size_t count, const AdamStep& step, const Stream& stream) override {
     if (!recording(stream.device.index)) {
-      return HostKernels::adam_step(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, count, step, stream);
+      return HostKernels::adam_step(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, count, step,
+                                    stream);
     }
     const auto copy = [count](const KernelTensor* views) {
       return views ? std::vector<KernelTensor>(views, views + count) : std::vector<KernelTensor>{};
     };
+    const auto or_null = [](const std::vector<KernelTensor>& views) { return views.empty() ? nullptr : views.data(); };
     run_or_record(stream, [=, this, p = copy(params), g = copy(grads), m = copy(exp_avgs), v = copy(exp_avg_sqs),
-                           vmax = copy(max_exp_avg_sqs)] {
-      HostKernels::adam_step(p.data(), g.data(), m.data(), v.data(), vmax.empty() ? nullptr : vmax.data(), count,
-                             step, stream);
+                           vmax = copy(max_exp_avg_sqs), t = copy(steps)] {
+      HostKernels::adam_step(p.data(), g.data(), m.data(), v.data(), or_null(vmax), or_null(t), count, step, stream);
     });
   }
   void cross_entropy(const KernelTensor& loss_rows, const KernelTensor& grad, const KernelTensor& logits,

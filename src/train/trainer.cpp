@@ -185,9 +185,6 @@ void check_train_options(const TrainOptions& o) {
               "--graphs must be auto, on or off, got '", o.graphs, "'");
   FERRY_CHECK(o.optimizer == "sgd" || o.optimizer == "adamw", InvalidArgument,
               "--optimizer must be sgd or adamw, got '", detail::printable(o.optimizer), "'");
-  FERRY_CHECK(o.graphs != "on" || o.optimizer == "sgd", InvalidArgument,
-              "--graphs on captures the SGD step; AdamW's step count and bias corrections are host numbers that a "
-              "replay would repeat (use --graphs auto or off with --optimizer adamw)");
   FERRY_CHECK(o.graphs != "on" || !o.device.is_cpu(), InvalidArgument,
               "--graphs on captures steps on cuda or sim; the cpu runs every step eagerly (use --graphs auto or off)");
 }
@@ -203,8 +200,8 @@ std::unique_ptr<optim::Optimizer> make_train_optimizer(const TrainOptions& o, co
   for (const Tensor& p : model.parameters()) groups[p.dim() >= 2 ? 0 : 1].params.push_back(p);
   if (groups[1].params.empty()) groups.pop_back();
   if (groups[0].params.empty()) groups.erase(groups.begin());
-  return std::make_unique<optim::AdamW>(std::move(groups),
-                                        optim::AdamWOptions{.lr = o.lr, .weight_decay = o.weight_decay});
+  return std::make_unique<optim::AdamW>(
+      std::move(groups), optim::AdamWOptions{.lr = o.lr, .weight_decay = o.weight_decay, .capturable = graphs});
 }
 
 TrainResult train(nn::Module& model, const Dataset& train_set, const Dataset& test_set, const TrainOptions& o,
@@ -221,9 +218,10 @@ TrainResult train(nn::Module& model, const Dataset& train_set, const Dataset& te
   const std::size_t moved = model.to(o.device);
   // On cuda (or sim when asked) the step is captured as a graph after two eager steps and replayed; the
   // shorter last batch of an epoch runs eagerly. Data-parallel steps stay eager (their all-reduces overlap
-  // backward from hooks). A captured update reads the learning rate from the device, written before each step.
+  // backward from hooks). A captured update reads the learning rate from the device, written before each step
+  // (AdamW its step counts too, counted there).
   const bool want_graphs = o.graphs == "on" ? !o.device.is_cpu() : o.graphs == "auto" && o.device.is_cuda();
-  const bool graphs = want_graphs && group == nullptr && o.optimizer == "sgd";
+  const bool graphs = want_graphs && group == nullptr;
   const std::unique_ptr<optim::Optimizer> optimizer_owner = make_train_optimizer(o, model, graphs);
   optim::Optimizer& optimizer = *optimizer_owner;
   TrainingProgress progress;

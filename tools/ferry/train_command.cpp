@@ -407,7 +407,7 @@ void register_train_command(CLI::App& app) {
       ->check(CLI::NonNegativeNumber);
   cmd->add_option("--optimizer", o.optimizer,
                   "sgd (momentum; L2 weight decay on every parameter) | adamw (decoupled weight decay on the weight\n"
-                  "matrices and kernels only, none on biases and BatchNorm; its steps are not captured as graphs)")
+                  "matrices and kernels only, none on biases and BatchNorm)")
       ->capture_default_str();
   cmd->add_option("--lr", o.lr, "Peak learning rate (default 0.05 with sgd, 0.001 with adamw)");
   cmd->add_option("--momentum", o.momentum, "SGD momentum")->capture_default_str();
@@ -428,8 +428,9 @@ void register_train_command(CLI::App& app) {
                   "How batches reach the device: resident | prefetch | per-step (an accelerator's; the cpu has none)")
       ->capture_default_str();
   cmd->add_option("--graphs", o.graphs,
-                  "Capture the step (forward, loss, backward, SGD update) as one graph after two eager steps and\n"
-                  "replay it (the learning rate is read on the device, so the schedule goes on):\n"
+                  "Capture the step (forward, loss, backward, update) as one graph after two eager steps and\n"
+                  "replay it (the learning rate, and AdamW's step count, are read on the device, so the schedule\n"
+                  "goes on):\n"
                   "auto (on cuda: one launch instead of hundreds) | on (cuda or sim) | off")
       ->capture_default_str()
       ->check(CLI::IsMember({"auto", "on", "off"}));
