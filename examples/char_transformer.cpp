@@ -6,14 +6,16 @@
 //   Embedding + position Embedding -> N x [LayerNorm, causal MultiheadAttention, LayerNorm, Linear-GELU-Linear]
 //   -> LayerNorm -> Linear to the vocabulary (char-rnn: Embedding -> --layers of LSTM or GRU -> Linear); cross-entropy; AdamW (weight decay on the matrices only: two
 //   parameter groups, as nanoGPT) with a warmup then cosine schedule (SequentialLR), gradients clipped to norm 1
-//   (on the device); the loss read back every --log-every steps.
+//   (on the device); the loss read back every --log-every steps. On cuda (--graphs auto) the step (forward, loss,
+//   backward, clipping, AdamW's update) is captured as one CUDA graph after two eager steps and replayed: AdamW is
+//   capturable, its step counts and learning rates on the device, so the schedule goes on.
 //
 // Then it writes --sample characters, one forward pass each, drawn on the device (multinomial): the text is read
 // back once, at the end, one sync for the whole sample.
 //
 //   char_transformer [--text FILE] [--model gpt|lstm|gru] [--device auto|cpu|cuda:N|sim] [--steps N] [--batch N]
 //                    [--context N] [--dim N] [--heads N] [--layers N] [--lr X] [--log-every N] [--sample N]
-//                    [--seed N] [--json]
+//                    [--seed N] [--graphs auto|on|off] [--json]
 //
 // --json: one JSON object on stdout, the seconds per step after three warm-up steps (timed between two host syncs,
 // so a GPU's queued work counts) and the last loss, as bench/torch_char_transformer.py prints PyTorch's; the
@@ -48,6 +50,7 @@
 #include "ferry/optim.h"
 #include "ferry/phase.h"
 #include "ferry/report.h"
+#include "ferry/step_graph.h"
 
 namespace {
 
@@ -62,6 +65,7 @@ struct Options {
   double lr = 3e-3;
   std::int64_t seed = 0;
   bool json = false;  // one JSON object on stdout (seconds per step, last loss); the rest on stderr
+  std::string graphs = "auto";  // capture the step as a graph: auto (on cuda), on (cuda or sim), off
 };
 
 // One transformer block, pre-norm as GPT-2: x + attention(ln(x)), then x + mlp(ln(x)).
@@ -144,11 +148,14 @@ Options parse(int argc, char** argv) {
     if (arg == "--help" || arg == "-h") {
       std::cout << "usage: char_transformer [--text FILE] [--model gpt|lstm|gru] [--device auto|cpu|cuda:N|sim]\n"
                    "                        [--steps N] [--batch N] [--context N] [--dim N] [--heads N] [--layers N]\n"
-                   "                        [--lr X] [--log-every N] [--sample N] [--seed N] [--json]\n"
+                   "                        [--lr X] [--log-every N] [--sample N] [--seed N]\n"
+                   "                        [--graphs auto|on|off] [--json]\n"
                    "Trains a small GPT (or, with --model lstm or gru, a char-rnn of --layers recurrent layers of\n"
                    "--dim units; --heads is the GPT's) on the characters of FILE (default " << o.text << "),\n"
                    "then writes --sample characters from it. --json prints one JSON object on stdout: the seconds\n"
-                   "per step after three warm-up steps, timed between two host syncs, and the last loss.\n";
+                   "per step after three warm-up steps, timed between two host syncs, and the last loss.\n"
+                   "--graphs: capture the step (forward, loss, backward, clipping, AdamW) as one graph after two\n"
+                   "eager steps and replay it: auto (on cuda: one launch instead of hundreds), on (cuda or sim), off.\n";
       std::exit(0);
     }
     if (arg == "--json") {
@@ -170,12 +177,16 @@ Options parse(int argc, char** argv) {
     else if (arg == "--sample") o.sample = example::whole(arg, value, 0);
     else if (arg == "--seed") o.seed = example::whole(arg, value, 0);
     else if (arg == "--lr") o.lr = example::positive_number(arg, value);
+    else if (arg == "--graphs") o.graphs = value;
     else {
       throw ferry::InvalidArgument("unknown option " + std::string(arg) + " (see --help)");
     }
   }
   if (o.model != "gpt" && o.model != "lstm" && o.model != "gru") {
     throw ferry::InvalidArgument("--model wants gpt, lstm or gru, not '" + o.model + "'");
+  }
+  if (o.graphs != "auto" && o.graphs != "on" && o.graphs != "off") {
+    throw ferry::InvalidArgument("--graphs wants auto, on or off, not '" + o.graphs + "'");
   }
   if (o.model == "gpt" && o.dim % o.heads != 0) {
     throw ferry::InvalidArgument("--dim " + std::to_string(o.dim) + " must divide by --heads " +
@@ -188,6 +199,10 @@ int run(const Options& o) {
   using namespace ferry;
   const Device device = Device::parse(o.device);
   manual_seed(static_cast<std::uint64_t>(o.seed));
+  if (o.graphs == "on" && device.is_cpu()) {
+    throw InvalidArgument("--graphs on captures steps on cuda or sim; the cpu runs every step eagerly (use auto or off)");
+  }
+  const bool graphs = o.graphs == "on" || (o.graphs == "auto" && device.is_cuda());
 
   std::ifstream file(o.text, std::ios::binary);
   if (!file) throw IoError("cannot read '" + o.text + "' (give any text file with --text)");
@@ -214,7 +229,8 @@ int run(const Options& o) {
   nn::Module& model = *network;
   std::vector<Tensor> matrices, others;  // weight decay for the weight matrices and embeddings, none for biases and norms
   for (const auto& [name, p] : model.named_parameters()) (p.dim() >= 2 ? matrices : others).push_back(p);
-  optim::AdamW adamw({{.params = matrices}, {.params = others, .weight_decay = 0.0}}, {.lr = o.lr, .weight_decay = 0.1});
+  optim::AdamW adamw({{.params = matrices}, {.params = others, .weight_decay = 0.0}},
+                     {.lr = o.lr, .weight_decay = 0.1, .capturable = graphs});
   const std::int64_t warmup = std::max<std::int64_t>(1, o.steps / 10);
   auto ramp = std::make_shared<optim::LinearLR>(adamw, 0.01, 1.0, warmup);
   auto decay =
@@ -234,6 +250,17 @@ int run(const Options& o) {
     return std::pair{index_select(data, 0, where).reshape({o.batch, o.context}),
                      index_select(data, 0, where + 1).reshape({o.batch, o.context})};
   };
+  // The step: captured after two eager steps when `graphs` (StepGraph clears the gradients before each step).
+  StepGraph step_graph(
+      model.parameters(),
+      [&](const Tensor& inputs, const Tensor& targets) {
+        Tensor l = nn::functional::cross_entropy(model(inputs).reshape({-1, vocab}), targets.reshape({-1}));
+        l.backward();
+        nn::utils::clip_grad_norm_(model.parameters(), 1.0);
+        adamw.step();
+        return l.detach();
+      },
+      {.enabled = graphs});
   Ledger::global().set_budget({.max_syncs = 1, .max_host_to_device_bytes = 0});  // inside a step (see train_mlp)
   // The steps timed for --json: those after three warm-up steps (the first GEMMs' handles, the allocator's first
   // blocks), from a host sync before the first of them to one after the last, outside any step (without --json,
@@ -250,11 +277,7 @@ int run(const Options& o) {
     {
       Phase compute(PhaseKind::Compute, device);
       const auto [inputs, targets] = batch();
-      adamw.zero_grad();
-      loss = nn::functional::cross_entropy(model(inputs).reshape({-1, vocab}), targets.reshape({-1}));
-      loss.backward();
-      nn::utils::clip_grad_norm_(model.parameters(), 1.0);
-      adamw.step();
+      loss = step_graph.run(inputs, targets);  // the graph's own loss when replayed: read before the next step
       schedule.step();
     }
     if ((step + 1) % o.log_every == 0 || step == 0) {
@@ -289,13 +312,14 @@ int run(const Options& o) {
     say << "\nsample (" << o.sample << " characters, " << sample_syncs << " host sync"
         << (sample_syncs == 1 ? "" : "s") << "):\n" << out << "\n";
   }
+  if (graphs) say << "step graph: " << step_graph.describe() << "\n";
   say << "\n" << report_text(make_report({.warmup_steps = 2})) << "\n";
   if (o.json) {
     std::cout.precision(9);
     std::cout << "{\"library\": \"ferry\", \"model\": \"" << o.model << "\", \"device\": \"" << device.str()
               << "\", \"steps\": " << o.steps << ", \"timed_steps\": " << o.steps - untimed
               << ", \"seconds_per_step\": " << seconds_per_step << ", \"final_loss\": " << loss.item<double>()
-              << "}\n";
+              << ", \"graph_replays\": " << step_graph.replays() << "}\n";
   }
   return 0;
 }

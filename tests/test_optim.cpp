@@ -309,6 +309,10 @@ TEST(OptimState, CapturableAdamStateCrossesToAndFromTheHostCount) {
   EXPECT_EQ(oc.state_dict()[0].second.item<double>(), 8.0);
   ob.options.capturable = false;
   EXPECT_THROW(ob.step(), ferry::InvalidArgument);  // fixed at construction
+  // Refused when made: betas whose corrections reach 1 only after more steps than the table holds (2^20), and the
+  // op-by-op step (the counts on the device need the fused one).
+  EXPECT_THROW(optim::Adam(a.parameters(), {.beta2 = 0.99999, .capturable = true}), ferry::InvalidArgument);
+  EXPECT_THROW(optim::Adam(a.parameters(), {.fused = false, .capturable = true}), ferry::InvalidArgument);
 }
 
 // RMSprop (centered, with momentum: every state tensor) and Adagrad (with lr_decay, which reads the step count):

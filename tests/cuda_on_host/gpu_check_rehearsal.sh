@@ -54,7 +54,9 @@ echo '{"bench": "layers", "workload": "cnn", "batch": 256, "device": "cuda:0", "
 EOF
 cat > "$work/build/bench/char_transformer" <<'EOF'
 #!/usr/bin/env bash
-echo '{"library": "ferry", "model": "gpt", "device": "cuda:0", "steps": 60, "timed_steps": 57, "seconds_per_step": 0.0041, "final_loss": 2.91}'
+replays=0  # the last --graphs wins, as in the real parser
+for arg in "$@"; do case "$arg" in off) replays=0 ;; auto|on) replays=55 ;; esac; done
+echo '{"library": "ferry", "model": "gpt", "device": "cuda:0", "steps": 60, "timed_steps": 57, "seconds_per_step": 0.0041, "final_loss": 2.91, "graph_replays": '"$replays"'}'
 EOF
 # python3: PyTorch's scripts answer with fixed JSON; everything else (the report code) is the real interpreter.
 cat > "$work/bin/python3" <<EOF
@@ -134,6 +136,7 @@ expect "mlp step with the ReLUs unfused"
 expect "cnn step with BatchNorm + ReLU unfused"
 expect "cnn eager step by stage (GPU time between CUDA events"
 expect "GPT step on cuda (examples/char_transformer: 2 blocks of width 64, batch 32 x 64, AdamW, eager, 57 steps timed): ferry 4.100 ms (LayerNorm, GELU and the clip composed, FERRY_LIBRARY_LAYERS=0: 4.100 ms), PyTorch 5.200 ms, ratio 0.79"
+expect "GPT step as a CUDA graph (--graphs auto: AdamW capturable, 55 replays): ferry 4.100 ms, 1.00x its eager step, ratio 0.79 against PyTorch's eager step"
 expect "    1 BatchNorm2d+ReLU+MaxPool2d"
 expect "  mlp step graph: one graph of"
 expect "  cnn step graph: one graph of"
@@ -173,7 +176,7 @@ for file in gpu-check.json runs.json ctest.log; do [[ -s "$work/out/$file" ]] ||
 import json, sys
 runs = json.load(open(sys.argv[1]))
 need = ["golden_mlp.json", "golden_cnn.json", "train_ferry.json", "train_torch.json", "steps_torch.json", "ferry.json",
-        "torch.json", "train_ferry_deterministic.json", "gpt_ferry.json", "gpt_torch.json"]
+        "torch.json", "train_ferry_deterministic.json", "gpt_ferry.json", "gpt_ferry_graph.json", "gpt_torch.json"]
 missing = [n for n in need if not runs.get(n)]
 sys.exit(f"missing or empty: {missing}" if missing else 0)
 PY
