@@ -101,9 +101,6 @@ class Optimizer {
   virtual Tensor make_state(std::size_t i, const std::string& name) const;
   // After set_learning_rate or set_group_learning_rate changed a rate (Adam's capturable writes it to the device).
   virtual void learning_rates_changed() {}
-  // Whether a group has a learning rate of its own (set in its ParamGroup or by set_group_learning_rate) rather than
-  // options.lr.
-  bool group_has_own_learning_rate(std::size_t group) const;
   // The tensor names this optimizer keeps, to validate load_state_dict.
   virtual std::vector<std::string> state_names() const = 0;
   // Whether state_dict() carries a "step" entry per parameter.

@@ -173,7 +173,8 @@ void Adam::step_capturable() {
   // State made inside a capture would be the graph's memory, zeroed again by every replay.
   if (ferry::detail::capture_active()) {
     for (const std::size_t i : order) {
-      if (!has_state(i, "exp_avg")) {
+      if (!has_state(i, "step") || !has_state(i, "exp_avg") || !has_state(i, "exp_avg_sq") ||
+          (options.amsgrad && !has_state(i, "max_exp_avg_sq"))) {
         ferry::detail::check_not_capturing("Adam.step creating its state (take one eager step first)");
       }
     }

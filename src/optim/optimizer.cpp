@@ -85,11 +85,6 @@ double Optimizer::group_weight_decay(std::size_t group) const {
   return groups_[group].weight_decay.value_or(default_weight_decay());
 }
 
-bool Optimizer::group_has_own_learning_rate(std::size_t group) const {
-  check_group(group);
-  return groups_[group].lr.has_value();
-}
-
 void Optimizer::set_group_learning_rate(std::size_t group, double lr) {
   check_group(group);
   if (groups_.size() == 1) {
