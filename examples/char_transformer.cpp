@@ -155,7 +155,8 @@ Options parse(int argc, char** argv) {
                    "then writes --sample characters from it. --json prints one JSON object on stdout: the seconds\n"
                    "per step after three warm-up steps, timed between two host syncs, and the last loss.\n"
                    "--graphs: capture the step (forward, loss, backward, clipping, AdamW) as one graph after two\n"
-                   "eager steps and replay it: auto (on cuda: one launch instead of hundreds), on (cuda or sim), off.\n";
+                   "eager steps and replay it: auto (on cuda: one launch instead of hundreds), on (cuda or sim),\n"
+                   "off.\n";
       std::exit(0);
     }
     if (arg == "--json") {
@@ -200,7 +201,8 @@ int run(const Options& o) {
   const Device device = Device::parse(o.device);
   manual_seed(static_cast<std::uint64_t>(o.seed));
   if (o.graphs == "on" && device.is_cpu()) {
-    throw InvalidArgument("--graphs on captures steps on cuda or sim; the cpu runs every step eagerly (use auto or off)");
+    throw InvalidArgument("--graphs on captures steps on cuda or sim; the cpu runs every step eagerly (use auto or "
+                          "off)");
   }
   const bool graphs = o.graphs == "on" || (o.graphs == "auto" && device.is_cuda());
 

@@ -244,6 +244,31 @@ TEST(Graph, CpuCannotCaptureAndCapturesDoNotNest) {
   EXPECT_THROW(outer.replay(), InvalidArgument);  // never captured
 }
 
+// The fmnist cnn's step as a StepGraph (enabled with `graphs`): forward, cross-entropy, backward, and `update`'s
+// step when one is given.
+std::shared_ptr<StepGraph> cnn_step(const std::shared_ptr<nn::Module>& model,
+                                    const std::shared_ptr<optim::Optimizer>& update, bool graphs) {
+  return std::make_shared<StepGraph>(
+      model->parameters(),
+      [model, update](const Tensor& x, const Tensor& y) {
+        Tensor loss = nn::cross_entropy((*model)(x), y);
+        loss.backward();
+        if (update) update->step();
+        return loss.detach();
+      },
+      StepGraphOptions{.enabled = graphs});
+}
+
+// Seven batches for the cnn on `device`, the fifth of another shape (5 images, not 8): it runs eagerly.
+std::vector<std::pair<Tensor, Tensor>> cnn_batches(Device device) {
+  manual_seed(4);
+  std::vector<std::pair<Tensor, Tensor>> batches;
+  for (std::int64_t n : {8, 8, 8, 8, 5, 8, 8}) {
+    batches.emplace_back(randn({n, 1, 28, 28}).to(device), randint(0, 10, {n}).to(device));
+  }
+  return batches;
+}
+
 // The captured step equals the eager one bit for bit: same kernels, same order. `device` is sim here, cuda on a
 // GPU machine; a batch of another shape in between runs eagerly and the graph resumes after it. The eager arm
 // updates outside its step with the learning rate on the host; the graph arm updates outside the graph, or,
@@ -256,22 +281,11 @@ void expect_step_graph_matches_eager(Device device, double tolerance, bool updat
     const bool inside = graphs && update_inside;
     auto optimizer = std::make_shared<optim::SGD>(
         model->parameters(), optim::SGDOptions{.lr = 0.05, .momentum = 0.9, .weight_decay = 1e-4, .lr_on_device = inside});
-    auto step = std::make_shared<StepGraph>(
-        model->parameters(),
-        [model, optimizer, inside](const Tensor& x, const Tensor& y) {
-          Tensor loss = nn::cross_entropy((*model)(x), y);
-          loss.backward();
-          if (inside) optimizer->step();
-          return loss.detach();
-        },
-        StepGraphOptions{.enabled = graphs});
-    return std::tuple{model, optimizer, step};
+    return std::tuple{model, optimizer, cnn_step(model, inside ? optimizer : nullptr, graphs)};
   };
   auto [eager_model, eager_opt, eager_step] = make(false);
   auto [graph_model, graph_opt, graph_step] = make(true);
-  manual_seed(4);
-  std::vector<std::pair<Tensor, Tensor>> batches;
-  for (std::int64_t n : {8, 8, 8, 8, 5, 8, 8}) batches.emplace_back(randn({n, 1, 28, 28}).to(device), randint(0, 10, {n}).to(device));
+  const auto batches = cnn_batches(device);
   double lr = 0.05;
   for (const auto& [x, y] : batches) {
     lr *= 0.7;  // a schedule: a replay that repeated the captured learning rate would drift from the eager arm
@@ -314,24 +328,11 @@ void expect_adamw_step_graph_matches_eager(Device device) {
     groups[1].weight_decay = 0.0;
     auto optimizer = std::make_shared<optim::AdamW>(
         groups, optim::AdamWOptions{.lr = 1e-3, .weight_decay = 0.05, .capturable = graphs});
-    auto step = std::make_shared<StepGraph>(
-        model->parameters(),
-        [model, optimizer](const Tensor& x, const Tensor& y) {
-          Tensor loss = nn::cross_entropy((*model)(x), y);
-          loss.backward();
-          optimizer->step();
-          return loss.detach();
-        },
-        StepGraphOptions{.enabled = graphs});
-    return std::tuple{model, optimizer, step};
+    return std::tuple{model, optimizer, cnn_step(model, optimizer, graphs)};
   };
   auto [eager_model, eager_opt, eager_step] = make(false);
   auto [graph_model, graph_opt, graph_step] = make(true);
-  manual_seed(4);
-  std::vector<std::pair<Tensor, Tensor>> batches;
-  for (std::int64_t n : {8, 8, 8, 8, 5, 8, 8}) {
-    batches.emplace_back(randn({n, 1, 28, 28}).to(device), randint(0, 10, {n}).to(device));
-  }
+  const auto batches = cnn_batches(device);
   double lr = 2e-3;
   for (const auto& [x, y] : batches) {
     lr *= 0.7;
