@@ -318,6 +318,34 @@ TEST(Trainer, StepGraphGivesTheEagerLoopsParametersBitForBit) {
   nn::functional::set_fused_host_kernels(true);
 }
 
+// A run whose AdamW step is a graph (capturable: its step counts in the checkpoint are the device's) stopped after 9
+// steps and resumed with the graph again ends on the straight run's parameters, bit for bit.
+TEST(Trainer, CapturedAdamWResumesBitForBit) {
+  const Dataset train_set = quadrant_dataset(100, 32), test_set = quadrant_dataset(16, 33);  // 7 steps an epoch
+  std::ostringstream log;
+  nn::functional::set_fused_host_kernels(false);  // the kernels a capture records, in every run
+  TrainOptions o = quick_options(kSim0);
+  o.optimizer = "adamw";
+  o.lr = 1e-3;
+  o.graphs = "on";
+  manual_seed(6);
+  auto straight = make_fmnist_model();
+  EXPECT_GT(train(*straight, train_set, test_set, o, log).graph_replays, 0);
+  TrainOptions part = o;
+  part.max_steps = 9;  // into the second epoch
+  part.checkpoint_path = temp_path("adamw_graph_resume.safetensors");
+  manual_seed(6);
+  auto first = make_fmnist_model();
+  train(*first, train_set, test_set, part, log);
+  TrainOptions rest = o;
+  rest.resume_path = part.checkpoint_path;
+  auto resumed = make_fmnist_model();
+  EXPECT_EQ(train(*resumed, train_set, test_set, rest, log).steps, 14);
+  expect_same_bits(*straight, *resumed);
+  std::filesystem::remove(part.checkpoint_path);
+  nn::functional::set_fused_host_kernels(true);
+}
+
 // --accumulate K: each batch in K micro-batches (16 = 6 + 5 + 5; the last batch of 4 = 2 + 1 + 1), their gradients
 // summed with each loss weighted by its share: without BatchNorm that is the whole batch's step, to rounding.
 TEST(Trainer, AccumulatedMicroBatchesTakeTheWholeBatchesStep) {
