@@ -240,8 +240,9 @@ class Adam : public Optimizer {
 
  private:
   void check_options();
-  bool step_fused();  // false (having changed nothing) when the parameters do not allow it
-  void step_capturable();
+  // One backend call per group and step count (capturable: per group); false (having changed nothing) when the
+  // parameters do not allow it.
+  bool step_fused();
   // capturable: the bias corrections by step on `device`, made (not inside a capture) when missing or stale.
   const double* bias_correction_table(Device device);
 

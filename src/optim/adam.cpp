@@ -115,31 +115,52 @@ bool Adam::step_fused() {
   if (!fusable("Adam.step", order, grads)) return false;
   if (order.empty()) return true;
   const Device device = parameters_[order[0]].device();
-  // One call per (group, step count): the scalars of a call are one group's, at one step.
+  // Capturable: what the step reads on the device, checked (and made, outside a capture) before anything changes.
+  // State made inside a capture would be the graph's memory, zeroed again by every replay.
+  const double* table = nullptr;
+  std::vector<const double*> lrs;
+  if (capturable_) {
+    if (ferry::detail::capture_active()) {
+      for (const std::size_t i : order) {
+        if (!has_state(i, "step") || !has_state(i, "exp_avg") || !has_state(i, "exp_avg_sq") ||
+            (options.amsgrad && !has_state(i, "max_exp_avg_sq"))) {
+          ferry::detail::check_not_capturing("Adam.step creating its state (take one eager step first)");
+        }
+      }
+    }
+    table = bias_correction_table(device);
+    for (std::size_t group = 0; group < group_count(); ++group) {
+      lrs.push_back(lr_on_device_[group].get(device, group_learning_rate(group), kWritingLr));
+    }
+  }
+  // One call per (group, step count): the scalars of a call are one group's, at one step. Capturable: one call per
+  // group, each parameter's count on the device.
   struct Call {
     std::size_t group;
     std::int64_t step;
-    std::vector<KernelTensor> p, g, m, v, vmax;
+    std::vector<KernelTensor> p, g, m, v, vmax, counts;
   };
   std::vector<Call> calls;
   for (std::size_t j = 0; j < order.size(); ++j) {
     const std::size_t i = order[j];
-    const std::int64_t step = ++state_[i].step;
-    Tensor p = parameters_[i];  // handles (a reference into the state list would not outlive its next entry)
-    Tensor m = state_tensor(i, "exp_avg");  // made in the op-by-op step's order
+    const std::int64_t step = capturable_ ? 0 : ++state_[i].step;
+    // Handles (a reference into the state list would not outlive its next entry), made in PyTorch's order.
+    Tensor count = capturable_ ? state_tensor(i, "step") : Tensor();
+    Tensor p = parameters_[i];
+    Tensor m = state_tensor(i, "exp_avg");
     Tensor v = state_tensor(i, "exp_avg_sq");
-    Tensor vmax_handle = options.amsgrad ? state_tensor(i, "max_exp_avg_sq") : Tensor();
-    Tensor* vmax = options.amsgrad ? &vmax_handle : nullptr;
+    Tensor vmax = options.amsgrad ? state_tensor(i, "max_exp_avg_sq") : Tensor();
     auto call = std::find_if(calls.begin(), calls.end(),
                              [&](const Call& c) { return c.group == group_of(i) && c.step == step; });
-    if (call == calls.end()) call = calls.insert(calls.end(), Call{group_of(i), step, {}, {}, {}, {}, {}});
+    if (call == calls.end()) call = calls.insert(calls.end(), Call{group_of(i), step, {}, {}, {}, {}, {}, {}});
     call->p.push_back(ferry::detail::kernel_view(p));
     call->g.push_back(ferry::detail::kernel_view(grads[j]));
     call->m.push_back(ferry::detail::kernel_view(m));
     call->v.push_back(ferry::detail::kernel_view(v));
-    if (vmax) call->vmax.push_back(ferry::detail::kernel_view(*vmax));
-    for (Tensor* t : {&p, &m, &v, vmax})
-      if (t) t->impl()->bump_version();
+    if (vmax.defined()) call->vmax.push_back(ferry::detail::kernel_view(vmax));
+    if (count.defined()) call->counts.push_back(ferry::detail::kernel_view(count));
+    for (Tensor* t : {&count, &p, &m, &v, &vmax})
+      if (t->defined()) t->impl()->bump_version();
   }
   for (const Call& c : calls) {
     const double lr = group_learning_rate(c.group), weight_decay = group_weight_decay(c.group);
@@ -148,72 +169,26 @@ bool Adam::step_fused() {
     step.beta2 = options.beta2;
     step.eps = options.eps;
     step.decoupled = decoupled_weight_decay_;
-    if (weight_decay != 0) {
-      if (decoupled_weight_decay_) step.decay_factor = 1 - lr * weight_decay;
-      else step.weight_decay = weight_decay;
-    }
-    step.step_size = lr / bias_correction1(options.beta1, c.step);
-    step.bias_correction2_sqrt = bias_correction2_sqrt(options.beta2, c.step);
     step.amsgrad = options.amsgrad;
     step.maximize = options.maximize;
-    backend(device).adam_step(c.p.data(), c.g.data(), c.m.data(), c.v.data(), c.vmax.empty() ? nullptr : c.vmax.data(),
-                              nullptr, c.p.size(), step, ferry::detail::compute_stream(device));
+    if (capturable_) {  // the step size and AdamW's decay factor made on the device from lr, t and the table
+      step.weight_decay = weight_decay;
+      step.lr_on_device = lrs[c.group];
+      step.bias_corrections = table;
+      step.table_rows = bias_corrections_.size(0);
+    } else {
+      if (weight_decay != 0) {
+        if (decoupled_weight_decay_) step.decay_factor = 1 - lr * weight_decay;
+        else step.weight_decay = weight_decay;
+      }
+      step.step_size = lr / bias_correction1(options.beta1, c.step);
+      step.bias_correction2_sqrt = bias_correction2_sqrt(options.beta2, c.step);
+    }
+    const auto views = [](const std::vector<KernelTensor>& v) { return v.empty() ? nullptr : v.data(); };
+    backend(device).adam_step(c.p.data(), c.g.data(), c.m.data(), c.v.data(), views(c.vmax), views(c.counts),
+                              c.p.size(), step, ferry::detail::compute_stream(device));
   }
   return true;
-}
-
-void Adam::step_capturable() {
-  std::vector<std::size_t> order;  // parameters with a gradient
-  std::vector<Tensor> grads;
-  FERRY_CHECK(options.fused && fusable("Adam.step", order, grads), InvalidArgument,
-              "Adam.step with capturable: the step counts on the device need the fused step (fused = true, and the "
-              "parameters with gradients on one device, of one dtype, contiguous)");
-  if (order.empty()) return;
-  const Device device = parameters_[order[0]].device();
-  // State made inside a capture would be the graph's memory, zeroed again by every replay.
-  if (ferry::detail::capture_active()) {
-    for (const std::size_t i : order) {
-      if (!has_state(i, "step") || !has_state(i, "exp_avg") || !has_state(i, "exp_avg_sq") ||
-          (options.amsgrad && !has_state(i, "max_exp_avg_sq"))) {
-        ferry::detail::check_not_capturing("Adam.step creating its state (take one eager step first)");
-      }
-    }
-  }
-  const double* table = bias_correction_table(device);
-  for (std::size_t group = 0; group < group_count(); ++group) {  // one call per group: its rate and decay
-    std::vector<KernelTensor> p, g, m, v, vmax, counts;
-    for (std::size_t j = 0; j < order.size(); ++j) {
-      const std::size_t i = order[j];
-      if (group_of(i) != group) continue;
-      Tensor count = state_tensor(i, "step");  // handles, made in PyTorch's order: step, exp_avg, exp_avg_sq
-      Tensor param = parameters_[i];
-      Tensor first = state_tensor(i, "exp_avg");
-      Tensor second = state_tensor(i, "exp_avg_sq");
-      Tensor most = options.amsgrad ? state_tensor(i, "max_exp_avg_sq") : Tensor();
-      counts.push_back(ferry::detail::kernel_view(count));
-      p.push_back(ferry::detail::kernel_view(param));
-      g.push_back(ferry::detail::kernel_view(grads[j]));
-      m.push_back(ferry::detail::kernel_view(first));
-      v.push_back(ferry::detail::kernel_view(second));
-      if (most.defined()) vmax.push_back(ferry::detail::kernel_view(most));
-      for (Tensor* t : {&count, &param, &first, &second, &most})
-        if (t->defined()) t->impl()->bump_version();
-    }
-    if (p.empty()) continue;
-    Backend::AdamStep step;
-    step.beta1 = options.beta1;
-    step.beta2 = options.beta2;
-    step.eps = options.eps;
-    step.decoupled = decoupled_weight_decay_;
-    step.weight_decay = group_weight_decay(group);  // AdamW: the decay's rate, its factor made with the device's lr
-    step.amsgrad = options.amsgrad;
-    step.maximize = options.maximize;
-    step.lr_on_device = lr_on_device_[group].get(device, group_learning_rate(group), kWritingLr);
-    step.bias_corrections = table;
-    step.table_rows = bias_corrections_.size(0);
-    backend(device).adam_step(p.data(), g.data(), m.data(), v.data(), vmax.empty() ? nullptr : vmax.data(),
-                              counts.data(), p.size(), step, ferry::detail::compute_stream(device));
-  }
 }
 
 void Adam::step() {
@@ -222,7 +197,9 @@ void Adam::step() {
   if (capturable_) {
     autograd::NoGradGuard no_grad;
     check_step_devices("Adam.step");
-    step_capturable();
+    FERRY_CHECK(options.fused && step_fused(), InvalidArgument,
+                "Adam.step with capturable: the step counts on the device need the fused step (fused = true, and the "
+                "parameters with gradients on one device, of one dtype, contiguous)");
     return;
   }
   // The step count and its bias corrections live on the host: a replay would repeat the captured ones.
