@@ -7,8 +7,9 @@
 # check (straight vs resumed, byte for byte), the data-parallel runs under mpirun — and the files it writes.
 # Stand-ins, on PATH ahead of the real ones: `cmake` (FERRY is already built), `ctest` (the suites run on their
 # own), and PyTorch's four scripts, cuda_link_bench, cuda_layer_bench and char_transformer (JSON in their formats,
-# with numbers in ANCHORS.md's range: none can run without a card). FERRY runs cut to the emulator's pace: batch 16
-# and 2 steps for `bench golden`, 512 training and 200 test images, step limits divided by 5.
+# with numbers in ANCHORS.md's range: none can run without a card). FERRY runs cut to the emulator's pace (where a
+# step of 128 images takes seconds): batch 4 and 2 steps for `bench golden`, 256 training and 100 test images (512
+# where a step limit is given, so that the resumed --deterministic run has steps left), step limits divided by 5.
 # Not here: any number. Every one printed comes from the emulator or a stand-in; the real ones are the H200's.
 set -euo pipefail
 FERRY=$(realpath "$1")
@@ -94,18 +95,18 @@ EOF
 # ferry, cut to the emulator's pace (see the header).
 cat > "$work/build/tools/ferry/ferry" <<EOF
 #!/usr/bin/env bash
-args=() sub=\$1 what=\${2:-}
+args=() sub=\$1 what=\${2:-} images=256
 while (( \$# )); do
   case \$1 in
     --steps) args+=(--steps 2); shift 2 ;;
-    --max-steps) args+=(--max-steps \$(( \$2 / 5 ))); shift 2 ;;
+    --max-steps) args+=(--max-steps \$(( \$2 / 5 ))); images=512; shift 2 ;;
     --limit-train|--limit-test) shift 2 ;;
     *) args+=("\$1"); shift ;;
   esac
 done
 case \$sub in
-  bench) [[ \$what == golden ]] && args+=(--batch 16 --warmup 1) ;;
-  train) args+=(--limit-train 512 --limit-test 200) ;;
+  bench) [[ \$what == golden ]] && args+=(--batch 4 --warmup 1) ;;
+  train) args+=(--limit-train \$images --limit-test 100) ;;
 esac
 exec "$FERRY" "\${args[@]}"
 EOF
