@@ -44,7 +44,7 @@ FERRY_HOST_DEVICE inline BatchNormForward batch_norm_forward_numbers(double shif
   const BatchNormStatistics st = batch_norm_statistics(shift_by, sums, count);
   f.mean = st.mean;
   f.var = st.var;
-  f.invstd = 1.0 / sqrt(f.var + eps);
+  f.invstd = 1.0 / std::sqrt(f.var + eps);
   f.scale = weight * f.invstd;
   f.shift = bias - f.mean * f.scale;
   return f;

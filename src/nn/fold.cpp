@@ -29,19 +29,19 @@ Backend::Conv2dShape block_shape(const char* op, std::int64_t planes, std::int64
   return s;
 }
 
-KernelTensor kernel(const Tensor& t) { return ferry::detail::kernel_view(t); }
-Stream stream_of(Device device) { return ferry::detail::compute_stream(device); }
+using ferry::detail::compute_stream;
+using ferry::detail::kernel_view;
 
 // columns (N, C kh kw, L) of images (N, C, H, W), both contiguous.
 void im2col(const Tensor& columns, const Tensor& images, const Backend::Conv2dShape& s) {
-  backend(images.device()).im2col(kernel(columns.view({-1, columns.size(2)})),
-                                  kernel(images.view({s.in_channels, s.height, s.width})), s,
-                                  stream_of(images.device()));
+  backend(images.device()).im2col(kernel_view(columns.view({-1, columns.size(2)})),
+                                  kernel_view(images.view({s.in_channels, s.height, s.width})), s,
+                                  compute_stream(images.device()));
 }
 // images (N, C, H, W) = the columns folded back, overlaps summed; both contiguous, images overwritten.
 void col2im(const Tensor& images, const Tensor& columns, const Backend::Conv2dShape& s) {
-  backend(images.device()).col2im(kernel(images.view({s.in_channels, s.height, s.width})),
-                                  kernel(columns.view({-1, columns.size(2)})), s, stream_of(images.device()));
+  backend(images.device()).col2im(kernel_view(images.view({s.in_channels, s.height, s.width})),
+                                  kernel_view(columns.view({-1, columns.size(2)})), s, compute_stream(images.device()));
 }
 }  // namespace
 
