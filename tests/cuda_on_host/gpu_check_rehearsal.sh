@@ -146,6 +146,7 @@ expect "MB moved per step (model); at this run's device->device rate"
 expect "fmnist on cuda, 5 epochs: epoch 1: ferry"
 expect "--deterministic on cuda: 10 + 10 resumed steps write the checkpoint of 20 straight steps, byte for byte"
 expect "fmnist on cuda, one epoch with --deterministic"
+expect "fmnist on cuda, one epoch with AdamW (capturable, "
 # Every goal gets its PASS or FAIL line: on the emulated card issue 3's pass (the stand-ins' numbers), the speed
 # goals fail (the emulator runs kernels on host fibers) and the checks that are not about speed pass.
 expect "PASS  issue 3: pageable host->device 256 MB >= 40 GB/s"
@@ -177,7 +178,8 @@ for file in gpu-check.json runs.json ctest.log; do [[ -s "$work/out/$file" ]] ||
 import json, sys
 runs = json.load(open(sys.argv[1]))
 need = ["golden_mlp.json", "golden_cnn.json", "train_ferry.json", "train_torch.json", "steps_torch.json", "ferry.json",
-        "torch.json", "train_ferry_deterministic.json", "gpt_ferry.json", "gpt_ferry_graph.json", "gpt_torch.json"]
+        "torch.json", "train_ferry_deterministic.json", "train_ferry_adamw.json", "gpt_ferry.json",
+        "gpt_ferry_graph.json", "gpt_torch.json"]
 missing = [n for n in need if not runs.get(n)]
 sys.exit(f"missing or empty: {missing}" if missing else 0)
 PY
