@@ -2,7 +2,7 @@
 # sanitize.sh — build ferry with AddressSanitizer + UndefinedBehaviorSanitizer in build-asan (cpu only) and run the
 # cpu test suite under them; the first sanitizer report fails the test it happens in. Not the GPU: FERRY_CUDA=OFF,
 # but the cuda backend's code does run here, on the emulated GPU of tests/cuda_on_host (docs/emulated-gpu.md).
-#   FERRY_ASAN_BUILD_DIR=build-asan  FERRY_ASAN_BUILD_TYPE=RelWithDebInfo  FERRY_ASAN_UNITY=ON  FERRY_JOBS=<n>
+#   FERRY_ASAN_BUILD_DIR=build-asan  FERRY_ASAN_BUILD_TYPE=RelWithDebInfo  FERRY_JOBS=<n>
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build_dir=${FERRY_ASAN_BUILD_DIR:-build-asan}
@@ -34,12 +34,8 @@ excluded="^(cli\.test_bench|SheetExercises\.Ex5_1_LoggingCost|cuda_on_host_(comp
 started=$SECONDS
 # RelWithDebInfo at -O1 -g1: Debug's -O0 makes the training and gradient-check tests several times slower under
 # ASan; -O2 -g doubled the build (27 min on 2 cores) for no extra check; -g1 keeps file:line in every report.
-# A unity build (CMake joins up to 8 source files into one translation unit): the library's and the command line's
-# shared headers and templates are compiled and instrumented once per 8 files, not once per file (the library 791 ->
-# ~570 CPU-s here). The tests and the emulated card opt out (their CMakeLists.txt); files with their own compile
-# options (-ffp-contract=off, ...) are compiled alone, as CMake does; the Release build of scripts/setup.sh is not one.
 cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE="${FERRY_ASAN_BUILD_TYPE:-RelWithDebInfo}" \
-  -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1" -DCMAKE_UNITY_BUILD="${FERRY_ASAN_UNITY:-ON}" \
+  -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1" \
   -DFERRY_SANITIZE=ON -DFERRY_CUDA=OFF -DFERRY_BENCH=OFF -DFERRY_TESTS=ON >/dev/null
 cmake --build "$build_dir" -j "$jobs"
 built=$SECONDS
